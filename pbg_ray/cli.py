@@ -1,0 +1,109 @@
+"""What every `python -m pbg_ray.<entry>` shares: Hydra composition, the PBG
+config-file shortcut, and turning bad input into one clear error line."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from pathlib import Path
+from typing import Any, Callable, List
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+
+from pbg_ray.config import ConfigSchema, check_value, load_pbg_config_dict
+from pbg_ray.errors import PbgRayError
+from pbg_ray import datasets  # noqa: F401  registers the ${demo_graph:} resolver
+
+logger = logging.getLogger("pbg_ray")
+
+CONFIG_GROUPS = ("graph", "model", "training", "ray")
+# Hydra flags that take the next argument as their value.
+_HYDRA_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+                      "--cfg", "-c", "--package", "-p", "--info", "-i",
+                      "--experimental-rerun", "--shell-completion", "-sc"}
+PBG_CONFIG_NAME = "pbg_config_file"
+
+
+def split_overrides(argv: List[str]) -> List[str]:
+    """The `key=value` overrides among Hydra's command-line arguments."""
+    overrides, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = arg in _HYDRA_VALUE_FLAGS
+        else:
+            overrides.append(arg)
+    return overrides
+
+
+def check_overrides(overrides: List[str]) -> None:
+    """Refuse unknown keys and ill-typed values before Hydra runs, with the
+    project's error (Hydra's own would name neither the nearest key nor the fix)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as err:
+        raise PbgRayError(f"command line: {err}") from None
+    for override in parsed:
+        key = override.key_or_group
+        if (key.split(".")[0] == "hydra" or key in CONFIG_GROUPS or override.is_add()
+                or override.is_delete() or override.package is not None):
+            continue  # group choices and additions are checked by Hydra / from_dict
+        values = (list(override.sweep_iterator()) if override.is_sweep_override()
+                  else [override.value()])
+        for value in values:
+            check_value(key, value)
+
+
+def _use_pbg_config_file(argv: List[str]) -> List[str]:
+    """`python -m pbg_ray.train path/to/pbg_config.py k=v ...`, as with
+    torchbiggraph_train: the module's dict becomes the primary config."""
+    if not argv or not argv[0].endswith(".py") or "=" in argv[0]:
+        return argv
+    data = load_pbg_config_dict(Path(argv[0]))
+    node = {"defaults": ["pbg_ray_schema", {"ray": "local"}, "_self_"], **data}
+    ConfigStore.instance().store(name=PBG_CONFIG_NAME, node=node)
+    return [f"--config-name={PBG_CONFIG_NAME}"] + argv[1:]
+
+
+def to_config(cfg: DictConfig) -> ConfigSchema:
+    """The composed Hydra config, resolved and validated, with absolute paths."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    return ConfigSchema.from_dict(data, source="config").with_absolute_paths()
+
+
+def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Print a PbgRayError as one line and exit with status 2 (no traceback)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except PbgRayError as err:
+            print(f"pbg_ray: error: {err}", file=sys.stderr)
+            sys.exit(2)
+
+    return wrapper
+
+
+def hydra_entry(task: Callable[[ConfigSchema], Any]) -> Callable[[], None]:
+    """Wrap `task(config)` as a Hydra main over conf/config.yaml."""
+
+    @hydra.main(version_base=None, config_path="pkg://pbg_ray.conf", config_name="config")
+    @report_errors
+    def run(cfg: DictConfig) -> Any:
+        return task(to_config(cfg))
+
+    @report_errors
+    def main() -> None:
+        argv = _use_pbg_config_file(sys.argv[1:])
+        check_overrides(split_overrides(argv))
+        sys.argv = sys.argv[:1] + argv
+        run()
+
+    return main

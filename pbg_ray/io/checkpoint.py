@@ -1,0 +1,313 @@
+"""Checkpoints in PBG's v1 layout, written so that a crash never leaves a bad one.
+
+Inside `checkpoint_path`:
+  checkpoint_version.txt           the newest complete version N (written last)
+  config.json                      the run's config
+  model.vN.h5                      group `model`: relations/{idx}/operator/{side}/{param}
+                                   and entities/{type}/global_embedding, each dataset
+                                   with its `state_dict_key`; optional optimizer/state_dict
+  embeddings_{type}_{part}.vN.h5   float32 `embeddings` [N, dim] + optimizer/state_dict
+  training_stats.json              one JSON object per line
+  epoch_{k}/                       preserved versions (checkpoint_preservation_interval)
+
+Every file is written under a temporary name and renamed; version N+1 becomes
+current only when checkpoint_version.txt is replaced, after all its files exist.
+Optimizer state blobs are `torch.save`d state dicts exactly as torchbiggraph
+writes them, so either program resumes the other's run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import h5py
+import numpy as np
+import torch
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.files import PathLike, atomic_path, write_text_atomic
+from pbg_ray.types import EntityName, Partition
+
+FORMAT_VERSION_ATTR = "format_version"
+FORMAT_VERSION = 1
+STATE_DICT_KEY_ATTR = "state_dict_key"
+EMBEDDING_DATASET = "embeddings"
+MODEL_STATE_DICT_GROUP = "model"
+OPTIMIZER_STATE_DICT_DATASET = "optimizer/state_dict"
+VERSION_FILE = "checkpoint_version.txt"
+CONFIG_FILE = "config.json"
+STATS_FILE = "training_stats.json"
+
+# Public dataset names <-> PBG's model state dict keys ("private" names).
+_PUBLIC_TO_PRIVATE = [
+    (re.compile(r"relations/(?P<idx>[^./]+)/operator/(?P<side>[^./]+)/(?P<param>[^./]+)"),
+     "{side}_operators.{idx}.{param}"),
+    (re.compile(r"entities/(?P<type>[^./]+)/global_embedding"), "global_embs.emb_{type}"),
+]
+
+
+def state_dict_key(public_name: str) -> str:
+    """The torchbiggraph model state dict key of a public parameter name."""
+    for pattern, private in _PUBLIC_TO_PRIVATE:
+        match = pattern.fullmatch(public_name)
+        if match:
+            return private.format(**match.groupdict())
+    raise ValueError(f"not a model parameter name: {public_name!r}")
+
+
+def serialize_optim_state(state: Optional[Mapping[str, Any]]) -> Optional[bytes]:
+    if state is None:
+        return None
+    with io.BytesIO() as bf:
+        torch.save(state, bf)
+        return bf.getvalue()
+
+
+def deserialize_optim_state(blob: Optional[bytes], where: str) -> Optional[Dict[str, Any]]:
+    if blob is None:
+        return None
+    try:
+        return torch.load(io.BytesIO(blob), weights_only=True)
+    except Exception as err:
+        raise PbgRayError(f"{where}: the optimizer state blob can't be read ({err}). "
+                          "The file is damaged; restore it or start from an earlier version.") from None
+
+
+def row_adagrad_state(sums: np.ndarray, lr: float, step: int = 0) -> Dict[str, Any]:
+    """PBG's RowAdagrad state dict for one partition: one accumulator per row. sums: [N]."""
+    return {
+        "state": {0: {"step": step, "sum": torch.from_numpy(np.ascontiguousarray(sums, np.float32))}},
+        "param_groups": [{"lr": lr, "lr_decay": 0, "weight_decay": 0, "params": [0]}],
+    }
+
+
+def row_adagrad_sums(state: Optional[Mapping[str, Any]], num_rows: int, where: str) -> Optional[np.ndarray]:
+    """The [num_rows] accumulator out of a RowAdagrad state dict (None if there is none)."""
+    if state is None:
+        return None
+    try:
+        sums = state["state"][0]["sum"]
+    except (KeyError, TypeError, IndexError):
+        # An optimizer that never stepped has no per-parameter state yet.
+        if isinstance(state, Mapping) and state.get("state") == {}:
+            return None
+        raise PbgRayError(f"{where}: optimizer state is not a RowAdagrad state dict.") from None
+    sums = sums.numpy() if isinstance(sums, torch.Tensor) else np.asarray(sums)
+    if sums.shape != (num_rows,):
+        raise PbgRayError(f"{where}: optimizer state has shape {sums.shape}, expected "
+                          f"({num_rows},) for {num_rows} embeddings.")
+    return sums.astype(np.float32, copy=False)
+
+
+class CheckpointStorage:
+    """Reads and writes one checkpoint directory (local path)."""
+
+    def __init__(self, path: PathLike) -> None:
+        path = os.fspath(path)
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        self.path = Path(path).absolute()
+
+    # --- file names -----------------------------------------------------
+
+    def version_file(self, path: Optional[Path] = None) -> Path:
+        return (path or self.path) / VERSION_FILE
+
+    def config_file(self, path: Optional[Path] = None) -> Path:
+        return (path or self.path) / CONFIG_FILE
+
+    def stats_file(self) -> Path:
+        return self.path / STATS_FILE
+
+    def model_file(self, version: int, path: Optional[Path] = None) -> Path:
+        return (path or self.path) / f"model.v{version}.h5"
+
+    def partition_file(self, version: int, entity: EntityName, part: Partition,
+                       path: Optional[Path] = None) -> Path:
+        return (path or self.path) / f"embeddings_{entity}_{part}.v{version}.h5"
+
+    def snapshot_path(self, epoch_idx: int) -> Path:
+        return self.path / f"epoch_{epoch_idx}"
+
+    def version_files(self, version: int, config: ConfigSchema) -> List[Path]:
+        """Every file that version `version` of this config consists of."""
+        files = [self.model_file(version)]
+        for entity, econf in config.entities.items():
+            files += [self.partition_file(version, entity, part) for part in range(econf.num_partitions)]
+        return files
+
+    # --- version --------------------------------------------------------
+
+    def prepare(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def load_version(self) -> int:
+        """The newest complete version, 0 if there is none yet."""
+        try:
+            text = self.version_file().read_text().strip()
+        except FileNotFoundError:
+            return 0
+        if not text:
+            return 0
+        try:
+            version = int(text)
+        except ValueError:
+            raise PbgRayError(f"{str(self.version_file())!r} must hold one integer, found "
+                              f"{text[:40]!r}. Write the newest complete version number into it.") from None
+        if version < 0:
+            raise PbgRayError(f"{str(self.version_file())!r} holds a negative version ({version}).")
+        return version
+
+    def save_version(self, version: int, directory: Optional[Path] = None) -> None:
+        """Make `version` current. Call only once all of its files are written."""
+        write_text_atomic(self.version_file(directory), f"{version}\n")
+
+    def check_version(self, version: int, config: ConfigSchema) -> None:
+        """Refuse a version whose files are not all there."""
+        missing = [p.name for p in self.version_files(version, config) if not p.is_file()]
+        if missing:
+            raise PbgRayError(
+                f"{str(self.version_file())!r} names version {version}, but "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''} "
+                f"{'is' if len(missing) == 1 else 'are'} missing from {str(self.path)!r}. "
+                "The checkpoint is incomplete: restore the files or point checkpoint_path elsewhere.")
+
+    # --- config and stats -----------------------------------------------
+
+    def save_config(self, config: ConfigSchema, directory: Optional[Path] = None) -> None:
+        write_text_atomic(self.config_file(directory), json.dumps(config.to_dict(), indent=4))
+
+    def load_config(self) -> ConfigSchema:
+        path = self.config_file()
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise PbgRayError(f"{str(path)!r} is missing: {str(self.path)!r} is not a checkpoint "
+                              "directory.") from None
+        except ValueError as err:
+            raise PbgRayError(f"{str(path)!r} is not valid JSON: {err}") from None
+        return ConfigSchema.from_dict(data, source=str(path))
+
+    def append_stats(self, stats: List[Dict[str, Any]]) -> None:
+        with open(self.stats_file(), "at") as f:
+            f.write("".join(json.dumps(s) + "\n" for s in stats))
+
+    def load_stats(self) -> Iterator[Dict[str, Any]]:
+        try:
+            with open(self.stats_file(), "rt") as f:
+                for line in f:
+                    yield json.loads(line)
+        except FileNotFoundError:
+            return
+
+    # --- HDF5 files -----------------------------------------------------
+
+    @staticmethod
+    def _write_h5(path: Path, metadata: Mapping[str, Any], optim_state, fill) -> None:
+        with atomic_path(path) as tmp:
+            with h5py.File(tmp, "w") as hf:
+                hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
+                for key, value in metadata.items():
+                    hf.attrs[key] = value
+                fill(hf)
+                blob = serialize_optim_state(optim_state)
+                if blob is not None:
+                    hf.create_dataset(OPTIMIZER_STATE_DICT_DATASET,
+                                      data=np.frombuffer(blob, dtype=np.dtype("V1")))
+
+    @staticmethod
+    def _open_h5(path: Path, what: str) -> h5py.File:
+        if not path.is_file():
+            raise PbgRayError(f"{what} file {str(path)!r} is missing. Check checkpoint_path "
+                              "(or init_path) and checkpoint_version.txt.")
+        try:
+            hf = h5py.File(path, "r")
+        except OSError as err:
+            raise PbgRayError(f"{what} file {str(path)!r} is not a readable HDF5 file: {err}") from None
+        version = hf.attrs.get(FORMAT_VERSION_ATTR)
+        if version is None or np.ndim(version) != 0 or version != FORMAT_VERSION:
+            hf.close()
+            raise PbgRayError(f"{what} file {str(path)!r} has format_version={None if version is None else np.asarray(version).tolist()!r}; only "
+                              f"version {FORMAT_VERSION} is supported.")
+        return hf
+
+    @staticmethod
+    def _read_optim(hf: h5py.File) -> Optional[Dict[str, Any]]:
+        if OPTIMIZER_STATE_DICT_DATASET not in hf:
+            return None
+        return deserialize_optim_state(hf[OPTIMIZER_STATE_DICT_DATASET][...].tobytes(), hf.filename)
+
+    def save_entity_partition(self, version: int, entity: EntityName, part: Partition,
+                              embeddings: np.ndarray, optim_state: Optional[Mapping[str, Any]],
+                              metadata: Mapping[str, Any] = {}) -> None:
+        """embeddings: float32 [N, dim]; optim_state: e.g. `row_adagrad_state(...)`."""
+        embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        self._write_h5(self.partition_file(version, entity, part), metadata, optim_state,
+                       lambda hf: hf.create_dataset(EMBEDDING_DATASET, data=embeddings))
+
+    def load_entity_partition(self, version: int, entity: EntityName, part: Partition
+                              ) -> Tuple[np.ndarray, Optional[Dict[str, Any]]]:
+        """(float32 embeddings [N, dim], optimizer state dict or None)."""
+        path = self.partition_file(version, entity, part)
+        with self._open_h5(path, "embeddings") as hf:
+            ds = hf.get(EMBEDDING_DATASET)
+            if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or ds.dtype.kind != "f":
+                found = "nothing" if ds is None else f"shape {getattr(ds, 'shape', '?')} dtype {getattr(ds, 'dtype', '?')}"
+                raise PbgRayError(f"embeddings file {str(path)!r}: dataset 'embeddings' must be a "
+                                  f"2-D float array [entities, dimension], found {found}.")
+            embeddings = np.empty(ds.shape, dtype=np.float32)
+            if ds.size:
+                ds.read_direct(embeddings)
+            return embeddings, self._read_optim(hf)
+
+    def save_model(self, version: int, params: Mapping[str, np.ndarray],
+                   optim_state: Optional[Mapping[str, Any]],
+                   metadata: Mapping[str, Any] = {}) -> None:
+        """params: public name (relations/0/operator/rhs/diagonal, ...) -> array."""
+
+        def fill(hf: h5py.File) -> None:
+            group = hf.create_group(MODEL_STATE_DICT_GROUP, track_order=True)
+            for public_name, value in params.items():
+                ds = group.create_dataset(public_name, data=np.asarray(value))
+                ds.attrs[STATE_DICT_KEY_ATTR] = state_dict_key(public_name)
+
+        self._write_h5(self.model_file(version), metadata, optim_state, fill)
+
+    def load_model(self, version: int) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Any]]]:
+        """(public name -> array, optimizer state dict or None)."""
+        params: Dict[str, np.ndarray] = {}
+        with self._open_h5(self.model_file(version), "model") as hf:
+            if MODEL_STATE_DICT_GROUP in hf:
+                def visit(name: str, obj) -> None:
+                    if isinstance(obj, h5py.Dataset):
+                        params[name] = obj[...]
+                hf[MODEL_STATE_DICT_GROUP].visititems(visit)
+            return params, self._read_optim(hf)
+
+    # --- version lifecycle ------------------------------------------------
+
+    def drop_version(self, version: int, config: ConfigSchema) -> None:
+        for path in self.version_files(version, config):
+            path.unlink(missing_ok=True)
+
+    def preserve_version(self, version: int, epoch_idx: int, config: ConfigSchema) -> None:
+        """Keep a copy of `version` in epoch_{epoch_idx}/ (hard links where the
+        filesystem allows: no bytes copied, and dropping the original later is safe)."""
+        snapshot = self.snapshot_path(epoch_idx)
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for src in self.version_files(version, config):
+            dst = snapshot / src.name
+            dst.unlink(missing_ok=True)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+        self.save_config(config, snapshot)
+        self.save_version(version, snapshot)

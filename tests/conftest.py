@@ -1,0 +1,73 @@
+"""Shared fixtures: small configs and graphs written in PBG's layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.io.edges import EdgeList, write_edges
+from pbg_ray.io.entities import save_entity_count, save_entity_names, save_relation_names
+from pbg_ray.types import Bucket
+
+
+def config_dict(root: Path, **overrides: Any) -> Dict[str, Any]:
+    """A PBG-style config dict for a two-type, three-relation graph under `root`."""
+    data = dict(
+        entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 2},
+                  "tag": {"num_partitions": 1}},
+        relations=[
+            {"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"},
+            {"name": "likes", "lhs": "user", "rhs": "item", "operator": "diagonal"},
+            {"name": "tagged", "lhs": "item", "rhs": "tag", "operator": "none"},
+        ],
+        dimension=8,
+        entity_path=str(root / "entities"),
+        edge_paths=[str(root / "edges")],
+        checkpoint_path=str(root / "checkpoints"),
+        batch_size=20,
+        num_batch_negs=5,
+        num_uniform_negs=5,
+    )
+    data.update(overrides)
+    return data
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    def make(**overrides: Any) -> ConfigSchema:
+        return ConfigSchema.from_dict(config_dict(tmp_path, **overrides))
+    return make
+
+
+def write_random_graph(config: ConfigSchema, num_edges: int = 200, seed: int = 0,
+                       counts: Dict[str, int] = None) -> Dict[Bucket, EdgeList]:
+    """Entity files and one bucket file per (lhs, rhs) partition pair; returns the edges."""
+    rng = np.random.default_rng(seed)
+    counts = counts or {"user": 30, "item": 20, "tag": 7}
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            n = counts[entity] + part
+            save_entity_count(config.entity_path, entity, part, n)
+            save_entity_names(config.entity_path, entity, part,
+                              [f"{entity}-{part}-{i}" for i in range(n)])
+    # torchbiggraph's export_to_tsv reads relation names in every mode.
+    save_relation_names(config.entity_path, [r.name for r in config.relations])
+    nparts = config.num_partitions()
+    written = {}
+    for lhs_p in range(nparts):
+        for rhs_p in range(nparts):
+            rel = rng.integers(len(config.relations), size=num_edges)
+            sides = []
+            for side, part in (("lhs", lhs_p), ("rhs", rhs_p)):
+                types = [getattr(config.relations[r], side) for r in rel]
+                sides.append(np.array([
+                    rng.integers(counts[t] + (part if config.entities[t].num_partitions > 1 else 0))
+                    for t in types], dtype=np.int64))
+            edges = EdgeList(sides[0], sides[1], rel.astype(np.int64))
+            write_edges(config.edge_paths[0], Bucket(lhs_p, rhs_p), edges)
+            written[Bucket(lhs_p, rhs_p)] = edges
+    return written

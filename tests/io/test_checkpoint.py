@@ -1,0 +1,150 @@
+import h5py
+import numpy as np
+import pytest
+
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import (
+    CheckpointStorage, row_adagrad_state, row_adagrad_sums, state_dict_key)
+
+
+@pytest.fixture
+def storage(make_config):
+    config = make_config()
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    return config, storage
+
+
+def write_version(storage, config, version, value=1.0):
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            embs = np.full((3 + part, config.dimension), value, np.float32)
+            storage.save_entity_partition(version, entity, part, embs,
+                                          row_adagrad_state(np.arange(3 + part, dtype=np.float32), 0.1),
+                                          {"iteration/epoch_idx": version})
+    storage.save_model(version, {"relations/0/operator/rhs/translation": np.full(8, value, np.float32)},
+                       None)
+
+
+def test_state_dict_keys_are_pbgs():
+    assert state_dict_key("relations/2/operator/rhs/linear_transformation") == "rhs_operators.2.linear_transformation"
+    assert state_dict_key("entities/user/global_embedding") == "global_embs.emb_user"
+    with pytest.raises(ValueError):
+        state_dict_key("something/else")
+
+
+def test_partition_round_trip(storage):
+    config, storage = storage
+    embs = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    sums = np.arange(5, dtype=np.float32)
+    storage.save_entity_partition(1, "user", 1, embs, row_adagrad_state(sums, 0.1), {"config/json": "{}"})
+    path = storage.path / "embeddings_user_1.v1.h5"
+    with h5py.File(path) as hf:
+        assert hf.attrs["format_version"] == 1 and hf.attrs["config/json"] == "{}"
+        assert hf["embeddings"].dtype == np.float32
+    loaded, state = storage.load_entity_partition(1, "user", 1)
+    np.testing.assert_array_equal(loaded, embs)
+    np.testing.assert_array_equal(row_adagrad_sums(state, 5, "x"), sums)
+    assert state["param_groups"][0]["lr"] == 0.1
+
+
+def test_model_round_trip_keeps_order_and_keys(storage):
+    config, storage = storage
+    params = {"relations/1/operator/rhs/diagonal": np.ones(8, np.float32),
+              "relations/0/operator/rhs/translation": np.zeros(8, np.float32),
+              "entities/user/global_embedding": np.arange(8, dtype=np.float32)}
+    optim = {"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1, 2]}]}
+    storage.save_model(4, params, optim)
+    with h5py.File(storage.model_file(4)) as hf:
+        keys = []
+        hf["model"].visititems(lambda n, o: keys.append((n, o.attrs["state_dict_key"]))
+                               if isinstance(o, h5py.Dataset) else None)
+    assert ("relations/1/operator/rhs/diagonal", "rhs_operators.1.diagonal") in keys
+    loaded, loaded_optim = storage.load_model(4)
+    assert list(loaded) == sorted(params, key=list(loaded).index)
+    for name, value in params.items():
+        np.testing.assert_array_equal(loaded[name], value)
+    assert loaded_optim == optim
+
+
+def test_version_lifecycle(storage):
+    config, storage = storage
+    assert storage.load_version() == 0
+    write_version(storage, config, 1)
+    storage.save_version(1)
+    assert storage.version_file().read_text() == "1\n"
+    storage.check_version(1, config)
+    write_version(storage, config, 2, value=2.0)
+    storage.preserve_version(1, 1, config)
+    storage.save_version(2)
+    storage.drop_version(1, config)
+    assert not storage.model_file(1).exists()
+    # The preserved snapshot survives dropping the originals (hard links).
+    snap = CheckpointStorage(storage.snapshot_path(1))
+    assert snap.load_version() == 1
+    snap.check_version(1, config)
+    assert snap.load_entity_partition(1, "tag", 0)[0][0, 0] == 1.0
+    assert storage.load_entity_partition(2, "tag", 0)[0][0, 0] == 2.0
+
+
+def test_version_naming_missing_files_is_refused(storage):
+    config, storage = storage
+    write_version(storage, config, 1)
+    storage.save_version(1)
+    (storage.path / "embeddings_item_1.v1.h5").unlink()
+    with pytest.raises(PbgRayError, match=r"names version 1, but embeddings_item_1.v1.h5 is missing"):
+        storage.check_version(1, config)
+
+
+@pytest.mark.parametrize("text", ["x\n", "1.0", "-1"])
+def test_bad_version_file(storage, text):
+    _, storage = storage
+    storage.version_file().write_text(text)
+    with pytest.raises(PbgRayError, match="checkpoint_version.txt"):
+        storage.load_version()
+
+
+def test_failed_write_keeps_previous_file(storage, monkeypatch):
+    config, storage = storage
+    storage.save_entity_partition(1, "tag", 0, np.ones((3, 8), np.float32), None)
+    before = storage.partition_file(1, "tag", 0).read_bytes()
+
+    class Exploding(dict):
+        def items(self):
+            raise OSError("No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        storage.save_entity_partition(1, "tag", 0, np.zeros((3, 8), np.float32), None, Exploding())
+    assert storage.partition_file(1, "tag", 0).read_bytes() == before
+    assert sorted(p.name for p in storage.path.iterdir()) == ["embeddings_tag_0.v1.h5"]
+
+
+def test_bad_checkpoint_files(storage):
+    config, storage = storage
+    with pytest.raises(PbgRayError, match="embeddings_user_0.v7.h5' is missing"):
+        storage.load_entity_partition(7, "user", 0)
+    with h5py.File(storage.partition_file(1, "user", 0), "w") as hf:
+        hf.attrs["format_version"] = 1
+        hf.create_dataset("embeddings", data=np.zeros(4, np.float32))
+    with pytest.raises(PbgRayError, match="must be a 2-D float array"):
+        storage.load_entity_partition(1, "user", 0)
+    with h5py.File(storage.partition_file(1, "user", 0), "w") as hf:
+        hf.attrs["format_version"] = 1
+        hf.create_dataset("embeddings", data=np.zeros((4, 2), np.float32))
+        hf.create_dataset("optimizer/state_dict", data=np.frombuffer(b"garbage", dtype="V1"))
+    with pytest.raises(PbgRayError, match="optimizer state blob can't be read"):
+        storage.load_entity_partition(1, "user", 0)
+    with pytest.raises(PbgRayError, match="expected \\(3,\\)"):
+        row_adagrad_sums(row_adagrad_state(np.zeros(4, np.float32), 0.1), 3, "x")
+
+
+def test_config_and_stats(storage):
+    config, storage = storage
+    storage.save_config(config)
+    assert storage.load_config() == config
+    storage.append_stats([{"epoch_idx": 0, "stats": {"count": 3}}])
+    storage.append_stats([{"epoch_idx": 1}])
+    assert list(storage.load_stats()) == [{"epoch_idx": 0, "stats": {"count": 3}}, {"epoch_idx": 1}]
+    (storage.path / "config.json").write_text("{oops")
+    with pytest.raises(PbgRayError, match="config.json' is not valid JSON"):
+        storage.load_config()
