@@ -122,6 +122,9 @@ class ConfigSchema:
     edge_paths: List[str] = MISSING
     checkpoint_path: str = MISSING
     init_path: Optional[str] = None
+    # pbg_ray extension: edge paths held out from training, evaluated after
+    # training (PBG's sampled metrics), e.g. a test split.
+    eval_edge_paths: List[str] = field(default_factory=list)
     checkpoint_preservation_interval: Optional[int] = None
 
     # --- training ---
@@ -179,6 +182,7 @@ class ConfigSchema:
         return dataclasses.replace(
             self, entity_path=absolute(self.entity_path),
             edge_paths=[absolute(p) for p in self.edge_paths],
+            eval_edge_paths=[absolute(p) for p in self.eval_edge_paths],
             checkpoint_path=absolute(self.checkpoint_path), init_path=absolute(self.init_path))
 
     def entity_dimension(self, entity: str) -> int:

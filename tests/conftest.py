@@ -71,3 +71,13 @@ def write_random_graph(config: ConfigSchema, num_edges: int = 200, seed: int = 0
             write_edges(config.edge_paths[0], Bucket(lhs_p, rhs_p), edges)
             written[Bucket(lhs_p, rhs_p)] = edges
     return written
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray (2 CPUs) shared by every test that needs it, shut down at the end."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -45,10 +45,17 @@ class FeatureList:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, index: slice) -> "FeatureList":
-        start, stop, _ = index.indices(len(self))
-        offsets = self.offsets[start:stop + 1]
-        return FeatureList(offsets - offsets[0], self.data[offsets[0]:offsets[-1]])
+    def __getitem__(self, index) -> "FeatureList":
+        """A slice, or an int64 array of edge positions."""
+        if isinstance(index, slice):
+            start, stop, _ = index.indices(len(self))
+            offsets = self.offsets[start:stop + 1]
+            return FeatureList(offsets - offsets[0], self.data[offsets[0]:offsets[-1]])
+        starts = self.offsets[index]
+        lengths = self.offsets[index + 1] - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        gather = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+        return FeatureList(offsets, self.data[gather])
 
 
 @dataclasses.dataclass
@@ -66,7 +73,8 @@ class EdgeList:
     def __len__(self) -> int:
         return len(self.rel)
 
-    def __getitem__(self, index: slice) -> "EdgeList":
+    def __getitem__(self, index) -> "EdgeList":
+        """A slice, or an int64 array of edge positions."""
         return EdgeList(
             self.lhs[index], self.rhs[index], self.rel[index],
             None if self.weight is None else self.weight[index],

@@ -136,3 +136,14 @@ def test_check_edges_against_counts(make_config):
     bad.rel[i] = 3
     with pytest.raises(PbgRayError, match="relation id 3 is outside the config's 3 relation types"):
         check_edges(bad, bucket, config, counts, 3, "edges_1_0.h5")
+
+
+def test_index_with_positions_keeps_features_aligned():
+    edges = random_edges(50, np.random.default_rng(3), weight=True, features=True)
+    idx = np.array([7, 3, 3, 49, 0])
+    taken = edges[idx]
+    np.testing.assert_array_equal(taken.lhs, edges.lhs[idx])
+    for i, j in enumerate(idx):
+        f, g = taken.lhs_features, edges.lhs_features
+        np.testing.assert_array_equal(f.data[f.offsets[i]:f.offsets[i + 1]],
+                                      g.data[g.offsets[j]:g.offsets[j + 1]])

@@ -1,0 +1,180 @@
+"""The Ray actors: partition stores, the parameter server, the bucket scheduler.
+
+All three only hold state, so they ask for no CPU (`num_cpus=0`) and never
+keep a train task from being placed.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import ray
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.scheduler import BucketScheduler
+from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.model import ModelParams, init_params, init_partition, params_from_checkpoint, params_to_checkpoint
+from pbg_ray.types import Bucket
+
+PartitionKey = Tuple[str, int]
+# Where a partition's first values come from: ("checkpoint", path, version),
+# ("init", path, version) or ("random", count, seed).
+Source = Tuple[Any, ...]
+
+
+def _load_or_init(config: ConfigSchema, key: PartitionKey, source: Source) -> Tuple[np.ndarray, np.ndarray]:
+    entity, part = key
+    if source[0] == "random":
+        _, count, seed = source
+        return init_partition(config, entity, count, np.random.default_rng([seed, part, zlib.crc32(entity.encode())]))
+    _, path, version = source
+    embs, state = CheckpointStorage(path).load_entity_partition(version, entity, part)
+    where = str(CheckpointStorage(path).partition_file(version, entity, part))
+    sums = row_adagrad_sums(state, len(embs), where)
+    return embs, np.zeros(len(embs), np.float32) if sums is None else sums
+
+
+@ray.remote(num_cpus=0)
+class PartitionStore:
+    """Owns some entity partitions: embeddings float32 [N, dim] + row-Adagrad sums [N].
+
+    Partitions of partitioned types are trained by one bucket at a time (the
+    scheduler's locks), so a trained copy simply replaces the stored one: the
+    store keeps an ObjectRef to the newest (embeddings, sums) pair in Ray's
+    object store and hands it out, with no copy through this process.
+    Unpartitioned types are trained by concurrent buckets at once, so their
+    updates arrive as deltas and are summed here.
+
+    placement="disk": a partitioned type's partition stays in memory only
+    while a bucket holds it; afterwards it is swapped out to checkpoint
+    storage as the next version's file (as PBG does), so the tables can be
+    larger than RAM.
+    """
+
+    def __init__(self, config: ConfigSchema, next_version: int) -> None:
+        self.config = config
+        self.disk = config.ray.placement == "disk"
+        self.storage = CheckpointStorage(config.checkpoint_path)
+        self.next_version = next_version
+        self.refs: Dict[PartitionKey, ray.ObjectRef] = {}
+        self.shared: Dict[PartitionKey, List[np.ndarray]] = {}
+        self.sources: Dict[PartitionKey, Source] = {}
+        self.swapped: set = set()  # written as next_version, not in memory
+
+    def is_shared(self, key: PartitionKey) -> bool:
+        return self.config.entities[key[0]].num_partitions == 1
+
+    def add(self, key: PartitionKey, source: Source) -> None:
+        self.sources[key] = source
+        if self.is_shared(key):
+            self.shared[key] = list(_load_or_init(self.config, key, source))
+        elif not self.disk:
+            self.refs[key] = ray.put(_load_or_init(self.config, key, source))
+
+    def get(self, key: PartitionKey) -> List[ray.ObjectRef]:
+        """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the value)."""
+        if self.is_shared(key):
+            return [ray.put(tuple(self.shared[key]))]
+        if key not in self.refs:  # disk placement: swap in
+            if key in self.swapped:
+                source: Source = ("checkpoint", str(self.storage.path), self.next_version)
+            else:
+                source = self.sources[key]
+            self.refs[key] = ray.put(_load_or_init(self.config, key, source))
+        return [self.refs[key]]
+
+    def update(self, key: PartitionKey, value: List[ray.ObjectRef]) -> None:
+        """Take back a bucket's result: the new (embeddings, sums), or deltas for shared types."""
+        if self.is_shared(key):
+            d_embs, d_sums = ray.get(value[0])
+            self.shared[key][0] += d_embs
+            self.shared[key][1] += d_sums
+        elif self.disk:
+            self._write(key, ray.get(value[0]), self.next_version)
+            self.swapped.add(key)
+            self.refs.pop(key, None)
+        else:
+            self.refs[key] = value[0]
+
+    def _write(self, key: PartitionKey, value: Tuple[np.ndarray, np.ndarray], version: int,
+               metadata: Dict[str, Any] = {}) -> None:
+        embs, sums = value
+        self.storage.save_entity_partition(version, key[0], key[1], embs,
+                                           row_adagrad_state(sums, self.config.lr), metadata)
+
+    def save(self, version: int, metadata: Dict[str, Any]) -> None:
+        """Write every partition of this store as checkpoint version `version`."""
+        assert version == self.next_version
+        for key in self.sources:
+            if self.is_shared(key):
+                self._write(key, tuple(self.shared[key]), version, metadata)
+            elif key in self.refs:
+                self._write(key, ray.get(self.refs[key]), version, metadata)
+                if self.disk:
+                    del self.refs[key]
+            elif key not in self.swapped:  # not trained since its last checkpoint
+                self._write(key, _load_or_init(self.config, key, self.sources[key]), version, metadata)
+        # From now on the partitions load from this version.
+        for key in self.sources:
+            self.sources[key] = ("checkpoint", str(self.storage.path), version)
+        self.swapped.clear()
+        self.next_version = version + 1
+
+    def keys(self) -> List[PartitionKey]:
+        return sorted(self.sources)
+
+
+@ray.remote(num_cpus=0)
+class ParameterServer:
+    """The shared, non-entity parameters (relation operators, global embeddings)
+    with their Adagrad sums. Concurrent train tasks pull a copy and push the
+    change they made, which is added here."""
+
+    def __init__(self, config: ConfigSchema, num_relation_ids: int, source: Optional[Source]) -> None:
+        self.config = config
+        if source is None:
+            self.params = init_params(config, num_relation_ids)
+        else:
+            _, path, version = source
+            arrays, optim_state = CheckpointStorage(path).load_model(version)
+            self.params = params_from_checkpoint(config, num_relation_ids, arrays, optim_state)
+
+    def get(self) -> ModelParams:
+        return self.params
+
+    def apply_delta(self, delta: ModelParams) -> None:
+        for name, value in delta.arrays.items():
+            self.params.arrays[name] += value
+        for name, value in delta.sums.items():
+            self.params.sums[name] += value
+
+    def save(self, version: int, metadata: Dict[str, Any]) -> None:
+        arrays, optim_state = params_to_checkpoint(self.config, self.params)
+        CheckpointStorage(self.config.checkpoint_path).save_model(version, arrays, optim_state, metadata)
+
+
+@ray.remote(num_cpus=0)
+class BucketSchedulerActor:
+    """Hands out buckets (see engine.scheduler.BucketScheduler) to the driver's trainers."""
+
+    def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, lock_lhs: bool,
+                 lock_rhs: bool, seed: int) -> None:
+        self.scheduler = BucketScheduler(nparts_lhs, nparts_rhs, order,
+                                         lock_lhs=lock_lhs, lock_rhs=lock_rhs, seed=seed)
+
+    def new_pass(self) -> List[Bucket]:
+        return self.scheduler.new_pass()
+
+    def acquire(self) -> Optional[Bucket]:
+        return self.scheduler.acquire()
+
+    def release(self, bucket: Bucket) -> None:
+        self.scheduler.release(bucket)
+
+    def fail(self, bucket: Bucket) -> None:
+        self.scheduler.fail(bucket)
+
+    def pass_done(self) -> bool:
+        return self.scheduler.pass_done()

@@ -1,0 +1,130 @@
+"""One bucket's work as a Ray task: a thin wrapper around the model's kernel.
+
+The task reads its edge chunk itself, copies the partitions it received from
+the object store once (they arrive read-only), evaluates the held-out edges,
+trains, evaluates again, and returns the results as separate return values
+owned by the caller. Nothing is applied inside the task, so a task that dies
+is simply run again (Ray retries it with the same inputs) with no update
+lost or applied twice.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+import ray
+import torch
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.io.edges import EdgeList, check_edges, read_edges
+from pbg_ray.model import ModelParams, evaluate_bucket, train_bucket
+from pbg_ray.types import Bucket
+
+PartitionKey = Tuple[str, int]
+
+
+def partition_keys(config: ConfigSchema, bucket: Bucket) -> List[PartitionKey]:
+    """The (entity type, partition) pairs a bucket touches, lhs types first."""
+    keys: List[PartitionKey] = []
+    for side, part in (("lhs", bucket.lhs), ("rhs", bucket.rhs)):
+        for rel in config.relations:
+            entity = getattr(rel, side)
+            key = (entity, part if config.entities[entity].num_partitions > 1 else 0)
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def partition_counts(keys: List[PartitionKey], partitions: List[Tuple[np.ndarray, np.ndarray]]
+                     ) -> Dict[str, Dict[int, int]]:
+    """{entity: {part: number of entities}} of the partitions a task received."""
+    counts: Dict[str, Dict[int, int]] = {}
+    for (entity, part), (embs, _) in zip(keys, partitions):
+        counts.setdefault(entity, {})[part] = len(embs)
+    return counts
+
+
+def gpus_per_trainer(config: ConfigSchema) -> float:
+    """GPUs each train task asks for: ray.gpus_per_trainer, or one when PBG's
+    num_gpus asks for GPU training without saying how to split them."""
+    if config.ray.gpus_per_trainer > 0:
+        return config.ray.gpus_per_trainer
+    return 1.0 if config.num_gpus > 0 else 0.0
+
+
+def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[EdgeList, EdgeList]:
+    """(held-out, train) edges. The held-out set depends only on `seed` (not the
+    epoch), so held-out edges are never trained on in any epoch."""
+    perm = np.random.default_rng(seed).permutation(len(edges))
+    num_eval = int(len(edges) * fraction)
+    return edges[np.sort(perm[:num_eval])], edges[np.sort(perm[num_eval:])]
+
+
+def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
+               num_chunks: int, iteration: int, num_relation_ids: int, keys: List[PartitionKey],
+               params: ModelParams, partitions: List[Tuple[np.ndarray, np.ndarray]],
+               shared: List[bool], num_threads: int, device: str) -> Tuple[Any, ...]:
+    """The pure part of the task. Returns (stats, params delta, one result per key):
+    new (embeddings, sums) for keys held exclusively, deltas for shared ones."""
+    t_start = time.perf_counter()
+    edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
+    counts = partition_counts(keys, partitions)
+    check_edges(edges, bucket, config, counts, num_relation_ids,
+                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
+    held_out, train_edges = split_held_out(
+        edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx])
+    # Train in a new order every epoch.
+    order = np.random.default_rng([iteration, bucket.lhs, bucket.rhs]).permutation(len(train_edges))
+    train_edges = train_edges[order]
+    arrays = {key: (np.array(embs), np.array(sums)) for key, (embs, sums) in zip(keys, partitions)}
+    local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
+                        {k: v.copy() for k, v in params.sums.items()})
+    t_ready = time.perf_counter()
+
+    stats: Dict[str, Any] = {}
+    if len(held_out):
+        stats["eval_stats_before"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
+    train_stats = train_bucket(config, bucket, train_edges, arrays, local,
+                               num_threads=num_threads, device=device, seed=iteration)
+    if len(held_out):
+        stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
+    t_trained = time.perf_counter()
+
+    results = []
+    for key, is_shared, (embs, sums) in zip(keys, shared, partitions):
+        new_embs, new_sums = arrays[key]
+        results.append((new_embs - embs, new_sums - sums) if is_shared else (new_embs, new_sums))
+    delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
+                        {k: local.sums[k] - params.sums[k] for k in params.sums})
+    t_end = time.perf_counter()
+    stats["stats"] = {"count": train_stats["count"], "metrics": train_stats["metrics"]}
+    stats["timing"] = {"total_s": t_end - t_start, "kernel_s": t_trained - t_ready,
+                       "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained)}
+    return (stats, delta, *results)
+
+
+@ray.remote(max_retries=3)
+def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
+                      num_chunks: int, iteration: int, num_relation_ids: int,
+                      keys: List[PartitionKey], shared: List[bool], params: ModelParams,
+                      *partitions: Tuple[np.ndarray, np.ndarray]) -> Tuple[Any, ...]:
+    """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy)."""
+    num_threads = max(1, int(config.ray.cpus_per_trainer))
+    torch.set_num_threads(num_threads)
+    device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
+    return run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
+                      num_relation_ids, keys, params, list(partitions), shared, num_threads, device)
+
+
+@ray.remote
+def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
+                         num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
+                         *partitions: Tuple[np.ndarray, np.ndarray]) -> Dict[str, Any]:
+    """PBG's sampled metrics of every edge of one bucket of `edge_path` (no update)."""
+    edges = read_edges(edge_path, bucket)
+    counts = partition_counts(keys, partitions)
+    check_edges(edges, bucket, config, counts, num_relation_ids,
+                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
+    return evaluate_bucket(config, bucket, edges, dict(zip(keys, partitions)), params)

@@ -1,0 +1,291 @@
+"""The training driver: decides what runs where; actors hold state, tasks compute.
+
+The loop is PBG's: num_epochs x edge paths x edge chunks passes; in each pass
+every bucket is trained once on its chunk, in the configured bucket order,
+several buckets at once when their partitions are disjoint. After each pass
+a checkpoint version is committed (version N = N passes done, as in PBG), so
+a rerun of the same command resumes where the last complete version ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import ray
+from ray.exceptions import RayTaskError
+from tqdm import tqdm
+
+from pbg_ray.config import ConfigSchema, RayConfig
+from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
+from pbg_ray.engine.bucket_task import (
+    evaluate_bucket_task, gpus_per_trainer, partition_keys, train_bucket_task)
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.edges import count_edges
+from pbg_ray.io.entities import load_entity_counts, num_relation_ids
+from pbg_ray.types import Bucket
+
+logger = logging.getLogger("pbg_ray")
+
+# Keys that must match between a run and the checkpoint it resumes.
+RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
+
+
+def connect_ray(ray_config: RayConfig) -> None:
+    """Join ray.address, or start a local Ray; keep one already connected."""
+    if ray.is_initialized():
+        return
+    ray.init(address=ray_config.address, num_cpus=ray_config.num_cpus,
+             object_store_memory=ray_config.object_store_memory,
+             include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+
+
+def stats_mean(stats: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Edge-weighted means of summed PBG stats ({"count", "metrics"})."""
+    count = sum(s["count"] for s in stats)
+    if count == 0:
+        return {}
+    names = stats[0]["metrics"].keys()
+    return {name: sum(s["metrics"][name] for s in stats) / count for name in names}
+
+
+@dataclasses.dataclass
+class TrainResult:
+    checkpoint_path: str
+    version: int
+    bucket_stats: List[Dict[str, Any]]  # this run's, in training_stats.json's layout
+
+
+class Trainer:
+    """One run: its actors, its pass loop and its checkpoints."""
+
+    def __init__(self, config: ConfigSchema) -> None:
+        self.config = config
+        self.storage = CheckpointStorage(config.checkpoint_path)
+        self.storage.prepare()
+        self.version = self.storage.load_version()
+        if self.version > 0:
+            self.storage.check_version(self.version, config)
+            self._check_resumable(self.storage.load_config())
+        self.storage.save_config(config)
+        self.entity_counts = load_entity_counts(config)
+        self.num_relation_ids = num_relation_ids(config)
+        self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
+        self.nparts_rhs = max(config.entities[r.rhs].num_partitions for r in config.relations)
+        self.edge_counts = {
+            path: {Bucket(l, r): count_edges(path, Bucket(l, r))
+                   for l in range(self.nparts_lhs) for r in range(self.nparts_rhs)}
+            for path in config.edge_paths}
+        self.num_chunks = config.num_edge_chunks or max(1, math.ceil(
+            max(max(c.values()) for c in self.edge_counts.values()) / config.max_edges_per_chunk))
+
+    def _check_resumable(self, previous: ConfigSchema) -> None:
+        for key in RESUME_KEYS:
+            if getattr(previous, key) != getattr(self.config, key):
+                raise PbgRayError(
+                    f"checkpoint_path {str(self.storage.path)!r} holds a run whose {key!r} differs "
+                    f"from this config's ({getattr(previous, key)!r} there, "
+                    f"{getattr(self.config, key)!r} here), so it can't be resumed. Use another "
+                    "checkpoint_path, or init_path to start from its embeddings.")
+
+    # --- where the first values come from --------------------------------
+
+    def _sources(self) -> Tuple[Dict[Tuple[str, int], Source], Optional[Source]]:
+        config = self.config
+        init: Optional[CheckpointStorage] = None
+        init_version = 0
+        if self.version == 0 and config.init_path:
+            init = CheckpointStorage(config.init_path)
+            init_version = init.load_version()
+        sources = {}
+        for entity, econf in config.entities.items():
+            for part in range(econf.num_partitions):
+                if self.version > 0:
+                    sources[entity, part] = ("checkpoint", str(self.storage.path), self.version)
+                elif init is not None and init.partition_file(init_version, entity, part).is_file():
+                    sources[entity, part] = ("init", str(init.path), init_version)
+                else:
+                    sources[entity, part] = ("random", self.entity_counts[entity][part], 0)
+        if self.version > 0:
+            model_source: Optional[Source] = ("checkpoint", str(self.storage.path), self.version)
+        elif init is not None and init.model_file(init_version).is_file():
+            model_source = ("init", str(init.path), init_version)
+        else:
+            model_source = None
+        return sources, model_source
+
+    def _start_actors(self) -> None:
+        sources, model_source = self._sources()
+        keys = sorted(sources)
+        num_stores = self.config.ray.num_partition_stores or min(
+            len(keys), max(1, len([n for n in ray.nodes() if n["Alive"]])))
+        self.stores = [PartitionStore.options(scheduling_strategy="SPREAD").remote(
+            self.config, self.version + 1) for _ in range(num_stores)]
+        self.store_of = {key: self.stores[i % num_stores] for i, key in enumerate(keys)}
+        ray.get([self.store_of[key].add.remote(key, sources[key]) for key in keys])
+        self.params = ParameterServer.remote(self.config, self.num_relation_ids, model_source)
+        partitioned = lambda side: any(  # noqa: E731
+            self.config.entities[getattr(r, side)].num_partitions > 1 for r in self.config.relations)
+        self.scheduler = BucketSchedulerActor.remote(
+            self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
+            partitioned("lhs"), partitioned("rhs"), self.version)
+
+    def max_trainers(self) -> int:
+        if self.config.ray.num_trainers:
+            return self.config.ray.num_trainers
+        resources = ray.cluster_resources()
+        limit = int(resources.get("CPU", 1) // self.config.ray.cpus_per_trainer)
+        gpus = gpus_per_trainer(self.config)
+        if gpus > 0:
+            limit = min(limit, int(resources.get("GPU", 0) // gpus))
+            if limit == 0:
+                raise PbgRayError("GPU training was asked for (num_gpus / ray.gpus_per_trainer) but "
+                                  "the Ray cluster has no GPU. Set num_gpus=0 and "
+                                  "ray.gpus_per_trainer=0 to train on CPUs.")
+        return max(1, limit)
+
+    # --- the pass loop ------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        config = self.config
+        passes_per_epoch = len(config.edge_paths) * self.num_chunks
+        total = config.num_epochs * passes_per_epoch
+        if self.version >= total:
+            logger.info("checkpoint %s already holds %d passes; nothing to train",
+                        self.storage.path, self.version)
+            return TrainResult(str(self.storage.path), self.version, [])
+        self._start_actors()
+        all_stats: List[Dict[str, Any]] = []
+        bucket_index = 0
+        for iteration in range(self.version, total):
+            epoch_idx, rest = divmod(iteration, passes_per_epoch)
+            path_idx, chunk_idx = divmod(rest, self.num_chunks)
+            pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
+            bucket_index += len(pass_stats)
+            self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats,
+                         last_of_epoch=(rest == passes_per_epoch - 1))
+            all_stats += pass_stats
+        return TrainResult(str(self.storage.path), self.version, all_stats)
+
+    def _run_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
+                  bucket_index: int) -> List[Dict[str, Any]]:
+        config = self.config
+        edge_path = config.edge_paths[path_idx]
+        ray.get(self.scheduler.new_pass.remote())
+        running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, float]] = {}
+        pass_stats: List[Dict[str, Any]] = []
+        max_trainers = self.max_trainers()
+        num_buckets = self.nparts_lhs * self.nparts_rhs
+        desc = (f"epoch {epoch_idx + 1}/{config.num_epochs} path {path_idx + 1}/"
+                f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
+        bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
+        t_pass = time.perf_counter()
+        edges_done = 0
+        while True:
+            while len(running) < max_trainers:
+                bucket = ray.get(self.scheduler.acquire.remote())
+                if bucket is None:
+                    break
+                if self.edge_counts[edge_path][bucket] == 0:  # nothing to train
+                    ray.get(self.scheduler.release.remote(bucket))
+                    bar.update(1)
+                    continue
+                keys = partition_keys(config, bucket)
+                shared = [config.entities[e].num_partitions == 1 for e, _ in keys]
+                part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
+                refs = train_bucket_task.options(
+                    num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
+                    num_gpus=gpus_per_trainer(config),
+                ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
+                         self.num_relation_ids, keys, shared, self.params.get.remote(), *part_refs)
+                running[refs[0]] = (bucket, keys, refs, time.perf_counter())
+            if not running:
+                if ray.get(self.scheduler.pass_done.remote()):
+                    break
+                raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
+            (ready,), _ = ray.wait(list(running), num_returns=1)
+            bucket, keys, refs, t_launch = running.pop(ready)
+            try:
+                stats = ray.get(ready)
+            except RayTaskError as err:
+                if isinstance(err.cause, PbgRayError):
+                    raise err.cause from None
+                raise
+            _, delta_ref, *result_refs = refs
+            ray.get([self.store_of[k].update.remote(k, [r]) for k, r in zip(keys, result_refs)]
+                    + [self.params.apply_delta.remote(delta_ref)])
+            ray.get(self.scheduler.release.remote(bucket))
+            stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
+            pass_stats.append({
+                "epoch_idx": epoch_idx, "edge_path_idx": path_idx, "edge_chunk_idx": chunk_idx,
+                "lhs_partition": bucket.lhs, "rhs_partition": bucket.rhs,
+                "index": bucket_index + len(pass_stats), **stats})
+            edges_done += stats["stats"]["count"]
+            mean = stats_mean([s["stats"] for s in pass_stats])
+            bar.set_postfix(edges_per_s=f"{edges_done / (time.perf_counter() - t_pass):.3g}",
+                            loss=f"{mean.get('loss', float('nan')):.4g}")
+            bar.update(1)
+        bar.close()
+        return pass_stats
+
+    def _commit(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
+                pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:
+        """Write version N+1 completely, then make it current, then drop N."""
+        config = self.config
+        for s in pass_stats:
+            loss = s["stats"]["metrics"].get("loss", 0.0)
+            if not np.isfinite(loss):
+                raise PbgRayError(
+                    f"training diverged: loss is {loss} in epoch {epoch_idx} bucket "
+                    f"({s['lhs_partition']}, {s['rhs_partition']}); version {self.version} stays "
+                    "current. Lower lr or init_scale, or set max_norm.")
+        version = self.version + 1
+        metadata = {
+            "config/json": json.dumps(config.to_dict()),
+            "iteration/num_epochs": config.num_epochs, "iteration/epoch_idx": epoch_idx,
+            "iteration/num_edge_paths": len(config.edge_paths), "iteration/edge_path_idx": path_idx,
+            "iteration/edge_path": config.edge_paths[path_idx],
+            "iteration/num_edge_chunks": self.num_chunks, "iteration/edge_chunk_idx": chunk_idx,
+        }
+        ray.get([s.save.remote(version, metadata) for s in self.stores]
+                + [self.params.save.remote(version, metadata)])
+        self.storage.append_stats(pass_stats)
+        self.storage.save_version(version)
+        interval = config.checkpoint_preservation_interval
+        if last_of_epoch and interval and (epoch_idx + 1) % interval == 0:
+            self.storage.preserve_version(version, epoch_idx + 1, config)
+        if self.version > 0:
+            self.storage.drop_version(self.version, config)
+        self.version = version
+
+
+    def evaluate(self, edge_path: str) -> Dict[str, float]:
+        """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
+        edges of `edge_path`, with the current embeddings; one task per bucket."""
+        if not hasattr(self, "stores"):
+            self._start_actors()
+        tasks = []
+        for lhs in range(self.nparts_lhs):
+            for rhs in range(self.nparts_rhs):
+                bucket = Bucket(lhs, rhs)
+                if count_edges(edge_path, bucket) == 0:
+                    continue
+                keys = partition_keys(self.config, bucket)
+                part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
+                tasks.append(evaluate_bucket_task.options(num_cpus=self.config.ray.cpus_per_trainer).remote(
+                    self.config, bucket, edge_path, self.num_relation_ids, keys,
+                    self.params.get.remote(), *part_refs))
+        stats = ray.get(tasks)
+        return {"count": sum(s["count"] for s in stats), **stats_mean(stats)}
+
+
+def train(config: ConfigSchema) -> TrainResult:
+    """Train `config` on the Ray cluster (a local one is started if needed)."""
+    connect_ray(config.ray)
+    return Trainer(config).run()

@@ -1,0 +1,44 @@
+"""python -m pbg_ray.train [PBG_CONFIG.py] [key=value ...]
+
+Trains embeddings bucket by bucket on Ray. With no arguments: the built-in
+demo graph on a local Ray. `ray=cluster` (or ray.address=auto) joins the
+cluster that `ray up cluster.yaml` started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from pbg_ray.cli import hydra_entry
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.trainer import Trainer, connect_ray, stats_mean
+
+
+def run(config: ConfigSchema) -> None:
+    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    connect_ray(config.ray)
+    trainer = Trainer(config)
+    result = trainer.run()
+    summary = {"checkpoint_path": result.checkpoint_path, "version": result.version}
+    if result.bucket_stats:
+        last_epoch = [s for s in result.bucket_stats
+                      if s["epoch_idx"] == result.bucket_stats[-1]["epoch_idx"]]
+        summary["train"] = stats_mean([s["stats"] for s in last_epoch])
+        after = [s["eval_stats_after"] for s in last_epoch if "eval_stats_after" in s]
+        if after:
+            summary["held_out"] = stats_mean(after)
+    for path in config.eval_edge_paths:
+        metrics = trainer.evaluate(path)
+        summary.setdefault("eval", {})[path] = metrics
+        print(f"eval {path}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+    print(f"checkpoint: {result.checkpoint_path} (version {result.version})")
+    print(json.dumps(summary), file=sys.stdout)
+
+
+main = hydra_entry(run)
+
+if __name__ == "__main__":
+    main()

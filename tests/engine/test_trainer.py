@@ -1,0 +1,105 @@
+"""The engine end to end on a real local Ray."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torchbiggraph.checkpoint_manager import CheckpointManager
+from torchbiggraph.row_adagrad import RowAdagrad
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.trainer import Trainer
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.entities import load_entity_counts
+
+from conftest import config_dict, write_random_graph
+
+
+def small_config(tmp_path, **overrides) -> ConfigSchema:
+    base = dict(num_epochs=2, eval_fraction=0.1, eval_num_batch_negs=10, eval_num_uniform_negs=10,
+                comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
+    base.update(overrides)
+    return ConfigSchema.from_dict(config_dict(tmp_path, **base))
+
+
+def assert_valid_checkpoint(config: ConfigSchema, version: int):
+    storage = CheckpointStorage(config.checkpoint_path)
+    assert storage.load_version() == version
+    storage.check_version(version, config)
+    assert not list(storage.path.glob(f"*.v{version - 1}.h5")), "old version not dropped"
+    assert not list(storage.path.glob(".*tmp*")), "temporary files left behind"
+    counts = load_entity_counts(config)
+    manager = CheckpointManager(config.checkpoint_path)  # torchbiggraph reads it
+    for entity, parts in counts.items():
+        for part, count in enumerate(parts):
+            embs, optim_state = manager.read(entity, part)
+            assert embs.shape == (count, config.dimension)
+            assert torch.isfinite(embs).all()
+            RowAdagrad([torch.nn.Parameter(embs)], lr=config.lr).load_state_dict(optim_state)
+    state_dict, _ = manager.read_model()
+    assert "rhs_operators.0.translation" in state_dict
+
+
+def test_train_writes_valid_checkpoints_and_resumes(ray_session, tmp_path):
+    config = small_config(tmp_path, checkpoint_preservation_interval=1)
+    write_random_graph(config, num_edges=300)
+    result = Trainer(config).run()
+    assert result.version == 2  # one pass per epoch (1 edge path, 1 chunk)
+    assert_valid_checkpoint(config, 2)
+    # PBG's JSON-lines stats: one line per bucket per pass, with eval before/after.
+    lines = [json.loads(l) for l in open(tmp_path / "checkpoints" / "training_stats.json")]
+    assert len(lines) == 2 * 4
+    assert {(l["lhs_partition"], l["rhs_partition"]) for l in lines} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert all(l["stats"]["count"] > 0 and "mrr" in l["eval_stats_after"]["metrics"] for l in lines)
+    assert (tmp_path / "checkpoints" / "epoch_1" / "model.v1.h5").is_file()
+    before = CheckpointStorage(config.checkpoint_path).load_entity_partition(2, "user", 1)[0]
+
+    # The same command with more epochs resumes at version 2 and trains one more pass.
+    config3 = small_config(tmp_path, num_epochs=3)
+    result = Trainer(config3).run()
+    assert result.version == 3 and len(result.bucket_stats) == 4
+    assert_valid_checkpoint(config3, 3)
+    after = CheckpointStorage(config.checkpoint_path).load_entity_partition(3, "user", 1)[0]
+    assert not np.array_equal(before, after)
+    # Nothing left to do: no work, same version.
+    assert Trainer(config3).run().version == 3
+
+
+def test_resume_refuses_a_different_graph(ray_session, tmp_path):
+    config = small_config(tmp_path, num_epochs=1)
+    write_random_graph(config)
+    Trainer(config).run()
+    other = small_config(tmp_path, dimension=16)
+    with pytest.raises(PbgRayError, match="'dimension' differs"):
+        Trainer(other)
+
+
+def test_disk_placement_trains_the_same_graph(ray_session, tmp_path):
+    config = small_config(tmp_path, ray={"placement": "disk"})
+    write_random_graph(config)
+    assert Trainer(config).run().version == 2
+    assert_valid_checkpoint(config, 2)
+
+
+def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
+    first = small_config(tmp_path, num_epochs=1)
+    write_random_graph(first)
+    Trainer(first).run()
+    # lr=0 trains without moving anything: the result is the initial values.
+    second = small_config(tmp_path, num_epochs=1, lr=0.0, checkpoint_path=str(tmp_path / "second"),
+                          init_path=first.checkpoint_path)
+    Trainer(second).run()
+    a = CheckpointStorage(first.checkpoint_path).load_entity_partition(1, "item", 0)[0]
+    b = CheckpointStorage(second.checkpoint_path).load_entity_partition(1, "item", 0)[0]
+    np.testing.assert_array_equal(a, b)
+
+
+def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
+    config = small_config(tmp_path, num_epochs=1)
+    write_random_graph(config, counts={"user": 30, "item": 20, "tag": 7})
+    (tmp_path / "entities" / "entity_count_item_0.txt").write_text("3\n")  # too small now
+    with pytest.raises(PbgRayError, match=r"edges_\d_\d.h5.*outside partition 0 of entity type 'item'"):
+        Trainer(config).run()
+    assert CheckpointStorage(config.checkpoint_path).load_version() == 0
