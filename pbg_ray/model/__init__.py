@@ -1,0 +1,19 @@
+"""The math of one bucket: PBG's scoring, losses, negatives and optimizers in pure PyTorch.
+
+Never imports Ray: the engine calls these functions from its tasks, tests call them directly.
+"""
+
+from pbg_ray.model.kernel import evaluate_bucket, train_bucket
+from pbg_ray.model.params import (
+    ModelParams,
+    PartitionKey,
+    init_params,
+    init_partition,
+    params_from_checkpoint,
+    params_to_checkpoint,
+)
+
+__all__ = [
+    "ModelParams", "PartitionKey", "evaluate_bucket", "init_params", "init_partition",
+    "params_from_checkpoint", "params_to_checkpoint", "train_bucket",
+]

@@ -1,0 +1,179 @@
+"""Comparators: the score of a (lhs, rhs) pair of prepared vectors, with hand-written gradients.
+
+Shapes: vectors [..., D]; `pos(q, k)` scores matching rows -> [...]; `matrix(Q, K)` scores
+all pairs of each chunk, Q [n, P, D] x K [n, N, D] -> [n, P, N]. Comparators are symmetric,
+so matrix(K, Q) is matrix(Q, K) transposed (the kernel relies on it to share the
+batch-negative block between the two sides).
+
+`matrix_backward(Q, K, S, G)` maps the gradient G [n, P, N] of the scores S to gradients of
+Q and K. It is linear in G (the kernel sums both sides' G before calling it) and may
+overwrite G. Comparators with `needs_scores` read S there; the others never do, so the
+loss may turn S into G in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import torch
+from torch import Tensor
+
+from pbg_ray.model.registry import Registry
+
+# PBG clamps squared distances to this before the square root (and so has no gradient there).
+_MIN_SQUARED_DIST = 1e-30
+_MAX_CLAMPED_SCORE = -1.0000001e-15  # l2 scores at or above this were clamped
+
+
+class Comparator:
+    name: str
+    needs_scores = False
+
+    def prepare(self, x: Tensor) -> Tuple[Tensor, Any]:
+        """Per-vector preparation before comparing (e.g. normalization): (y, ctx for backward)."""
+        return x, None
+
+    def prepare_backward(self, ctx: Any, dy: Tensor) -> Tensor:
+        return dy
+
+    def pos(self, q: Tensor, k: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def pos_backward(self, q: Tensor, k: Tensor, g: Tensor) -> Tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def matrix(self, q: Tensor, k: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def matrix_backward(self, q: Tensor, k: Tensor, s: Tensor, g: Tensor) -> Tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+COMPARATORS: Registry[Comparator] = Registry("comparator")
+
+
+@COMPARATORS.register("dot")
+class DotComparator(Comparator):
+    def pos(self, q, k):
+        return (q * k).sum(-1)
+
+    def pos_backward(self, q, k, g):
+        g = g.unsqueeze(-1)
+        return g * k, g * q
+
+    def matrix(self, q, k):
+        return torch.bmm(q, k.transpose(1, 2))
+
+    def matrix_backward(self, q, k, s, g):
+        return torch.bmm(g, k), torch.bmm(g.transpose(1, 2), q)
+
+
+@COMPARATORS.register("cos")
+class CosComparator(DotComparator):
+    """Dot product of L2-normalized vectors (normalized once, in prepare)."""
+
+    def prepare(self, x):
+        rnorm = x.norm(dim=-1, keepdim=True).reciprocal_()
+        y = x * rnorm
+        return y, (y, rnorm)
+
+    def prepare_backward(self, ctx, dy):
+        y, rnorm = ctx
+        return (dy - y * (y * dy).sum(-1, keepdim=True)).mul_(rnorm)
+
+
+def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
+    """Gradients of sum_ij h_ij * (-|q_i - k_j|^2) w.r.t. q and k."""
+    dq = torch.bmm(h, k).sub_(h.sum(-1, keepdim=True) * q).mul_(2)
+    dk = torch.bmm(h.transpose(1, 2), q).sub_(h.sum(-2).unsqueeze(-1) * k).mul_(2)
+    return dq, dk
+
+
+@COMPARATORS.register("squared_l2")
+class SquaredL2Comparator(Comparator):
+    """Minus the squared Euclidean distance."""
+
+    def pos(self, q, k):
+        return (q - k).pow_(2).sum(-1).neg_()
+
+    def pos_backward(self, q, k, g):
+        dq = (q - k).mul_(g.unsqueeze(-1) * -2)
+        return dq, -dq
+
+    def matrix(self, q, k):
+        # -(|q|^2 + |k|^2 - 2 q.k), the all-pairs expansion PBG uses.
+        k2 = k.pow(2).sum(-1).unsqueeze(-2)
+        q2 = q.pow(2).sum(-1).unsqueeze(-1)
+        return torch.baddbmm(k2.neg_(), q, k.transpose(1, 2), alpha=2).sub_(q2)
+
+    def matrix_backward(self, q, k, s, g):
+        return _squared_dist_backward(q, k, g)
+
+
+@COMPARATORS.register("l2")
+class L2Comparator(Comparator):
+    """Minus the Euclidean distance (squared distance clamped at 1e-30 like PBG)."""
+
+    needs_scores = True
+
+    def pos(self, q, k):
+        return (q - k).pow_(2).sum(-1).clamp_min_(_MIN_SQUARED_DIST).sqrt_().neg_()
+
+    def pos_backward(self, q, k, g):
+        s = self.pos(q, k)
+        factor = (g / s).masked_fill_(s > _MAX_CLAMPED_SCORE, 0)  # = -g / dist
+        dq = (q - k).mul_(factor.unsqueeze(-1))
+        return dq, -dq
+
+    def matrix(self, q, k):
+        k2 = k.pow(2).sum(-1).unsqueeze(-2)
+        q2 = q.pow(2).sum(-1).unsqueeze(-1)
+        sq = torch.baddbmm(k2, q, k.transpose(1, 2), alpha=-2).add_(q2)
+        return sq.clamp_min_(_MIN_SQUARED_DIST).sqrt_().neg_()
+
+    def matrix_backward(self, q, k, s, g):
+        # d(-dist)/d(-sq) = 1 / (2 dist) = -0.5 / s; zero where the clamp was active.
+        h = g.div_(s).mul_(-0.5).masked_fill_(s > _MAX_CLAMPED_SCORE, 0)
+        return _squared_dist_backward(q, k, h)
+
+
+class BiasedComparator(Comparator):
+    """PBG's `bias` option: coordinate 0 of each vector is a bias added to the score;
+    the base comparator sees coordinates 1: (prepare included)."""
+
+    def __init__(self, base: Comparator) -> None:
+        self.base = base
+        self.needs_scores = base.needs_scores
+        self.name = f"biased {base.name}"
+
+    def prepare(self, x):
+        y, ctx = self.base.prepare(x[..., 1:])
+        return torch.cat([x[..., :1], y], dim=-1), ctx
+
+    def prepare_backward(self, ctx, dy):
+        return torch.cat([dy[..., :1], self.base.prepare_backward(ctx, dy[..., 1:])], dim=-1)
+
+    def pos(self, q, k):
+        return self.base.pos(q[..., 1:], k[..., 1:]) + q[..., 0] + k[..., 0]
+
+    def pos_backward(self, q, k, g):
+        dq, dk = self.base.pos_backward(q[..., 1:], k[..., 1:], g)
+        g = g.unsqueeze(-1)
+        return torch.cat([g, dq], dim=-1), torch.cat([g, dk], dim=-1)
+
+    def matrix(self, q, k):
+        s = self.base.matrix(q[..., 1:], k[..., 1:])
+        return s.add_(q[..., :1]).add_(k[..., 0].unsqueeze(-2))
+
+    def matrix_backward(self, q, k, s, g):
+        dq0 = g.sum(-1, keepdim=True)
+        dk0 = g.sum(-2).unsqueeze(-1)
+        if self.base.needs_scores:
+            s = s - q[..., :1] - k[..., 0].unsqueeze(-2)
+        dq, dk = self.base.matrix_backward(q[..., 1:], k[..., 1:], s, g)
+        return torch.cat([dq0, dq], dim=-1), torch.cat([dk0, dk], dim=-1)
+
+
+def make_comparator(name: str, bias: bool) -> Comparator:
+    comparator = COMPARATORS.get(name)()
+    return BiasedComparator(comparator) if bias else comparator

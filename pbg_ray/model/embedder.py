@@ -1,0 +1,436 @@
+"""Scores, loss and gradients of one batch: PBG's MultiRelationEmbedder with a hand-written
+backward.
+
+Layout. Each side's rows live in one buffer [chunks, C + K, D]: the chunk's C positives
+(padded) followed by its K uniform negatives (or the whole partition under all_negs), so
+one gather per table fills it and whole-batch bmm's score every chunk at once.
+
+Per-relation mode (PBG: the relation's operator applies to the rhs only) scores
+  pos_i = c(u_i, v_i)            u = prep(lhs + global), v = prep(op(rhs + global))
+  rhs negatives: M[i, j] = c(u_i, v_j) over the chunk's v's and the rhs uniform draws
+  lhs negatives: c(v_i, u_j); the batch part is M[:, :, :C] transposed (computed once),
+                 the uniform part its own bmm.
+Dynamic mode (one lhs and one rhs operator per relation id) scores the lhs side with
+c(u, prep(op_rhs(rhs))) and the rhs side with c(prep(op_lhs(lhs)), v), v = prep(rhs), so
+each side has its own matrix, and no global embeddings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.model.comparators import make_comparator
+from pbg_ray.model.losses import LOSS_FUNCTIONS
+from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
+from pbg_ray.model.operators import OPERATORS, Operator
+from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
+from pbg_ray.model.regularizers import REGULARIZERS
+
+SIDES = ("lhs", "rhs")
+
+
+@dataclasses.dataclass
+class SideBatch:
+    """One side of a batch. ids [B] entity ids, or for featurized types `features` =
+    (offsets [B + 1], data [F]); neg_ids [chunks, K] uniform ids ([1, N] under ALL)."""
+
+    table: PartitionKey
+    entity: str
+    mode: Negatives
+    ids: Optional[Tensor] = None
+    features: Optional[Tuple[Tensor, Tensor]] = None
+    neg_ids: Optional[Tensor] = None
+
+    @property
+    def has_batch(self) -> bool:
+        return self.mode is Negatives.BATCH_UNIFORM
+
+    @property
+    def num_neg_ids(self) -> int:
+        return 0 if self.neg_ids is None else self.neg_ids.shape[1]
+
+
+@dataclasses.dataclass
+class Batch:
+    """Edges of one relation (per-relation mode) or of any relations (dynamic mode)."""
+
+    num_pos: int
+    chunk_size: int
+    relation: int            # index into config.relations
+    rel_ids: Tensor          # [B] relation ids (all == relation in per-relation mode)
+    lhs: SideBatch
+    rhs: SideBatch
+    weight: Optional[Tensor] = None  # [B] per-edge weights
+
+    @property
+    def num_chunks(self) -> int:
+        return -(-self.num_pos // self.chunk_size)
+
+    @property
+    def last_chunk_size(self) -> int:
+        return self.num_pos - (self.num_chunks - 1) * self.chunk_size
+
+    def side(self, name: str) -> SideBatch:
+        return self.lhs if name == "lhs" else self.rhs
+
+
+@dataclasses.dataclass
+class Scores:
+    """Forward results. pos/blocks per side: pos [chunks, C], blocks [chunks, C, N_k]
+    (rows past num_pos are padding); `saved` holds what the backward needs."""
+
+    pos: Dict[str, Tensor]
+    blocks: Dict[str, List[Tensor]]
+    saved: Dict[str, Any]
+
+
+@dataclasses.dataclass
+class Gradients:
+    loss: float
+    reg: float
+    violators: Dict[str, int]
+    rows: Dict[PartitionKey, Tuple[Tensor, Tensor]]  # table -> (row ids [n], grads [n, D])
+    params: Dict[str, Tensor]                         # public name -> gradient
+
+
+class Embedder:
+    """The model of one training/eval run over torch tensors (updated by the caller's
+    optimizer steps).
+
+    tables: (entity, partition) -> embeddings [N, D]; params: public name -> tensor.
+    """
+
+    def __init__(self, config: ConfigSchema, tables: Dict[PartitionKey, Tensor],
+                 params: Dict[str, Tensor], renorm_in_place: bool = True) -> None:
+        self.config = config
+        # PBG's max_norm renormalizes looked-up rows in the table itself (training);
+        # evaluation leaves the (possibly read-only) tables alone.
+        self.renorm_in_place = renorm_in_place
+        self.tables = tables
+        self.params = params
+        self.comparator = make_comparator(config.comparator, config.bias)
+        self.loss_fn = LOSS_FUNCTIONS.get(config.loss_fn)(config.margin)
+        self.regularizer = (REGULARIZERS.get(config.regularizer)(config.regularization_coef)
+                            if config.regularization_coef > 0 else None)
+        self.dynamic = config.dynamic_relations
+        self.operators: List[Operator] = [
+            OPERATORS.get(r.operator)(config.entity_dimension(r.rhs)) for r in config.relations]
+
+    # --- parameters ---------------------------------------------------------
+
+    def _op_params(self, batch: Batch, side: str, rows: Optional[Tensor]) -> Dict[str, Tensor]:
+        """The batch's operator parameters for `side`: the relation's own set, or (dynamic)
+        the set of each row's relation id."""
+        op = self.operators[batch.relation]
+        if self.dynamic:
+            return {n: self.params[operator_key(0, side, d)][rows] for n, d in op.param_names}
+        return {n: self.params[operator_key(batch.relation, side, n)] for n, _ in op.param_names}
+
+    def _add_op_grads(self, grads: Dict[str, Tensor], batch: Batch, side: str,
+                      dp: Dict[str, Tensor], rows: Optional[Tensor]) -> None:
+        op = self.operators[batch.relation]
+        for n, d in op.param_names:
+            if self.dynamic:
+                key = operator_key(0, side, d)
+                g = grads.setdefault(key, torch.zeros_like(self.params[key]))
+                g.index_add_(0, rows, dp[n])
+            else:
+                key = operator_key(batch.relation, side, n)
+                grads[key] = grads[key] + dp[n] if key in grads else dp[n]
+
+    # --- forward ------------------------------------------------------------
+
+    def _layout(self, batch: Batch) -> Dict[str, Tensor]:
+        """Per side, the table rows its buffer holds: [chunks, C + K] ids (padding rows
+        point at row 0 and are zeroed later), or the feature ids [F] of a featurized side."""
+        C, n = batch.chunk_size, batch.num_chunks
+        index: Dict[str, Tensor] = {}
+        for name in SIDES:
+            s = batch.side(name)
+            if s.features is not None:
+                index[name] = s.features[1]
+                continue
+            pos = s.ids.new_zeros(n * C)
+            pos[:batch.num_pos] = s.ids
+            index[name] = pos.view(n, C) if s.neg_ids is None else \
+                torch.cat([pos.view(n, C), s.neg_ids], dim=1)
+        return index
+
+    def _gather(self, batch: Batch, index: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        """One gather per table: per side, the raw rows of its layout. Applies PBG's
+        max_norm renormalization to the gathered rows, in the table too."""
+        same = batch.lhs.table == batch.rhs.table
+        groups = [SIDES] if same else [("lhs",), ("rhs",)]
+        rows: Dict[str, Tensor] = {}
+        for group in groups:
+            table = self.tables[batch.side(group[0]).table]
+            flat = torch.cat([index[g].reshape(-1) for g in group]) if len(group) > 1 \
+                else index[group[0]].reshape(-1)
+            gathered = table[flat]
+            if self.config.max_norm is not None:
+                norms = gathered.norm(dim=1)
+                over = (norms > self.config.max_norm).nonzero().squeeze(1)
+                if over.numel():
+                    gathered[over] *= (self.config.max_norm / (norms[over] + 1e-7)).unsqueeze(1)
+                    if self.renorm_in_place:
+                        table[flat[over]] = gathered[over]
+            offset = 0
+            for g in group:
+                size = index[g].numel()
+                rows[g] = gathered[offset:offset + size].view(*index[g].shape, -1)
+                offset += size
+        return rows
+
+    def _side_buffer(self, batch: Batch, name: str, rows: Tensor
+                     ) -> Tuple[Tensor, Optional[Tuple[Tensor, Tensor]]]:
+        """([chunks, C + K, D] raw vectors of a side (positives, then negatives) + global emb,
+        featurized: (feature -> edge index [F], bag sizes [B]))."""
+        s = batch.side(name)
+        C, n = batch.chunk_size, batch.num_chunks
+        if s.features is not None:
+            # Featurized: the mean of the features' embeddings (an empty bag is zero).
+            offsets = s.features[0]
+            counts = (offsets[1:] - offsets[:-1])
+            seg = torch.repeat_interleave(torch.arange(batch.num_pos, device=rows.device), counts)
+            buf = rows.new_zeros(n * C, rows.shape[-1])
+            buf.index_add_(0, seg, rows)
+            buf[:batch.num_pos] /= counts.clamp_min(1).unsqueeze(1).to(rows.dtype)
+            buf = buf.view(n, C, -1)
+            feat = (seg, counts)
+        else:
+            buf = rows
+            feat = None
+        if self.config.global_emb:
+            buf += self.params[global_emb_key(s.entity)]
+        return buf, feat
+
+    def _zero_padding(self, batch: Batch, *bufs: Tensor) -> None:
+        last = batch.last_chunk_size
+        if last < batch.chunk_size:
+            for buf in bufs:
+                buf[-1, last:batch.chunk_size] = 0
+
+    def forward(self, batch: Batch) -> Scores:
+        cmp = self.comparator
+        C, n = batch.chunk_size, batch.num_chunks
+        index = self._layout(batch)
+        rows = self._gather(batch, index)
+        a, feat_l = self._side_buffer(batch, "lhs", rows["lhs"])
+        b, feat_r = self._side_buffer(batch, "rhs", rows["rhs"])
+        op = self.operators[batch.relation]
+        saved: Dict[str, Any] = dict(a=a, b=b, index=index, feat={"lhs": feat_l, "rhs": feat_r})
+        blocks: Dict[str, List[Tensor]] = {"lhs": [], "rhs": []}
+        lhs, rhs = batch.lhs, batch.rhs
+        if not self.dynamic:
+            p = self._op_params(batch, "rhs", None)
+            u, ctx_u = cmp.prepare(a)
+            v, ctx_v = cmp.prepare(op.forward(b, p))
+            self._zero_padding(batch, u, v)
+            u_pos, v_pos = u[:, :C], v[:, :C]
+            pos = cmp.pos(u_pos, v_pos)
+            need_batch = lhs.has_batch or rhs.has_batch
+            m_r = None
+            if rhs.mode is not Negatives.NONE or need_batch:
+                k_r = v if need_batch else v[:, C:]
+                m_r = cmp.matrix(u_pos, k_r)
+                if need_batch:
+                    mask_batch_block(m_r[:, :, :C], batch.last_chunk_size)
+                if rhs.mode is Negatives.ALL:
+                    mask_own_ids(m_r, rhs.ids)
+                if rhs.mode is not Negatives.NONE:
+                    blocks["rhs"].append(m_r)
+            if lhs.has_batch:
+                # c(v_i, u_j) = M[j, i]: the lhs batch block is the rhs one transposed.
+                blocks["lhs"].append(m_r[:, :, :C].transpose(1, 2).contiguous())
+            m_lu = None
+            if lhs.num_neg_ids:
+                m_lu = cmp.matrix(v_pos, u[:, C:])
+                if lhs.mode is Negatives.ALL:
+                    mask_own_ids(m_lu, lhs.ids)
+                blocks["lhs"].append(m_lu)
+            saved.update(p=p, u=u, v=v, ctx_u=ctx_u, ctx_v=ctx_v, m_r=m_r, m_lu=m_lu,
+                         need_batch=need_batch)
+            return Scores({"lhs": pos, "rhs": pos}, blocks, saved)
+
+        rel = batch.rel_ids.new_zeros(n * C)
+        rel[:batch.num_pos] = batch.rel_ids
+        u, ctx_u = cmp.prepare(a)
+        v, ctx_v = cmp.prepare(b)
+        a_pos = a[:, :C].reshape(n * C, -1)
+        b_pos = b[:, :C].reshape(n * C, -1)
+        p_l, p_r = self._op_params(batch, "lhs", rel), self._op_params(batch, "rhs", rel)
+        q_l, ctx_ql = cmp.prepare(op.forward(b_pos, p_r).view(n, C, -1))  # lhs side queries
+        q_r, ctx_qr = cmp.prepare(op.forward(a_pos, p_l).view(n, C, -1))  # rhs side queries
+        self._zero_padding(batch, u, v, q_l, q_r)
+        pos = {"lhs": cmp.pos(u[:, :C], q_l), "rhs": cmp.pos(q_r, v[:, :C])}
+        mats = {}
+        for name, q, k in (("lhs", q_l, u), ("rhs", q_r, v)):
+            s = batch.side(name)
+            if s.mode is Negatives.NONE:
+                continue
+            m = cmp.matrix(q, k if s.has_batch else k[:, C:])
+            if s.has_batch:
+                mask_batch_block(m[:, :, :C], batch.last_chunk_size)
+            if s.mode is Negatives.ALL:
+                mask_own_ids(m, s.ids)
+            mats[name] = m
+            blocks[name].append(m)
+        saved.update(rel=rel, a_pos=a_pos, b_pos=b_pos, p_l=p_l, p_r=p_r, u=u, v=v, q_l=q_l,
+                     q_r=q_r, ctx_u=ctx_u, ctx_v=ctx_v, ctx_ql=ctx_ql, ctx_qr=ctx_qr, mats=mats)
+        return Scores(pos, blocks, saved)
+
+    # --- backward -----------------------------------------------------------
+
+    def _weights(self, batch: Batch, device) -> Tensor:
+        """[chunks, C] loss weight of each row: relation weight x edge weight, 0 for padding."""
+        w = torch.zeros(batch.num_chunks * batch.chunk_size, device=device)
+        w[:batch.num_pos] = self.config.relations[batch.relation].weight
+        if batch.weight is not None:
+            w[:batch.num_pos] *= batch.weight
+        return w.view(batch.num_chunks, batch.chunk_size)
+
+    def backward(self, batch: Batch, scores: Scores) -> Gradients:
+        """Loss, regularizer and gradients of a forward pass (consumes its score blocks)."""
+        cmp = self.comparator
+        C = batch.chunk_size
+        sv = scores.saved
+        w = self._weights(batch, sv["a"].device)
+        valid = torch.zeros(w.numel(), dtype=torch.bool, device=w.device)
+        valid[:batch.num_pos] = True
+        valid = valid.view_as(w)
+        inplace = not cmp.needs_scores
+        loss = w.new_zeros(())
+        violators: Dict[str, int] = {}
+        dpos: Dict[str, Tensor] = {}
+        dblocks: Dict[str, List[Tensor]] = {}
+        for name in SIDES:
+            pos, blocks = scores.pos[name], scores.blocks[name]
+            violators[name] = int(sum(((blk > pos.unsqueeze(-1)).sum(-1) * valid).sum()
+                                      for blk in blocks))
+            num_neg = sum(blk.shape[-1] for blk in blocks)
+            side_loss, dpos[name], dblocks[name] = self.loss_fn.forward_backward(
+                pos, blocks, w, num_neg, inplace)
+            loss += side_loss
+        a, b = sv["a"], sv["b"]
+        da = torch.zeros_like(a)
+        db = torch.zeros_like(b)
+        param_grads: Dict[str, Tensor] = {}
+        if not self.dynamic:
+            u, v = sv["u"], sv["v"]
+            du, dv = torch.zeros_like(u), torch.zeros_like(v)
+            g = dpos["lhs"] + dpos["rhs"]
+            dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], g)
+            du[:, :C] += dq
+            dv[:, :C] += dk
+            m_r = sv["m_r"]
+            if m_r is not None:
+                lhs_blocks = dblocks["lhs"]
+                g_r = dblocks["rhs"][0] if dblocks["rhs"] else torch.zeros_like(m_r)
+                if batch.lhs.has_batch:
+                    g_r[:, :, :C] += lhs_blocks[0].transpose(1, 2)
+                dq, dk = cmp.matrix_backward(u[:, :C], v if sv["need_batch"] else v[:, C:],
+                                             m_r, g_r)
+                du[:, :C] += dq
+                if sv["need_batch"]:
+                    dv += dk
+                else:
+                    dv[:, C:] += dk
+            if sv["m_lu"] is not None:
+                dq, dk = cmp.matrix_backward(v[:, :C], u[:, C:], sv["m_lu"], dblocks["lhs"][-1])
+                dv[:, :C] += dq
+                du[:, C:] += dk
+            self._zero_padding(batch, du, dv)
+            da += cmp.prepare_backward(sv["ctx_u"], du)
+            op = self.operators[batch.relation]
+            db_op, dp = op.backward(b, sv["p"], cmp.prepare_backward(sv["ctx_v"], dv))
+            db += db_op
+            self._add_op_grads(param_grads, batch, "rhs", dp, None)
+        else:
+            n = batch.num_chunks
+            op = self.operators[batch.relation]
+            u, v, q_l, q_r = sv["u"], sv["v"], sv["q_l"], sv["q_r"]
+            du, dv = torch.zeros_like(u), torch.zeros_like(v)
+            dk, dq_l = cmp.pos_backward(u[:, :C], q_l, dpos["lhs"])
+            du[:, :C] += dk
+            dq_r, dk = cmp.pos_backward(q_r, v[:, :C], dpos["rhs"])
+            dv[:, :C] += dk
+            for name, q, k, dq_side, dk_side in (("lhs", q_l, u, dq_l, du), ("rhs", q_r, v, dq_r, dv)):
+                m = sv["mats"].get(name)
+                if m is None:
+                    continue
+                s = batch.side(name)
+                dq, dk = cmp.matrix_backward(q, k if s.has_batch else k[:, C:], m, dblocks[name][0])
+                dq_side += dq
+                if s.has_batch:
+                    dk_side += dk
+                else:
+                    dk_side[:, C:] += dk
+            self._zero_padding(batch, du, dv, dq_l, dq_r)
+            da += cmp.prepare_backward(sv["ctx_u"], du)
+            db += cmp.prepare_backward(sv["ctx_v"], dv)
+            rel = sv["rel"]
+            for side, x, dx_buf, q_grad, ctx, p in (
+                    ("rhs", sv["b_pos"], db, dq_l, sv["ctx_ql"], sv["p_r"]),
+                    ("lhs", sv["a_pos"], da, dq_r, sv["ctx_qr"], sv["p_l"])):
+                dx, dp = op.backward(x, p, cmp.prepare_backward(ctx, q_grad).view(n * C, -1))
+                dx_buf[:, :C] += dx.view(n, C, -1)
+                self._add_op_grads(param_grads, batch, side, dp, rel)
+        reg = self._regularize(batch, a, b, da, db, param_grads)
+        if self.config.global_emb:
+            for name, d in (("lhs", da), ("rhs", db)):
+                key = global_emb_key(batch.side(name).entity)
+                g = d.reshape(-1, d.shape[-1]).sum(0)
+                param_grads[key] = param_grads[key] + g if key in param_grads else g
+        return Gradients(float(loss), reg, violators, self._row_grads(batch, sv, da, db),
+                         param_grads)
+
+    def _regularize(self, batch: Batch, a: Tensor, b: Tensor, da: Tensor, db: Tensor,
+                    param_grads: Dict[str, Tensor]) -> float:
+        """N3 (or another regularizer) on the positives and the operator parameters used."""
+        if self.regularizer is None:
+            return 0.0
+        op = self.operators[batch.relation]
+        B, C = batch.num_pos, batch.chunk_size
+        total = 0.0
+        for x, dx in ((a, da), (b, db)):
+            pos = x[:, :C].reshape(-1, x.shape[-1])[:B]
+            value, grad = self.regularizer.embeddings(pos, op)
+            total += float(value)
+            dx[:, :C].reshape(-1, x.shape[-1])[:B] += grad  # contiguous: writes through
+        if self.dynamic:
+            rows = batch.rel_ids
+            for side in SIDES:
+                value, dp = self.regularizer.params(self._op_params(batch, side, rows), op, 1)
+                total += float(value)
+                self._add_op_grads(param_grads, batch, side, dp, rows)
+        else:
+            value, dp = self.regularizer.params(self._op_params(batch, "rhs", None), op, B)
+            total += float(value)
+            self._add_op_grads(param_grads, batch, "rhs", dp, None)
+        return total
+
+    def _row_grads(self, batch: Batch, sv: Dict[str, Any], da: Tensor, db: Tensor
+                   ) -> Dict[PartitionKey, Tuple[Tensor, Tensor]]:
+        """Per table: (row ids, gradient rows), both sides of one table together."""
+        out: Dict[PartitionKey, Tuple[Tensor, Tensor]] = {}
+        C, n = batch.chunk_size, batch.num_chunks
+        for name, d in (("lhs", da), ("rhs", db)):
+            s = batch.side(name)
+            ids = sv["index"][name].reshape(-1)
+            if s.features is not None:
+                # d(mean)/d(feature row) = 1 / bag size.
+                seg, counts = sv["feat"][name]
+                per_entity = d[:, :C].reshape(n * C, -1)[:batch.num_pos]
+                grads = (per_entity / counts.clamp_min(1).unsqueeze(1).to(d.dtype))[seg]
+            else:
+                grads = d.reshape(-1, d.shape[-1])
+            if s.table in out:
+                prev_ids, prev_grads = out[s.table]
+                ids, grads = torch.cat([prev_ids, ids]), torch.cat([prev_grads, grads])
+            out[s.table] = (ids, grads)
+        return out

@@ -1,0 +1,276 @@
+"""The bucket kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
+
+Pure PyTorch over numpy arrays the caller owns: entity partitions and shared parameters
+are updated in place (zero-copy views on CPU; copied to the GPU and back on device="cuda").
+On CPU, `num_threads` Hogwild workers (Python threads, one torch thread each, releasing the
+GIL inside torch ops) share the tables, as PBG's Hogwild processes do: the ~100 small ops
+of a batch do not scale with intra-op threads, independent batches do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+import warnings
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.io.edges import EdgeList
+from pbg_ray.model.embedder import Batch, Embedder, SideBatch
+from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
+from pbg_ray.model.optim import adagrad_, row_adagrad_
+from pbg_ray.model.params import ModelParams, PartitionKey, relation_lr
+from pbg_ray.types import Bucket
+
+
+
+def partition_key(config: ConfigSchema, entity: str, part: int) -> PartitionKey:
+    """The partition of `entity` a bucket side uses (0 for unpartitioned types)."""
+    return entity, (part if config.entities[entity].num_partitions > 1 else 0)
+
+
+def edge_batches(config: ConfigSchema, rel: np.ndarray, batch_size: int,
+                 rng: Optional[np.random.Generator]) -> List[np.ndarray]:
+    """Edge indices of each batch. Per-relation mode: batches of one relation each (PBG
+    groups by relation type); dynamic mode: batches mix relations. With an rng, edges and
+    batch order are shuffled."""
+    order = rng.permutation(len(rel)) if rng is not None else np.arange(len(rel))
+    if config.dynamic_relations:
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    order = order[np.argsort(rel[order], kind="stable")]
+    bounds = np.flatnonzero(np.diff(rel[order])) + 1
+    batches = [group[i:i + batch_size]
+               for group in np.split(order, bounds) for i in range(0, len(group), batch_size)]
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+def _take_features(offsets: Tensor, data: Tensor, idx: Tensor) -> Tuple[Tensor, Tensor]:
+    """The bags of edges idx: (offsets [B + 1], data [F])."""
+    starts, counts = offsets[idx], offsets[idx + 1] - offsets[idx]
+    new_offsets = torch.zeros(len(idx) + 1, dtype=torch.long, device=offsets.device)
+    torch.cumsum(counts, 0, out=new_offsets[1:])
+    within = torch.arange(int(new_offsets[-1]), device=offsets.device) \
+        - torch.repeat_interleave(new_offsets[:-1], counts)
+    return new_offsets, data[torch.repeat_interleave(starts, counts) + within]
+
+
+class EdgeTensors:
+    """An EdgeList as torch tensors on the kernel's device."""
+
+    def __init__(self, edges: EdgeList, device: torch.device) -> None:
+        def t(a: Optional[np.ndarray]) -> Optional[Tensor]:
+            return None if a is None else torch.as_tensor(a).to(device)
+        self.lhs, self.rhs, self.rel, self.weight = (
+            t(edges.lhs), t(edges.rhs), t(edges.rel),
+            None if edges.weight is None else t(np.asarray(edges.weight, np.float32)))
+        self.features = {
+            "lhs": None if edges.lhs_features is None else
+            (t(edges.lhs_features.offsets), t(edges.lhs_features.data)),
+            "rhs": None if edges.rhs_features is None else
+            (t(edges.rhs_features.offsets), t(edges.rhs_features.data))}
+
+
+def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: Tensor,
+                num_batch_negs: int, num_uniform_negs: int, table_sizes: Dict[PartitionKey, int],
+                generator: torch.Generator) -> Batch:
+    """A Batch of the edges idx, with its uniform negatives drawn from `generator`."""
+    rel_ids = edges.rel[idx]
+    relation = 0 if config.dynamic_relations else int(rel_ids[0])
+    rconf = config.relations[relation]
+    featurized = tuple(config.entities[getattr(rconf, s)].featurized for s in ("lhs", "rhs"))
+    chunk_size, modes = negative_modes(
+        len(idx), rconf.all_negs, num_batch_negs, num_uniform_negs,
+        (config.disable_lhs_negs, config.disable_rhs_negs), featurized)
+    num_chunks = -(-len(idx) // chunk_size)
+    sides = []
+    for name, mode, feat, part in zip(("lhs", "rhs"), modes, featurized, bucket):
+        entity = getattr(rconf, name)
+        key = partition_key(config, entity, part)
+        side = SideBatch(key, entity, mode)
+        if feat:
+            offsets, data = edges.features[name]
+            side.features = _take_features(offsets, data, idx)
+        else:
+            side.ids = getattr(edges, name)[idx]
+        if mode is Negatives.ALL:
+            side.neg_ids = torch.arange(table_sizes[key], device=idx.device).unsqueeze(0)
+        else:
+            k = num_uniform(mode, num_uniform_negs, feat)
+            if k:
+                side.neg_ids = sample_uniform(table_sizes[key], num_chunks, k,
+                                              generator).to(idx.device)
+        sides.append(side)
+    weight = None if edges.weight is None else edges.weight[idx]
+    return Batch(len(idx), chunk_size, relation, rel_ids, sides[0], sides[1], weight)
+
+
+class _State:
+    """Torch views of the caller's arrays (copies on a GPU) and the optimizers' settings."""
+
+    def __init__(self, config: ConfigSchema, partitions, params: ModelParams,
+                 device: torch.device, writable: bool) -> None:
+        def view(a: np.ndarray) -> Tensor:
+            with warnings.catch_warnings():  # read-only arrays are fine when nothing writes
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(a).to(device)
+        self.device = device
+        self.tables = {k: view(e) for k, (e, _) in partitions.items()}
+        self.sums = {k: view(s) for k, (_, s) in partitions.items()} if writable else {}
+        self.params = {k: view(a) for k, a in params.arrays.items()}
+        self.param_sums = {k: view(a) for k, a in params.sums.items()} if writable else {}
+        self.embedder = Embedder(config, self.tables, self.params, renorm_in_place=writable)
+        self.lr = config.lr
+        self.relation_lr = relation_lr(config)
+
+    def copy_back(self, partitions, params: ModelParams) -> None:
+        if self.device.type == "cpu":
+            return  # the tensors are views of the arrays
+        for k, (e, s) in partitions.items():
+            e[...] = self.tables[k].cpu().numpy()
+            s[...] = self.sums[k].cpu().numpy()
+        for k in params.arrays:
+            params.arrays[k][...] = self.params[k].cpu().numpy()
+            params.sums[k][...] = self.param_sums[k].cpu().numpy()
+
+
+def train_batch(state: _State, batch: Batch, owners: Dict[PartitionKey, Tensor]
+                ) -> Tuple[float, float, int, int]:
+    """Forward, backward and optimizer steps of one batch: (loss, reg, violators lhs, rhs)."""
+    grads = state.embedder.backward(batch, state.embedder.forward(batch))
+    for key, (ids, g) in grads.rows.items():
+        row_adagrad_(state.tables[key], state.sums[key], ids, g, state.lr, owners[key])
+    for name, g in grads.params.items():
+        adagrad_(state.params[name], state.param_sums[name], g, state.relation_lr)
+    return grads.loss, grads.reg, grads.violators["lhs"], grads.violators["rhs"]
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _run_workers(num_workers: int, batches: List[np.ndarray], work) -> List[Any]:
+    """Run work(worker_idx, its batches) on num_workers Hogwild threads."""
+    shares = [batches[i::num_workers] for i in range(num_workers)]
+    if num_workers == 1:
+        return [work(0, shares[0])]
+    results: List[Any] = [None] * num_workers
+    errors: List[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work(i, shares[i])
+        except BaseException as err:  # re-raised in the caller
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(num_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
+                 partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
+                 params: ModelParams, *, num_threads: int = 1, device: str = "cpu",
+                 seed: int = 0) -> Dict[str, Any]:
+    """Train one pass over `edges` in batches of config.batch_size, updating the partitions'
+    embeddings and row-Adagrad sums and the shared params in place.
+
+    Returns PBG's stats layout, metrics summed over batches:
+    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.
+    """
+    start = time.perf_counter()
+    dev = torch.device(device)
+    num_workers = max(1, num_threads) if dev.type == "cpu" else 1
+    rng = np.random.default_rng(seed)
+    batches = edge_batches(config, edges.rel, config.batch_size, rng)
+    state = _State(config, partitions, params, dev, writable=True)
+    tensors = EdgeTensors(edges, dev)
+    sizes = {k: t.shape[0] for k, t in state.tables.items()}
+
+    def work(worker: int, share: List[np.ndarray]) -> np.ndarray:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + worker)
+        owners = {k: torch.empty(n, dtype=torch.long, device=dev) for k, n in sizes.items()}
+        totals = np.zeros(4)
+        for idx in share:
+            batch = build_batch(config, bucket, tensors, torch.from_numpy(idx).to(dev),
+                                config.num_batch_negs, config.num_uniform_negs, sizes, generator)
+            totals += train_batch(state, batch, owners)
+        return totals
+
+    with _torch_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
+        totals = sum(_run_workers(num_workers, batches, work), np.zeros(4))
+    state.copy_back(partitions, params)
+    elapsed = time.perf_counter() - start
+    return {
+        "count": len(edges),
+        "metrics": {"loss": float(totals[0]), "reg": float(totals[1]),
+                    "violators_lhs": int(totals[2]), "violators_rhs": int(totals[3])},
+        "edges_per_s": len(edges) / elapsed if elapsed > 0 else 0.0,
+    }
+
+
+def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
+    """1 + the number of negatives scoring at least the positive, for the valid rows [B]."""
+    count = sum((blk >= pos.unsqueeze(-1)).sum(-1) for blk in blocks)
+    return (count + 1)[valid]
+
+
+def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
+                    partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
+                    params: ModelParams, *, seed: int = 0) -> Dict[str, Any]:
+    """PBG's sampled ranking evaluation (eval_num_batch_negs / eval_num_uniform_negs), no
+    updates. Metrics are sums over edges, like PBG's RankingEvaluator:
+    {"count", "metrics": {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}}."""
+    state = _State(config, partitions, params, torch.device("cpu"), writable=False)
+    tensors = EdgeTensors(edges, torch.device("cpu"))
+    sizes = {k: t.shape[0] for k, t in state.tables.items()}
+    generator = torch.Generator().manual_seed(seed)
+    nbn = config.eval_num_batch_negs
+    batch_size = config.batch_size if nbn == 0 else math.ceil(config.batch_size / nbn) * nbn
+    totals = dict.fromkeys(("pos_rank", "mrr", "r1", "r10", "r50", "auc"), 0.0)
+    for idx in edge_batches(config, edges.rel, batch_size, None):
+        batch = build_batch(config, bucket, tensors, torch.from_numpy(idx), nbn,
+                            config.eval_num_uniform_negs, sizes, generator)
+        scores = state.embedder.forward(batch)
+        n, C, B = batch.num_chunks, batch.chunk_size, batch.num_pos
+        valid = torch.arange(n * C).view(n, C) < B
+        ranks, aucs = [], []
+        for side in ("lhs", "rhs"):
+            blocks = scores.blocks[side]
+            if not sum(blk.shape[-1] for blk in blocks):
+                continue
+            pos = scores.pos[side]
+            ranks.append(_ranks(pos, blocks, valid).float())
+            # PBG's randomized AUC: P(random positive > random negative), B samples.
+            negs = torch.cat(blocks, dim=-1)[valid].reshape(-1)
+            pos_valid = pos[valid]
+            pick_pos = torch.randint(len(pos_valid), (B,), generator=generator)
+            pick_neg = torch.randint(len(negs), (B,), generator=generator)
+            aucs.append(float((pos_valid[pick_pos] > negs[pick_neg]).float().mean()))
+        if not ranks:
+            continue
+        for key, values in (("pos_rank", ranks), ("mrr", [r.reciprocal() for r in ranks]),
+                            ("r1", [(r <= 1).float() for r in ranks]),
+                            ("r10", [(r <= 10).float() for r in ranks]),
+                            ("r50", [(r <= 50).float() for r in ranks])):
+            totals[key] += float(np.mean([float(v.sum()) for v in values]))
+        totals["auc"] += B * float(np.mean(aucs))
+    return {"count": len(edges), "metrics": totals}

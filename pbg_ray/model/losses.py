@@ -1,0 +1,109 @@
+"""Loss functions with their analytic gradients (PBG's ranking, logistic and softmax).
+
+Each side of a batch has positive scores `pos` [n, C] (n chunks of C edges) and its
+negative scores split over one or more blocks [n, C, N_k] (e.g. the shared batch block and
+the uniform block), so that no concatenated copy is ever made. `weight` [n, C] multiplies
+each edge's loss: relation weight x per-edge weight, and 0 for the padding rows of the last
+chunk. `num_neg` is the total number of negative columns, masked ones included (the
+logistic loss divides by it, like PBG's).
+
+`forward_backward` returns (loss, dpos, dblocks). With inplace=True the blocks are
+overwritten by their gradients (the caller no longer needs the scores).
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from pbg_ray.model.registry import Registry
+
+Result = Tuple[Tensor, Tensor, List[Tensor]]
+
+
+class Loss:
+    name: str
+
+    def __init__(self, margin: float) -> None:
+        self.margin = margin
+
+    def forward_backward(self, pos: Tensor, blocks: List[Tensor], weight: Tensor,
+                         num_neg: int, inplace: bool) -> Result:
+        raise NotImplementedError
+
+
+LOSS_FUNCTIONS: Registry[Loss] = Registry("loss_fn")
+
+
+def _no_loss(pos: Tensor, blocks: List[Tensor]) -> Result:
+    # PBG returns a constant 0 when there are no negatives (ranking, softmax).
+    return pos.new_zeros(()), torch.zeros_like(pos), [torch.zeros_like(b) for b in blocks]
+
+
+@LOSS_FUNCTIONS.register("ranking")
+class RankingLoss(Loss):
+    """sum_j max(0, margin - pos_i + neg_ij)."""
+
+    def forward_backward(self, pos, blocks, weight, num_neg, inplace):
+        if num_neg == 0:
+            return _no_loss(pos, blocks)
+        shift = (self.margin - pos).unsqueeze(-1)
+        w = weight.unsqueeze(-1)
+        loss = pos.new_zeros(())
+        dpos = torch.zeros_like(pos)
+        grads = []
+        for block in blocks:
+            hinge = (block.add_(shift) if inplace else block + shift).clamp_min_(0)
+            loss += (hinge.sum(-1) * weight).sum()
+            grad = hinge.sign_().mul_(w)  # d/d neg = weight where the hinge is active
+            dpos -= grad.sum(-1)
+            grads.append(grad)
+        return loss, dpos, grads
+
+
+@LOSS_FUNCTIONS.register("logistic")
+class LogisticLoss(Loss):
+    """softplus(-pos_i) + mean_j softplus(neg_ij) (binary cross-entropy with logits)."""
+
+    def forward_backward(self, pos, blocks, weight, num_neg, inplace):
+        loss = (F.softplus(-pos) * weight).sum()
+        dpos = torch.sigmoid(pos).sub_(1).mul_(weight)
+        grads = []
+        if num_neg:
+            w = (weight / num_neg).unsqueeze(-1)
+            for block in blocks:
+                loss += (F.softplus(block).sum(-1) * w.squeeze(-1)).sum()
+                grads.append((block.sigmoid_() if inplace else block.sigmoid()).mul_(w))
+        else:
+            grads = [torch.zeros_like(b) for b in blocks]
+        return loss, dpos, grads
+
+
+@LOSS_FUNCTIONS.register("softmax")
+class SoftmaxLoss(Loss):
+    """-log softmax of the positive among [pos_i, neg_i*] (PBG: cross-entropy of
+    [pos, logsumexp(neg)])."""
+
+    def forward_backward(self, pos, blocks, weight, num_neg, inplace):
+        if num_neg == 0:
+            return _no_loss(pos, blocks)
+        top = pos.clone()
+        for block in blocks:
+            if block.shape[-1]:
+                torch.maximum(top, block.amax(-1), out=top)
+        shift = top.unsqueeze(-1)
+        total = (pos - top).exp_()
+        exps = []
+        for block in blocks:
+            e = (block.sub_(shift) if inplace else block - shift).exp_()
+            total += e.sum(-1)
+            exps.append(e)
+        log_total = total.log()
+        loss = ((top + log_total - pos) * weight).sum()
+        scale = weight / total
+        dpos = (pos - top).exp_().mul_(scale).sub_(weight)
+        grads = [e.mul_(scale.unsqueeze(-1)) for e in exps]
+        return loss, dpos, grads

@@ -1,0 +1,164 @@
+"""Relation operators: the transformation a relation applies to an embedding before comparison.
+
+Each operator works on vectors x [..., D] with parameters `p` (name -> tensor). A
+parameter either has its stored shape (per-relation mode: one set for the batch's
+relation, broadcast over all rows) or a leading row dimension matching x [n, D]
+(dynamic mode: `p[name] = stored[rel_ids]`, one set per edge). `backward` returns
+the input gradient and parameter gradients reduced to the shapes of `p`.
+
+Parameter names are PBG's checkpoint names; `dynamic_names` are those of PBG's
+dynamic operators (the same tensors with a leading [num_relations] dimension).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pbg_ray.model.registry import Registry
+
+Params = Dict[str, Tensor]
+
+
+def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
+    """Sum broadcast leading dimensions away so grad has like's shape."""
+    if grad.dim() > like.dim():
+        grad = grad.reshape(-1, *like.shape).sum(0)
+    return grad
+
+
+class Operator:
+    """Base: the identity. Subclasses define `param_names`, `init`, `forward`, `backward`."""
+
+    name: str
+    # (per-relation name, dynamic-mode name) of each parameter, in PBG's registration order.
+    param_names: Tuple[Tuple[str, str], ...] = ()
+    # Parameters the N3 regularizer penalizes; None: the operator can't be regularized (as in PBG).
+    reg_params: Optional[Tuple[str, ...]] = ()
+    # N3 measures complex moduli of (first half, second half) pairs instead of absolute values.
+    complex_pairs = False
+
+    def __init__(self, dim: int) -> None:
+        self.dim = dim
+
+    def init(self) -> Dict[str, np.ndarray]:
+        """Per-relation parameters at PBG's initial values (the identity transformation)."""
+        return {}
+
+    def forward(self, x: Tensor, p: Params) -> Tensor:
+        return x
+
+    def backward(self, x: Tensor, p: Params, dy: Tensor) -> Tuple[Tensor, Params]:
+        return dy, {}
+
+
+OPERATORS: Registry[Operator] = Registry("operator")
+OPERATORS.register("none")(Operator)
+
+
+@OPERATORS.register("diagonal")
+class DiagonalOperator(Operator):
+    param_names = (("diagonal", "diagonals"),)
+    reg_params = ("diagonal",)
+
+    def init(self):
+        return {"diagonal": np.ones(self.dim, np.float32)}
+
+    def forward(self, x, p):
+        return x * p["diagonal"]
+
+    def backward(self, x, p, dy):
+        d = p["diagonal"]
+        return dy * d, {"diagonal": _sum_to(dy * x, d)}
+
+
+@OPERATORS.register("translation")
+class TranslationOperator(Operator):
+    param_names = (("translation", "translations"),)
+    reg_params = ("translation",)
+
+    def init(self):
+        return {"translation": np.zeros(self.dim, np.float32)}
+
+    def forward(self, x, p):
+        return x + p["translation"]
+
+    def backward(self, x, p, dy):
+        return dy, {"translation": _sum_to(dy, p["translation"])}
+
+
+def _linear(x: Tensor, a: Tensor) -> Tensor:
+    # PBG computes matmul(A, x.unsqueeze(-1)): y_i = sum_j A_ij x_j.
+    if a.dim() == 3:  # one matrix per row
+        return torch.bmm(a, x.unsqueeze(-1)).squeeze(-1)
+    return x @ a.t()
+
+
+def _linear_backward(x: Tensor, a: Tensor, dy: Tensor) -> Tuple[Tensor, Tensor]:
+    if a.dim() == 3:
+        return torch.bmm(dy.unsqueeze(1), a).squeeze(1), dy.unsqueeze(-1) * x.unsqueeze(-2)
+    d = a.shape[0]
+    return dy @ a, dy.reshape(-1, d).t() @ x.reshape(-1, d)
+
+
+@OPERATORS.register("linear")
+class LinearOperator(Operator):
+    param_names = (("linear_transformation", "linear_transformations"),)
+    reg_params = None
+
+    def init(self):
+        return {"linear_transformation": np.eye(self.dim, dtype=np.float32)}
+
+    def forward(self, x, p):
+        return _linear(x, p["linear_transformation"])
+
+    def backward(self, x, p, dy):
+        dx, da = _linear_backward(x, p["linear_transformation"], dy)
+        return dx, {"linear_transformation": da}
+
+
+@OPERATORS.register("affine")
+class AffineOperator(Operator):
+    param_names = (("linear_transformation", "linear_transformations"),
+                   ("translation", "translations"))
+    reg_params = None
+
+    def init(self):
+        return {"linear_transformation": np.eye(self.dim, dtype=np.float32),
+                "translation": np.zeros(self.dim, np.float32)}
+
+    def forward(self, x, p):
+        return _linear(x, p["linear_transformation"]) + p["translation"]
+
+    def backward(self, x, p, dy):
+        dx, da = _linear_backward(x, p["linear_transformation"], dy)
+        return dx, {"linear_transformation": da, "translation": _sum_to(dy, p["translation"])}
+
+
+@OPERATORS.register("complex_diagonal")
+class ComplexDiagonalOperator(Operator):
+    """x = (re, im) halves times the complex diagonal (real, imag)."""
+
+    param_names = (("real", "real"), ("imag", "imag"))
+    reg_params = ("real", "imag")
+    complex_pairs = True
+
+    def init(self):
+        half = self.dim // 2
+        return {"real": np.ones(half, np.float32), "imag": np.zeros(half, np.float32)}
+
+    def forward(self, x, p):
+        re, im = x.chunk(2, dim=-1)
+        r, i = p["real"], p["imag"]
+        return torch.cat([re * r - im * i, re * i + im * r], dim=-1)
+
+    def backward(self, x, p, dy):
+        re, im = x.chunk(2, dim=-1)
+        dre, dim_ = dy.chunk(2, dim=-1)
+        r, i = p["real"], p["imag"]
+        dx = torch.cat([dre * r + dim_ * i, dim_ * r - dre * i], dim=-1)
+        return dx, {"real": _sum_to(dre * re + dim_ * im, r),
+                    "imag": _sum_to(dim_ * re - dre * im, i)}

@@ -1,0 +1,45 @@
+"""Optimizers, as update functions on raw tensors (no torch.optim objects in the hot loop).
+
+Row-wise Adagrad (PBG's RowAdagrad) keeps one accumulator per embedding row; Adagrad
+(torch.optim.Adagrad with PBG's settings) one per parameter element. Both are exact
+re-implementations of those steps, so training matches PBG update for update.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# torch.optim.Adagrad's default eps, which RowAdagrad hard-codes too.
+EPS = 1e-10
+
+
+def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: float,
+                 owner: Tensor) -> None:
+    """One RowAdagrad step on the rows `ids` [n] (duplicates allowed) of table [N, D]
+    with gradients grads [n, D] (overwritten), accumulators sums [N].
+
+    Duplicate rows are folded without sort/unique: every position writes its index into
+    `owner` (scratch, int64 [N], one per worker) and reads back the winner, so all
+    occurrences of a row agree on one representative position.
+    """
+    if ids.numel() == 0:
+        return
+    position = torch.arange(ids.numel(), device=ids.device)
+    owner[ids] = position
+    rep = owner[ids]
+    first = rep == position
+    dup = (~first).nonzero().squeeze(1)
+    if dup.numel():
+        grads.index_add_(0, rep[dup], grads[dup])
+        keep = first.nonzero().squeeze(1)
+        ids, grads = ids[keep], grads[keep]
+    sums.index_add_(0, ids, grads.square().mean(1))
+    std = sums[ids].sqrt_().add_(EPS)
+    table.index_add_(0, ids, grads.div_(std.unsqueeze(1)).mul_(-lr))
+
+
+def adagrad_(param: Tensor, sums: Tensor, grad: Tensor, lr: float) -> None:
+    """One torch.optim.Adagrad step (lr_decay=0, weight_decay=0, eps=1e-10)."""
+    sums.addcmul_(grad, grad)
+    param.addcdiv_(grad, sums.sqrt().add_(EPS), value=-lr)

@@ -1,0 +1,117 @@
+"""Model parameters shared by all buckets (relation operators, global embeddings) and the
+initialisation of entity partitions; conversion to and from PBG checkpoint layout."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.model.operators import OPERATORS
+
+PartitionKey = Tuple[str, int]  # (entity type, partition)
+
+
+@dataclasses.dataclass
+class ModelParams:
+    """Shared (non-entity) parameters. Keys are PBG's public checkpoint names:
+    "relations/{idx}/operator/{side}/{param}" and "entities/{type}/global_embedding";
+    `sums` holds the Adagrad accumulators under the same keys. All float32."""
+
+    arrays: Dict[str, np.ndarray]
+    sums: Dict[str, np.ndarray]
+
+
+def operator_key(rel_idx: int, side: str, param: str) -> str:
+    return f"relations/{rel_idx}/operator/{side}/{param}"
+
+
+def global_emb_key(entity: str) -> str:
+    return f"entities/{entity}/global_embedding"
+
+
+def param_layout(config: ConfigSchema, num_relation_ids: int) -> List[Tuple[str, np.ndarray]]:
+    """(public name, initial value) of every shared parameter, in the order of
+    torchbiggraph's `model.parameters()` (lhs operators, rhs operators, global embeddings),
+    which is the order of its global Adagrad's state."""
+    layout: List[Tuple[str, np.ndarray]] = []
+    for side in ("lhs", "rhs"):
+        for idx, rel in enumerate(config.relations):
+            if not config.dynamic_relations and side == "lhs":
+                continue  # per-relation mode: operators apply to the rhs only
+            op = OPERATORS.get(rel.operator)(config.entity_dimension(getattr(rel, side)))
+            init = op.init()
+            for name, dynamic_name in op.param_names:
+                if config.dynamic_relations:
+                    value = np.broadcast_to(init[name], (num_relation_ids,) + init[name].shape)
+                    layout.append((operator_key(idx, side, dynamic_name), value.copy()))
+                else:
+                    layout.append((operator_key(idx, side, name), init[name]))
+    if config.global_emb:
+        for entity in config.entities:
+            layout.append((global_emb_key(entity),
+                           np.zeros(config.entity_dimension(entity), np.float32)))
+    return layout
+
+
+def init_params(config: ConfigSchema, num_relation_ids: int) -> ModelParams:
+    """Operators at the identity, global embeddings at zero, accumulators at zero."""
+    layout = param_layout(config, num_relation_ids)
+    return ModelParams({k: v for k, v in layout}, {k: np.zeros_like(v) for k, v in layout})
+
+
+def init_partition(config: ConfigSchema, entity: str, count: int, rng: np.random.Generator
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+    """(embeddings float32 [count, dim] ~ N(0, init_scale), row-Adagrad sums float32 [count])."""
+    dim = config.entity_dimension(entity)
+    embs = rng.standard_normal((count, dim), dtype=np.float32)
+    embs *= np.float32(config.init_scale)
+    return embs, np.zeros(count, np.float32)
+
+
+def relation_lr(config: ConfigSchema) -> float:
+    return config.lr if config.relation_lr is None else config.relation_lr
+
+
+def params_to_checkpoint(config: ConfigSchema, params: ModelParams
+                         ) -> Tuple[Dict[str, np.ndarray], Optional[dict]]:
+    """(public name -> array, the state dict torchbiggraph's global Adagrad would write)."""
+    names = list(params.arrays)
+    if not names:
+        return {}, {}  # PBG's DummyOptimizer state
+    tensors = [torch.from_numpy(np.array(params.arrays[n], np.float32)) for n in names]
+    optimizer = torch.optim.Adagrad(tensors, lr=relation_lr(config))
+    for name, tensor in zip(names, tensors):
+        optimizer.state[tensor]["sum"].copy_(torch.from_numpy(params.sums[name]))
+    return dict(params.arrays), optimizer.state_dict()
+
+
+def params_from_checkpoint(config: ConfigSchema, num_relation_ids: int,
+                           arrays: Dict[str, np.ndarray], optim_state: Optional[dict]
+                           ) -> ModelParams:
+    """Parameters from a checkpoint (missing ones at their initial values)."""
+    params = init_params(config, num_relation_ids)
+    for name, value in arrays.items():
+        if name not in params.arrays:
+            raise PbgRayError(f"checkpoint parameter {name!r} does not belong to this config's "
+                              f"model (expected {sorted(params.arrays)}). Check the operator, "
+                              "dynamic_relations and global_emb settings.")
+        expected = params.arrays[name].shape
+        if np.shape(value) != expected:
+            raise PbgRayError(f"checkpoint parameter {name!r} has shape {np.shape(value)}, the "
+                              f"config needs {expected}. Check dimension and the relation count.")
+        params.arrays[name] = np.array(value, np.float32)
+    state: Dict[Any, Any] = (optim_state or {}).get("state", {})
+    for idx, name in enumerate(params.arrays):
+        entry = state.get(idx)
+        if entry is not None and "sum" in entry:
+            sums = np.asarray(entry["sum"], np.float32)
+            if sums.shape != params.arrays[name].shape:
+                raise PbgRayError(f"optimizer state for {name!r} has shape {sums.shape}, "
+                                  f"expected {params.arrays[name].shape}.")
+            params.sums[name] = sums.copy()
+    return params
