@@ -114,8 +114,13 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
-    return run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
-                      num_relation_ids, keys, params, list(partitions), shared, num_threads, device)
+    start = time.time()
+    stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
+                                 num_relation_ids, keys, params, list(partitions), shared,
+                                 num_threads, device)
+    stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(),
+                       "start": start, "end": time.time()}
+    return (stats, *results)
 
 
 @ray.remote
