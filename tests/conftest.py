@@ -7,10 +7,15 @@ from typing import Any, Dict
 
 import numpy as np
 import pytest
+import torch
+from torchbiggraph.checkpoint_manager import CheckpointManager
+from torchbiggraph.row_adagrad import RowAdagrad
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import EdgeList, write_edges
-from pbg_ray.io.entities import save_entity_count, save_entity_names, save_relation_names
+from pbg_ray.io.entities import (
+    load_entity_counts, save_entity_count, save_entity_names, save_relation_names)
 from pbg_ray.types import Bucket
 
 
@@ -81,3 +86,22 @@ def ray_session():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+def assert_valid_checkpoint(config: ConfigSchema, version: int):
+    """Version `version` is complete, alone, finite, and torchbiggraph 1.0.0 loads it."""
+    storage = CheckpointStorage(config.checkpoint_path)
+    assert storage.load_version() == version
+    storage.check_version(version, config)
+    assert not list(storage.path.glob(f"*.v{version - 1}.h5")), "old version not dropped"
+    assert not list(storage.path.glob(".*tmp*")), "temporary files left behind"
+    counts = load_entity_counts(config)
+    manager = CheckpointManager(config.checkpoint_path)  # torchbiggraph reads it
+    for entity, parts in counts.items():
+        for part, count in enumerate(parts):
+            embs, optim_state = manager.read(entity, part)
+            assert embs.shape == (count, config.dimension)
+            assert torch.isfinite(embs).all()
+            RowAdagrad([torch.nn.Parameter(embs)], lr=config.lr).load_state_dict(optim_state)
+    state_dict, _ = manager.read_model()
+    assert "rhs_operators.0.translation" in state_dict

@@ -73,7 +73,6 @@ class Trainer:
         if self.version > 0:
             self.storage.check_version(self.version, config)
             self._check_resumable(self.storage.load_config())
-        self.storage.save_config(config)
         self.entity_counts = load_entity_counts(config)
         self.num_relation_ids = num_relation_ids(config)
         self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
@@ -160,6 +159,7 @@ class Trainer:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
                         self.storage.path, self.version)
             return TrainResult(str(self.storage.path), self.version, [])
+        self.storage.save_config(config)
         self._start_actors()
         all_stats: List[Dict[str, Any]] = []
         bucket_index = 0

@@ -9,8 +9,7 @@ from pathlib import Path
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 
-from conftest import config_dict, write_random_graph
-from engine.test_trainer import assert_valid_checkpoint
+from conftest import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def test_two_nodes_train_disjoint_buckets_concurrently(ray_session, tmp_path):

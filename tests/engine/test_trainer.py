@@ -4,17 +4,13 @@ import json
 
 import numpy as np
 import pytest
-import torch
-from torchbiggraph.checkpoint_manager import CheckpointManager
-from torchbiggraph.row_adagrad import RowAdagrad
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.checkpoint import CheckpointStorage
-from pbg_ray.io.entities import load_entity_counts
 
-from conftest import config_dict, write_random_graph
+from conftest import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def small_config(tmp_path, **overrides) -> ConfigSchema:
@@ -22,24 +18,6 @@ def small_config(tmp_path, **overrides) -> ConfigSchema:
                 comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
     base.update(overrides)
     return ConfigSchema.from_dict(config_dict(tmp_path, **base))
-
-
-def assert_valid_checkpoint(config: ConfigSchema, version: int):
-    storage = CheckpointStorage(config.checkpoint_path)
-    assert storage.load_version() == version
-    storage.check_version(version, config)
-    assert not list(storage.path.glob(f"*.v{version - 1}.h5")), "old version not dropped"
-    assert not list(storage.path.glob(".*tmp*")), "temporary files left behind"
-    counts = load_entity_counts(config)
-    manager = CheckpointManager(config.checkpoint_path)  # torchbiggraph reads it
-    for entity, parts in counts.items():
-        for part, count in enumerate(parts):
-            embs, optim_state = manager.read(entity, part)
-            assert embs.shape == (count, config.dimension)
-            assert torch.isfinite(embs).all()
-            RowAdagrad([torch.nn.Parameter(embs)], lr=config.lr).load_state_dict(optim_state)
-    state_dict, _ = manager.read_model()
-    assert "rhs_operators.0.translation" in state_dict
 
 
 def test_train_writes_valid_checkpoints_and_resumes(ray_session, tmp_path):
