@@ -54,12 +54,17 @@ def gpus_per_trainer(config: ConfigSchema) -> float:
     return 1.0 if config.num_gpus > 0 else 0.0
 
 
-def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[EdgeList, EdgeList]:
-    """(held-out, train) edges. The held-out set depends only on `seed` (not the
-    epoch), so held-out edges are never trained on in any epoch."""
-    perm = np.random.default_rng(seed).permutation(len(edges))
+def split_held_out(edges: EdgeList, fraction: float, seed: List[int], order_seed: List[int]
+                   ) -> Tuple[EdgeList, EdgeList]:
+    """(held-out, train) edges, the train edges shuffled. The held-out set depends
+    only on `seed` (not the epoch), so held-out edges are never trained on in any
+    epoch; `order_seed` gives the train edges a new order every epoch."""
     num_eval = int(len(edges) * fraction)
-    return edges[np.sort(perm[:num_eval])], edges[np.sort(perm[num_eval:])]
+    if num_eval == 0:
+        return edges[:0], edges[np.random.default_rng(order_seed).permutation(len(edges))]
+    perm = np.random.default_rng(seed).permutation(len(edges))
+    train_idx = np.random.default_rng(order_seed).permutation(perm[num_eval:])
+    return edges[perm[:num_eval]], edges[train_idx]
 
 
 def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
@@ -74,10 +79,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
     held_out, train_edges = split_held_out(
-        edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx])
-    # Train in a new order every epoch.
-    order = np.random.default_rng([iteration, bucket.lhs, bucket.rhs]).permutation(len(train_edges))
-    train_edges = train_edges[order]
+        edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx],
+        [iteration, bucket.lhs, bucket.rhs])
     arrays = {key: (np.array(embs), np.array(sums)) for key, (embs, sums) in zip(keys, partitions)}
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})

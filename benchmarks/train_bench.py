@@ -1,0 +1,230 @@
+"""pbg_ray's engine vs torchbiggraph 1.0.0 on the same generated graph, same config.
+
+Prints, per setting (1 and 4 partitions in memory, 8 partitions in disk mode):
+training edges/s for both, their ratio, peak memory (PSS of the whole process
+tree: Ray's processes for pbg_ray, the Hogwild workers for torchbiggraph), the
+share of pbg_ray's bucket time spent outside the kernel, and the MRR of both
+checkpoints on the same held-out edges (both scored by the same evaluator).
+Ends with one JSON line holding all the figures.
+
+    python benchmarks/train_bench.py                 # 1M entities, 10M edges
+    python benchmarks/train_bench.py --scale 0.05    # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from pbg_ray.io.edges import EdgeList, write_edges
+from pbg_ray.io.entities import save_entity_count, save_relation_names
+from pbg_ray.types import Bucket
+
+DIM = 100
+
+
+def generate(root: Path, num_entities: int, num_edges: int, nparts: int, seed: int = 0) -> None:
+    """One entity type, one relation, planted communities of ~1000 nodes (90% of
+    edges stay inside), partitioned into `nparts`; 1% of edges held out in test/."""
+    rng = np.random.default_rng(seed)
+    num_comm = max(1, num_entities // 1000)
+    comm = rng.integers(num_comm, size=num_entities)
+    members = np.argsort(comm, kind="stable")
+    starts = np.searchsorted(comm[members], np.arange(num_comm + 1))
+    src = rng.integers(num_entities, size=num_edges)
+    c = comm[src]
+    dst = members[starts[c] + (rng.random(num_edges) * (starts[c + 1] - starts[c])).astype(np.int64)]
+    noise = rng.random(num_edges) < 0.1
+    dst[noise] = rng.integers(num_entities, size=int(noise.sum()))
+    # Partitioning as PBG's importer does: a seeded shuffle, then contiguous ranges.
+    order = rng.permutation(num_entities)
+    part = np.empty(num_entities, np.int64)
+    offset = np.empty(num_entities, np.int64)
+    bounds = np.linspace(0, num_entities, nparts + 1).astype(np.int64)
+    for p in range(nparts):
+        ids = order[bounds[p]:bounds[p + 1]]
+        part[ids], offset[ids] = p, np.arange(len(ids))
+        save_entity_count(root / "entities", "node", p, len(ids))
+    save_relation_names(root / "entities", ["link"])
+    is_test = rng.random(num_edges) < 0.01
+    for split, mask in (("train", ~is_test), ("test", is_test)):
+        s, d = src[mask], dst[mask]
+        key = part[s] * nparts + part[d]
+        by_bucket = np.argsort(key, kind="stable")
+        bucket_starts = np.searchsorted(key[by_bucket], np.arange(nparts * nparts + 1))
+        for b in range(nparts * nparts):
+            idx = by_bucket[bucket_starts[b]:bucket_starts[b + 1]]
+            write_edges(root / split, Bucket(b // nparts, b % nparts),
+                        EdgeList(offset[s[idx]], offset[d[idx]], np.zeros(len(idx), np.int64)))
+
+
+def config_dict(root: Path, nparts: int, checkpoint: Path, epochs: int) -> dict:
+    """The run both programs train, in PBG's keys (setting A: PBG's CPU defaults)."""
+    return dict(
+        entities={"node": {"num_partitions": nparts}},
+        relations=[{"name": "link", "lhs": "node", "rhs": "node", "operator": "complex_diagonal"}],
+        dimension=DIM, comparator="dot", loss_fn="softmax", global_emb=False,
+        num_batch_negs=50, num_uniform_negs=100, batch_size=1000, lr=0.1, num_epochs=epochs,
+        eval_fraction=0.0, bucket_order="inside_out", workers=2,
+        entity_path=str(root / "entities"), edge_paths=[str(root / "train")],
+        checkpoint_path=str(checkpoint))
+
+
+class PeakMemory:
+    """Peak of the summed PSS of a process and all its descendants, sampled every 0.2 s."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [self.root] + self.root.children(recursive=True)
+            except psutil.Error:
+                break
+            for proc in procs:
+                try:
+                    total += proc.memory_full_info().pss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+            time.sleep(0.2)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+# torchbiggraph 1.0.0 predates Python 3.9's typing: its check for Optional[X]
+# compares by identity and fails, so ConfigSchema.to_dict() raises. The shim
+# below answers the same question with typing.get_origin / get_args.
+RUN_PBG = """
+import json, sys, time, typing
+import torchbiggraph.schema
+def unpack_optional(type_):
+    args = typing.get_args(type_)
+    if typing.get_origin(type_) is typing.Union and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None))
+    raise TypeError("Not an optional type")
+torchbiggraph.schema.unpack_optional = unpack_optional
+from torchbiggraph.config import parse_config
+from torchbiggraph.train import train
+from torchbiggraph.util import setup_logging
+setup_logging()
+config = parse_config(json.loads(sys.argv[1]))
+t = time.perf_counter()
+train(config)
+print("TRAIN_SECONDS", time.perf_counter() - t)
+"""
+
+RUN_PBG_RAY = """
+import json, sys, time
+import ray
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.trainer import Trainer
+config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
+ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+t = time.perf_counter()
+result = Trainer(config).run()
+seconds = time.perf_counter() - t
+timing = [s["timing"] for s in result.bucket_stats]
+print("TRAIN_SECONDS", seconds)
+print("TIMING", json.dumps(timing))
+"""
+
+
+def run(script: str, config: dict, env: dict) -> dict:
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(config)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    memory = PeakMemory(proc.pid)
+    out, _ = proc.communicate()
+    peak = memory.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed:\n{out[-4000:]}")
+    seconds = float(re.search(r"TRAIN_SECONDS (\S+)", out).group(1))
+    result = {"seconds": seconds, "peak_pss_bytes": peak}
+    timing = re.search(r"TIMING (.*)", out)
+    if timing:
+        buckets = json.loads(timing.group(1))
+        wall = sum(t["bucket_wall_s"] for t in buckets)
+        result["outside_kernel_share"] = (wall - sum(t["kernel_s"] for t in buckets)) / wall
+    return result
+
+
+def mrr(config: dict, version: int, test_path: str) -> float:
+    """Sampled MRR (PBG's, 1000 batch + 1000 uniform negatives) of a checkpoint on test/."""
+    import ray
+
+    from pbg_ray.config import ConfigSchema
+    from pbg_ray.engine.trainer import Trainer
+
+    config = ConfigSchema.from_dict(dict(config, num_epochs=version, num_edge_chunks=1))
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    return Trainer(config).evaluate(test_path)["mrr"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="fraction of 1M entities / 10M edges")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--work-dir", default=None)
+    args = parser.parse_args()
+    num_entities, num_edges = int(1_000_000 * args.scale), int(10_000_000 * args.scale)
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="train_bench_"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    print(f"graph: {num_entities:,} entities, {num_edges:,} edges, d={DIM}, "
+          f"complex_diagonal/dot/softmax, 50 batch + 100 uniform negatives, {args.epochs} epoch(s); "
+          f"machine: {os.cpu_count()} CPUs")
+    figures: dict = {}
+    for nparts, placement in ((1, "memory"), (4, "memory"), (8, "disk")):
+        name = f"{nparts}p_{placement}"
+        root = work / f"graph_{nparts}"
+        if not (root / "entities").is_dir():
+            generate(root, num_entities, num_edges, nparts)
+        train_edges = num_edges * 0.99 * args.epochs
+        ours_cfg = dict(config_dict(root, nparts, work / f"ckpt_ours_{name}", args.epochs),
+                        ray={"placement": placement, "cpus_per_trainer": 2.0})
+        ours = run(RUN_PBG_RAY, ours_cfg, env)
+        ours["edges_per_s"] = train_edges / ours["seconds"]
+        ours["mrr"] = mrr(ours_cfg, args.epochs, str(root / "test"))
+        line = (f"[{name}] pbg_ray: {ours['edges_per_s']:,.0f} edges/s, peak {ours['peak_pss_bytes'] / 2**20:,.0f} MiB, "
+                f"{100 * ours['outside_kernel_share']:.1f}% of bucket time outside the kernel, MRR {ours['mrr']:.4f}")
+        figures[name] = {"pbg_ray": ours}
+        if placement == "memory":
+            peer_cfg = config_dict(root, nparts, work / f"ckpt_peer_{name}", args.epochs)
+            peer = run(RUN_PBG, peer_cfg, env)
+            peer["edges_per_s"] = train_edges / peer["seconds"]
+            peer["mrr"] = mrr(peer_cfg, args.epochs, str(root / "test"))
+            figures[name]["torchbiggraph"] = peer
+            figures[name]["ratio"] = ours["edges_per_s"] / peer["edges_per_s"]
+            line += (f"\n[{name}] torchbiggraph 1.0.0: {peer['edges_per_s']:,.0f} edges/s, peak "
+                     f"{peer['peak_pss_bytes'] / 2**20:,.0f} MiB, MRR {peer['mrr']:.4f}\n"
+                     f"[{name}] ratio pbg_ray / torchbiggraph: {figures[name]['ratio']:.2f}x edges/s, "
+                     f"MRR difference {ours['mrr'] - peer['mrr']:+.4f}")
+        print(line, flush=True)
+    disk_share = figures["8p_disk"]["pbg_ray"]["peak_pss_bytes"] / figures["1p_memory"]["pbg_ray"]["peak_pss_bytes"]
+    figures["disk_8p_peak_vs_memory_1p"] = disk_share
+    print(f"disk mode, 8 partitions: peak memory {100 * disk_share:.0f}% of the all-in-memory run")
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

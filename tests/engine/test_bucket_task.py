@@ -1,0 +1,32 @@
+import numpy as np
+
+from pbg_ray.engine.bucket_task import partition_keys, split_held_out
+from pbg_ray.io.edges import EdgeList
+from pbg_ray.types import Bucket
+
+
+def edges(n):
+    return EdgeList(np.arange(n), np.arange(n) + 1000, np.zeros(n, np.int64))
+
+
+def test_held_out_edges_are_the_same_every_epoch_and_never_trained():
+    e = edges(1000)
+    held_1, train_1 = split_held_out(e, 0.1, [0, 1, 0], [1, 0, 1])
+    held_2, train_2 = split_held_out(e, 0.1, [0, 1, 0], [2, 0, 1])
+    assert len(held_1) == 100 and len(train_1) == 900
+    np.testing.assert_array_equal(np.sort(held_1.lhs), np.sort(held_2.lhs))
+    assert not set(held_1.lhs) & set(train_1.lhs)
+    assert sorted(train_1.lhs) == sorted(train_2.lhs)
+    assert not np.array_equal(train_1.lhs, train_2.lhs)  # a new order each epoch
+    np.testing.assert_array_equal(train_1.rhs, train_1.lhs + 1000)  # columns stay aligned
+
+
+def test_no_held_out_edges_when_fraction_is_zero():
+    held, train = split_held_out(edges(50), 0.0, [0], [1])
+    assert len(held) == 0 and sorted(train.lhs) == list(range(50))
+
+
+def test_partition_keys(make_config):
+    config = make_config()  # user, item: 2 partitions; tag unpartitioned
+    assert partition_keys(config, Bucket(1, 0)) == [("user", 1), ("item", 1), ("user", 0),
+                                                     ("item", 0), ("tag", 0)]
