@@ -3,9 +3,8 @@
 The task reads its edge chunk itself, copies the partitions it received from
 the object store once (they arrive read-only), evaluates the held-out edges,
 trains, evaluates again, and returns the results as separate return values
-owned by the caller. Nothing is applied inside the task, so a task that dies
-is simply run again (Ray retries it with the same inputs) with no update
-lost or applied twice.
+owned by the caller. Nothing is applied inside the task, so the bucket of a
+task that dies is simply trained again, with no update lost or applied twice.
 """
 
 from __future__ import annotations
@@ -108,7 +107,9 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     return (stats, delta, *results)
 
 
-@ray.remote(max_retries=3)
+# No automatic retries: the driver hands a dead trainer's bucket out again
+# through the scheduler, with the partitions' current refs.
+@ray.remote(max_retries=0)
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], shared: List[bool], params: ModelParams,

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import NodeDiedError, ObjectLostError, RayTaskError, WorkerCrashedError
 from tqdm import tqdm
 
 from pbg_ray.config import ConfigSchema, RayConfig
@@ -32,6 +32,11 @@ from pbg_ray.io.entities import load_entity_counts, num_relation_ids
 from pbg_ray.types import Bucket
 
 logger = logging.getLogger("pbg_ray")
+
+# A bucket whose trainer dies this often in one pass stops the run.
+MAX_BUCKET_ATTEMPTS = 3
+# Failures of the machinery, not of the bucket: its trainer process or node died.
+TRAINER_DIED = (WorkerCrashedError, NodeDiedError, ObjectLostError)
 
 # Keys that must match between a run and the checkpoint it resumes.
 RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
@@ -187,6 +192,7 @@ class Trainer:
         bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
         t_pass = time.perf_counter()
         edges_done = 0
+        attempts: Dict[Bucket, int] = {}
         while True:
             while len(running) < max_trainers:
                 bucket = ray.get(self.scheduler.acquire.remote())
@@ -197,13 +203,7 @@ class Trainer:
                     bar.update(1)
                     continue
                 keys = partition_keys(config, bucket)
-                shared = [config.entities[e].num_partitions == 1 for e, _ in keys]
-                part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
-                refs = train_bucket_task.options(
-                    num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
-                    num_gpus=gpus_per_trainer(config),
-                ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
-                         self.num_relation_ids, keys, shared, self.params.get.remote(), *part_refs)
+                refs = self._launch(bucket, keys, edge_path, chunk_idx, iteration)
                 running[refs[0]] = (bucket, keys, refs, time.perf_counter())
             if not running:
                 if ray.get(self.scheduler.pass_done.remote()):
@@ -217,6 +217,15 @@ class Trainer:
                 if isinstance(err.cause, PbgRayError):
                     raise err.cause from None
                 raise
+            except TRAINER_DIED as err:
+                attempts[bucket] = attempts.get(bucket, 0) + 1
+                if attempts[bucket] >= MAX_BUCKET_ATTEMPTS:
+                    raise RuntimeError(f"the trainer of bucket {bucket} died {attempts[bucket]} "
+                                       f"times in epoch {epoch_idx}; giving up") from err
+                logger.warning("trainer of bucket %s died (%s); handing it out again",
+                               bucket, type(err).__name__)
+                ray.get(self.scheduler.fail.remote(bucket))
+                continue
             _, delta_ref, *result_refs = refs
             ray.get([self.store_of[k].update.remote(k, [r]) for k, r in zip(keys, result_refs)]
                     + [self.params.apply_delta.remote(delta_ref)])
@@ -233,6 +242,18 @@ class Trainer:
             bar.update(1)
         bar.close()
         return pass_stats
+
+    def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], edge_path: str,
+                chunk_idx: int, iteration: int) -> List[ray.ObjectRef]:
+        """Start the train task of `bucket`: [stats, params delta, one result per key]."""
+        config = self.config
+        shared = [config.entities[e].num_partitions == 1 for e, _ in keys]
+        part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
+        return train_bucket_task.options(
+            num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
+            num_gpus=gpus_per_trainer(config),
+        ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
+                 self.num_relation_ids, keys, shared, self.params.get.remote(), *part_refs)
 
     def _commit(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
                 pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:

@@ -1,8 +1,13 @@
 """The engine end to end on a real local Ray."""
 
 import json
+import os
+import signal
+import threading
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 from pbg_ray.config import ConfigSchema
@@ -81,3 +86,34 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
     with pytest.raises(PbgRayError, match=r"edges_\d_\d.h5.*outside partition 0 of entity type 'item'"):
         Trainer(config).run()
     assert CheckpointStorage(config.checkpoint_path).load_version() == 0
+
+
+def kill_first_trainer(stop: threading.Event, killed: list) -> None:
+    """SIGKILL the first process found running a train task (a real fault)."""
+    while not stop.is_set() and not killed:
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if "ray::train_bucket_task" in " ".join(proc.info["cmdline"] or []):
+                os.kill(proc.info["pid"], signal.SIGKILL)
+                killed.append(proc.info["pid"])
+                return
+        time.sleep(0.05)
+
+
+def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
+    config = small_config(tmp_path, num_epochs=1, eval_fraction=0.0)
+    write_random_graph(config, num_edges=20000)
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=kill_first_trainer, args=(stop, killed))
+    killer.start()
+    try:
+        result = Trainer(config).run()
+    finally:
+        stop.set()
+        killer.join()
+    assert killed, "no trainer was running to kill"
+    assert result.version == 1
+    # Each bucket trained exactly once in the recorded stats, and all its edges counted.
+    buckets = sorted((s["lhs_partition"], s["rhs_partition"]) for s in result.bucket_stats)
+    assert buckets == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(s["stats"]["count"] == 20000 for s in result.bucket_stats)
+    assert_valid_checkpoint(config, 1)
