@@ -19,6 +19,7 @@ import torch
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import EdgeList, check_edges, read_edges
 from pbg_ray.model import ModelParams, evaluate_bucket, train_bucket
+from pbg_ray.model.kernel import partition_key
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]
@@ -29,8 +30,7 @@ def partition_keys(config: ConfigSchema, bucket: Bucket) -> List[PartitionKey]:
     keys: List[PartitionKey] = []
     for side, part in (("lhs", bucket.lhs), ("rhs", bucket.rhs)):
         for rel in config.relations:
-            entity = getattr(rel, side)
-            key = (entity, part if config.entities[entity].num_partitions > 1 else 0)
+            key = partition_key(config, getattr(rel, side), part)
             if key not in keys:
                 keys.append(key)
     return keys
@@ -53,17 +53,15 @@ def gpus_per_trainer(config: ConfigSchema) -> float:
     return 1.0 if config.num_gpus > 0 else 0.0
 
 
-def split_held_out(edges: EdgeList, fraction: float, seed: List[int], order_seed: List[int]
-                   ) -> Tuple[EdgeList, EdgeList]:
-    """(held-out, train) edges, the train edges shuffled. The held-out set depends
-    only on `seed` (not the epoch), so held-out edges are never trained on in any
-    epoch; `order_seed` gives the train edges a new order every epoch."""
+def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[EdgeList, EdgeList]:
+    """(held-out, train) edges. The held-out set depends only on `seed` (not the
+    epoch), so held-out edges are never trained on in any epoch. (The kernel
+    shuffles the train edges itself.)"""
     num_eval = int(len(edges) * fraction)
     if num_eval == 0:
-        return edges[:0], edges[np.random.default_rng(order_seed).permutation(len(edges))]
+        return edges[:0], edges
     perm = np.random.default_rng(seed).permutation(len(edges))
-    train_idx = np.random.default_rng(order_seed).permutation(perm[num_eval:])
-    return edges[perm[:num_eval]], edges[train_idx]
+    return edges[perm[:num_eval]], edges[perm[num_eval:]]
 
 
 def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
@@ -78,8 +76,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
     held_out, train_edges = split_held_out(
-        edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx],
-        [iteration, bucket.lhs, bucket.rhs])
+        edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx])
     arrays = {key: (np.array(embs), np.array(sums)) for key, (embs, sums) in zip(keys, partitions)}
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
