@@ -24,13 +24,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from pbg_ray.errors import PbgRayError, did_you_mean
+from pbg_ray.io.embedding_tables import ExportConfig
+from pbg_ray.io.raw import ImportConfig
 
 logger = logging.getLogger("pbg_ray")
 
-OPERATORS = ("none", "diagonal", "translation", "linear", "affine", "complex_diagonal")
-COMPARATORS = ("dot", "cos", "l2", "squared_l2")
-LOSS_FUNCTIONS = ("ranking", "logistic", "softmax")
-REGULARIZERS = ("N3",)
 BUCKET_ORDERS = ("random", "affinity", "inside_out", "outside_in")
 PLACEMENTS = ("memory", "disk")
 
@@ -151,6 +149,9 @@ class ConfigSchema:
     verbose: int = 0
 
     ray: RayConfig = field(default_factory=RayConfig)
+    # python -m pbg_ray.import_edges / python -m pbg_ray.export
+    importer: ImportConfig = field(default_factory=ImportConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     # ------------------------------------------------------------------
 
@@ -199,6 +200,12 @@ class ConfigSchema:
         def fail(key: str, problem: str, fix: str) -> None:
             raise PbgRayError(f"{source}: {key}: {problem}. {fix}")
 
+        # The model's registries are the one list of valid component names.
+        from pbg_ray.model.comparators import COMPARATORS
+        from pbg_ray.model.losses import LOSS_FUNCTIONS
+        from pbg_ray.model.operators import OPERATORS
+        from pbg_ray.model.regularizers import REGULARIZERS
+
         if not self.entities:
             fail("entities", "no entity types are defined", "Add at least one entity type.")
         if not self.relations:
@@ -229,7 +236,12 @@ class ConfigSchema:
                          f"relation {rel.name!r} uses unknown entity type {entity!r}"
                          f"{did_you_mean(entity, self.entities)}",
                          f"Use one of {sorted(self.entities)} or add it to entities.")
-            _choice(rel.operator, OPERATORS, f"{key}.operator", fail)
+            _choice(rel.operator, OPERATORS.names(), f"{key}.operator", fail)
+            if self.regularization_coef > 0 and OPERATORS.get(rel.operator).reg_params is None:
+                fail(f"{key}.operator",
+                     f"the {self.regularizer} regularizer can't be applied to the "
+                     f"{rel.operator!r} operator",
+                     "Use another operator or set regularization_coef=0.")
             _positive(rel.weight, f"{key}.weight", fail)
             if rel.operator == "complex_diagonal":
                 for entity in {rel.lhs, rel.rhs}:
@@ -243,9 +255,9 @@ class ConfigSchema:
                     fail(f"{key}.operator",
                          f"lhs {rel.lhs!r} and rhs {rel.rhs!r} have different dimensions",
                          "Give both entity types the same dimension.")
-        _choice(self.comparator, COMPARATORS, "comparator", fail)
-        _choice(self.loss_fn, LOSS_FUNCTIONS, "loss_fn", fail)
-        _choice(self.regularizer, REGULARIZERS, "regularizer", fail)
+        _choice(self.comparator, COMPARATORS.names(), "comparator", fail)
+        _choice(self.loss_fn, LOSS_FUNCTIONS.names(), "loss_fn", fail)
+        _choice(self.regularizer, REGULARIZERS.names(), "regularizer", fail)
         _choice(self.bucket_order, BUCKET_ORDERS, "bucket_order", fail)
         _choice(self.ray.placement, PLACEMENTS, "ray.placement", fail)
         _positive(self.batch_size, "batch_size", fail)
@@ -323,6 +335,8 @@ def _choice(value: str, choices: tuple, key: str, fail) -> None:
 def _convert(value: Any, hint: Any, key: str, source: str) -> Any:
     where = f"{source}: {key or '<root>'}"
     origin = typing.get_origin(hint)
+    if hint is Any:  # e.g. importer.lhs_col: a column index or a column name
+        return value
     if origin in (Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None:

@@ -82,10 +82,22 @@ class CosComparator(DotComparator):
         return (dy - y * (y * dy).sum(-1, keepdim=True)).mul_(rnorm)
 
 
-def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor) -> Tuple[Tensor, Tensor]:
-    """Gradients of sum_ij h_ij * (-|q_i - k_j|^2) w.r.t. q and k."""
-    dq = torch.bmm(h, k).sub_(h.sum(-1, keepdim=True) * q).mul_(2)
-    dk = torch.bmm(h.transpose(1, 2), q).sub_(h.sum(-2).unsqueeze(-1) * k).mul_(2)
+def _expanded_bmm(q: Tensor, k: Tensor, scale: float, sign: float) -> Tensor:
+    """sign * (|q_i|^2 + |k_j|^2) + scale * q_i.k_j for all pairs of each chunk, [n, P, N],
+    from one bmm of vectors augmented with their squared norms and ones (no extra passes
+    over the large score matrix)."""
+    q2 = q.pow(2).sum(-1, keepdim=True)
+    k2 = k.pow(2).sum(-1, keepdim=True)
+    qa = torch.cat([q, q2.mul_(sign), torch.ones_like(q2)], dim=-1)
+    ka = torch.cat([k * scale, torch.ones_like(k2), k2.mul_(sign)], dim=-1)
+    return torch.bmm(qa, ka.transpose(1, 2))
+
+
+def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0
+                           ) -> Tuple[Tensor, Tensor]:
+    """Gradients of sum_ij h_ij * (-|q_i - k_j|^2) * scale / 2 w.r.t. q and k."""
+    dq = torch.bmm(h, k).sub_(h.sum(-1, keepdim=True) * q).mul_(scale)
+    dk = torch.bmm(h.transpose(1, 2), q).sub_(h.sum(-2).unsqueeze(-1) * k).mul_(scale)
     return dq, dk
 
 
@@ -101,10 +113,8 @@ class SquaredL2Comparator(Comparator):
         return dq, -dq
 
     def matrix(self, q, k):
-        # -(|q|^2 + |k|^2 - 2 q.k), the all-pairs expansion PBG uses.
-        k2 = k.pow(2).sum(-1).unsqueeze(-2)
-        q2 = q.pow(2).sum(-1).unsqueeze(-1)
-        return torch.baddbmm(k2.neg_(), q, k.transpose(1, 2), alpha=2).sub_(q2)
+        # -(|q|^2 + |k|^2 - 2 q.k), the all-pairs expansion PBG uses, as one bmm.
+        return _expanded_bmm(q, k, 2.0, -1.0)
 
     def matrix_backward(self, q, k, s, g):
         return _squared_dist_backward(q, k, g)
@@ -126,15 +136,15 @@ class L2Comparator(Comparator):
         return dq, -dq
 
     def matrix(self, q, k):
-        k2 = k.pow(2).sum(-1).unsqueeze(-2)
-        q2 = q.pow(2).sum(-1).unsqueeze(-1)
-        sq = torch.baddbmm(k2, q, k.transpose(1, 2), alpha=-2).add_(q2)
+        sq = _expanded_bmm(q, k, -2.0, 1.0)
         return sq.clamp_min_(_MIN_SQUARED_DIST).sqrt_().neg_()
 
     def matrix_backward(self, q, k, s, g):
-        # d(-dist)/d(-sq) = 1 / (2 dist) = -0.5 / s; zero where the clamp was active.
-        h = g.div_(s).mul_(-0.5).masked_fill_(s > _MAX_CLAMPED_SCORE, 0)
-        return _squared_dist_backward(q, k, h)
+        # d(-dist)/d(-sq) = 1 / (2 dist) = -0.5 / s, zero where the clamp was active; the
+        # -0.5 is folded into the gradient formula's factor of 2.
+        h = g.div_(s).masked_fill_(s > _MAX_CLAMPED_SCORE, 0)
+        dq, dk = _squared_dist_backward(q, k, h, -1.0)
+        return dq, dk
 
 
 class BiasedComparator(Comparator):

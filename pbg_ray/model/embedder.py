@@ -128,7 +128,8 @@ class Embedder:
         the set of each row's relation id."""
         op = self.operators[batch.relation]
         if self.dynamic:
-            return {n: self.params[operator_key(0, side, d)][rows] for n, d in op.param_names}
+            return {n: self.params[operator_key(0, side, d)].index_select(0, rows)
+                    for n, d in op.param_names}
         return {n: self.params[operator_key(batch.relation, side, n)] for n, _ in op.param_names}
 
     def _add_op_grads(self, grads: Dict[str, Tensor], batch: Batch, side: str,
@@ -161,17 +162,22 @@ class Embedder:
                 torch.cat([pos.view(n, C), s.neg_ids], dim=1)
         return index
 
-    def _gather(self, batch: Batch, index: Dict[str, Tensor]) -> Dict[str, Tensor]:
-        """One gather per table: per side, the raw rows of its layout. Applies PBG's
-        max_norm renormalization to the gathered rows, in the table too."""
+    def _gather(self, batch: Batch, index: Dict[str, Tensor]
+                ) -> Tuple[List[Tuple[PartitionKey, Tensor, Tensor]], Dict[str, Tuple[int, slice]]]:
+        """One gather per table (lhs and rhs share it when they use the same partition).
+
+        Returns the groups (table, row ids [n], rows [n, D]) and, per side, (group, slice
+        of the group's rows). Applies PBG's max_norm renormalization to the gathered rows,
+        and (training) to the table, as F.embedding(max_norm=...) does."""
         same = batch.lhs.table == batch.rhs.table
-        groups = [SIDES] if same else [("lhs",), ("rhs",)]
-        rows: Dict[str, Tensor] = {}
-        for group in groups:
-            table = self.tables[batch.side(group[0]).table]
+        groups = []
+        where: Dict[str, Tuple[int, slice]] = {}
+        for group in ([SIDES] if same else [("lhs",), ("rhs",)]):
+            key = batch.side(group[0]).table
+            table = self.tables[key]
             flat = torch.cat([index[g].reshape(-1) for g in group]) if len(group) > 1 \
                 else index[group[0]].reshape(-1)
-            gathered = table[flat]
+            gathered = table.index_select(0, flat)  # far faster than table[flat]
             if self.config.max_norm is not None:
                 norms = gathered.norm(dim=1)
                 over = (norms > self.config.max_norm).nonzero().squeeze(1)
@@ -182,9 +188,10 @@ class Embedder:
             offset = 0
             for g in group:
                 size = index[g].numel()
-                rows[g] = gathered[offset:offset + size].view(*index[g].shape, -1)
+                where[g] = (len(groups), slice(offset, offset + size))
                 offset += size
-        return rows
+            groups.append((key, flat, gathered))
+        return groups, where
 
     def _side_buffer(self, batch: Batch, name: str, rows: Tensor
                      ) -> Tuple[Tensor, Optional[Tuple[Tensor, Tensor]]]:
@@ -219,11 +226,14 @@ class Embedder:
         cmp = self.comparator
         C, n = batch.chunk_size, batch.num_chunks
         index = self._layout(batch)
-        rows = self._gather(batch, index)
+        groups, where = self._gather(batch, index)
+        rows = {name: groups[g][2][sl].view(*index[name].shape, -1)
+                for name, (g, sl) in where.items()}
         a, feat_l = self._side_buffer(batch, "lhs", rows["lhs"])
         b, feat_r = self._side_buffer(batch, "rhs", rows["rhs"])
         op = self.operators[batch.relation]
-        saved: Dict[str, Any] = dict(a=a, b=b, index=index, feat={"lhs": feat_l, "rhs": feat_r})
+        saved: Dict[str, Any] = dict(a=a, b=b, groups=groups, where=where,
+                                     feat={"lhs": feat_l, "rhs": feat_r})
         blocks: Dict[str, List[Tensor]] = {"lhs": [], "rhs": []}
         lhs, rhs = batch.lhs, batch.rhs
         if not self.dynamic:
@@ -245,8 +255,10 @@ class Embedder:
                 if rhs.mode is not Negatives.NONE:
                     blocks["rhs"].append(m_r)
             if lhs.has_batch:
-                # c(v_i, u_j) = M[j, i]: the lhs batch block is the rhs one transposed.
-                blocks["lhs"].append(m_r[:, :, :C].transpose(1, 2).contiguous())
+                # c(v_i, u_j) = M[j, i]: the lhs batch block is the rhs one transposed (a
+                # copy when the loss will overwrite both in place).
+                block = m_r[:, :, :C].transpose(1, 2)
+                blocks["lhs"].append(block if cmp.needs_scores else block.contiguous())
             m_lu = None
             if lhs.num_neg_ids:
                 m_lu = cmp.matrix(v_pos, u[:, C:])
@@ -300,6 +312,7 @@ class Embedder:
         C = batch.chunk_size
         sv = scores.saved
         w = self._weights(batch, sv["a"].device)
+        full = batch.num_pos == w.numel()  # no padding rows to leave out of the counts
         valid = torch.zeros(w.numel(), dtype=torch.bool, device=w.device)
         valid[:batch.num_pos] = True
         valid = valid.view_as(w)
@@ -310,42 +323,51 @@ class Embedder:
         dblocks: Dict[str, List[Tensor]] = {}
         for name in SIDES:
             pos, blocks = scores.pos[name], scores.blocks[name]
-            violators[name] = int(sum(((blk > pos.unsqueeze(-1)).sum(-1) * valid).sum()
-                                      for blk in blocks))
+            above = [blk > pos.unsqueeze(-1) for blk in blocks]
+            violators[name] = int(sum(
+                (a.sum() if full else (a.sum(-1) * valid).sum()) for a in above))
             num_neg = sum(blk.shape[-1] for blk in blocks)
             side_loss, dpos[name], dblocks[name] = self.loss_fn.forward_backward(
                 pos, blocks, w, num_neg, inplace)
             loss += side_loss
         a, b = sv["a"], sv["b"]
-        da = torch.zeros_like(a)
-        db = torch.zeros_like(b)
+        # Gradients w.r.t. the side buffers; for plain sides they are views of the per-table
+        # gradient rows handed to the optimizer (same layout as the gather).
+        row_grads = {key: (flat, torch.zeros_like(rows)) for key, flat, rows in sv["groups"]}
+        da, db = (self._side_grad(batch, sv, row_grads, name, x)
+                  for name, x in (("lhs", a), ("rhs", b)))
         param_grads: Dict[str, Tensor] = {}
         if not self.dynamic:
-            u, v = sv["u"], sv["v"]
-            du, dv = torch.zeros_like(u), torch.zeros_like(v)
-            g = dpos["lhs"] + dpos["rhs"]
-            dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], g)
-            du[:, :C] += dq
-            dv[:, :C] += dk
-            m_r = sv["m_r"]
+            u, v, m_r, m_lu = sv["u"], sv["v"], sv["m_r"], sv["m_lu"]
+            # Gradients w.r.t. u and v; du accumulates straight into the row gradients
+            # when prepare is the identity.
+            du = da if sv["ctx_u"] is None else torch.zeros_like(u)
+            dv = None
             if m_r is not None:
-                lhs_blocks = dblocks["lhs"]
                 g_r = dblocks["rhs"][0] if dblocks["rhs"] else torch.zeros_like(m_r)
                 if batch.lhs.has_batch:
-                    g_r[:, :, :C] += lhs_blocks[0].transpose(1, 2)
+                    # The lhs batch block is the rhs one transposed: add its gradient in.
+                    g_r[:, :, :C] += dblocks["lhs"][0].transpose(1, 2)
                 dq, dk = cmp.matrix_backward(u[:, :C], v if sv["need_batch"] else v[:, C:],
                                              m_r, g_r)
                 du[:, :C] += dq
                 if sv["need_batch"]:
-                    dv += dk
+                    dv = dk
                 else:
+                    dv = torch.zeros_like(v)
                     dv[:, C:] += dk
-            if sv["m_lu"] is not None:
-                dq, dk = cmp.matrix_backward(v[:, :C], u[:, C:], sv["m_lu"], dblocks["lhs"][-1])
+            if dv is None:
+                dv = torch.zeros_like(v)
+            if m_lu is not None:
+                dq, dk = cmp.matrix_backward(v[:, :C], u[:, C:], m_lu, dblocks["lhs"][-1])
                 dv[:, :C] += dq
                 du[:, C:] += dk
+            dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], dpos["lhs"] + dpos["rhs"])
+            du[:, :C] += dq
+            dv[:, :C] += dk
             self._zero_padding(batch, du, dv)
-            da += cmp.prepare_backward(sv["ctx_u"], du)
+            if du is not da:
+                da += cmp.prepare_backward(sv["ctx_u"], du)
             op = self.operators[batch.relation]
             db_op, dp = op.backward(b, sv["p"], cmp.prepare_backward(sv["ctx_v"], dv))
             db += db_op
@@ -386,8 +408,8 @@ class Embedder:
                 key = global_emb_key(batch.side(name).entity)
                 g = d.reshape(-1, d.shape[-1]).sum(0)
                 param_grads[key] = param_grads[key] + g if key in param_grads else g
-        return Gradients(float(loss), reg, violators, self._row_grads(batch, sv, da, db),
-                         param_grads)
+        self._featurized_row_grads(batch, sv, row_grads, da, db)
+        return Gradients(float(loss), reg, violators, row_grads, param_grads)
 
     def _regularize(self, batch: Batch, a: Tensor, b: Tensor, da: Tensor, db: Tensor,
                     param_grads: Dict[str, Tensor]) -> float:
@@ -401,7 +423,9 @@ class Embedder:
             pos = x[:, :C].reshape(-1, x.shape[-1])[:B]
             value, grad = self.regularizer.embeddings(pos, op)
             total += float(value)
-            dx[:, :C].reshape(-1, x.shape[-1])[:B] += grad  # contiguous: writes through
+            padded = grad.new_zeros(batch.num_chunks * C, grad.shape[-1])
+            padded[:B] = grad
+            dx[:, :C] += padded.view(batch.num_chunks, C, -1)
         if self.dynamic:
             rows = batch.rel_ids
             for side in SIDES:
@@ -414,23 +438,24 @@ class Embedder:
             self._add_op_grads(param_grads, batch, "rhs", dp, None)
         return total
 
-    def _row_grads(self, batch: Batch, sv: Dict[str, Any], da: Tensor, db: Tensor
-                   ) -> Dict[PartitionKey, Tuple[Tensor, Tensor]]:
-        """Per table: (row ids, gradient rows), both sides of one table together."""
-        out: Dict[PartitionKey, Tuple[Tensor, Tensor]] = {}
+    def _side_grad(self, batch: Batch, sv: Dict[str, Any],
+                   row_grads: Dict[PartitionKey, Tuple[Tensor, Tensor]], name: str,
+                   like: Tensor) -> Tensor:
+        if batch.side(name).features is not None:
+            return torch.zeros_like(like)  # mapped to feature rows at the end
+        g, sl = sv["where"][name]
+        return row_grads[sv["groups"][g][0]][1][sl].view(like.shape)
+
+    def _featurized_row_grads(self, batch: Batch, sv: Dict[str, Any],
+                              row_grads: Dict[PartitionKey, Tuple[Tensor, Tensor]],
+                              da: Tensor, db: Tensor) -> None:
+        """Bag-mean gradients [chunks, C, D] -> feature rows: d(mean)/d(row) = 1 / bag size."""
         C, n = batch.chunk_size, batch.num_chunks
         for name, d in (("lhs", da), ("rhs", db)):
-            s = batch.side(name)
-            ids = sv["index"][name].reshape(-1)
-            if s.features is not None:
-                # d(mean)/d(feature row) = 1 / bag size.
-                seg, counts = sv["feat"][name]
-                per_entity = d[:, :C].reshape(n * C, -1)[:batch.num_pos]
-                grads = (per_entity / counts.clamp_min(1).unsqueeze(1).to(d.dtype))[seg]
-            else:
-                grads = d.reshape(-1, d.shape[-1])
-            if s.table in out:
-                prev_ids, prev_grads = out[s.table]
-                ids, grads = torch.cat([prev_ids, ids]), torch.cat([prev_grads, grads])
-            out[s.table] = (ids, grads)
-        return out
+            if batch.side(name).features is None:
+                continue
+            g, sl = sv["where"][name]
+            seg, counts = sv["feat"][name]
+            per_entity = d[:, :C].reshape(n * C, -1)[:batch.num_pos]
+            per_entity = per_entity / counts.clamp_min(1).unsqueeze(1).to(d.dtype)
+            row_grads[sv["groups"][g][0]][1][sl] = per_entity.index_select(0, seg)

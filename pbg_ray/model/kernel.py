@@ -82,7 +82,7 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
                 num_batch_negs: int, num_uniform_negs: int, table_sizes: Dict[PartitionKey, int],
                 generator: torch.Generator) -> Batch:
     """A Batch of the edges idx, with its uniform negatives drawn from `generator`."""
-    rel_ids = edges.rel[idx]
+    rel_ids = edges.rel.index_select(0, idx)
     relation = 0 if config.dynamic_relations else int(rel_ids[0])
     rconf = config.relations[relation]
     featurized = tuple(config.entities[getattr(rconf, s)].featurized for s in ("lhs", "rhs"))
@@ -99,7 +99,7 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
             offsets, data = edges.features[name]
             side.features = _take_features(offsets, data, idx)
         else:
-            side.ids = getattr(edges, name)[idx]
+            side.ids = getattr(edges, name).index_select(0, idx)
         if mode is Negatives.ALL:
             side.neg_ids = torch.arange(table_sizes[key], device=idx.device).unsqueeze(0)
         else:
@@ -108,7 +108,7 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
                 side.neg_ids = sample_uniform(table_sizes[key], num_chunks, k,
                                               generator).to(idx.device)
         sides.append(side)
-    weight = None if edges.weight is None else edges.weight[idx]
+    weight = None if edges.weight is None else edges.weight.index_select(0, idx)
     return Batch(len(idx), chunk_size, relation, rel_ids, sides[0], sides[1], weight)
 
 

@@ -140,7 +140,9 @@ class AffineOperator(Operator):
 
 @OPERATORS.register("complex_diagonal")
 class ComplexDiagonalOperator(Operator):
-    """x = (re, im) halves times the complex diagonal (real, imag)."""
+    """x = (re, im) halves times the complex diagonal (real, imag):
+    y = x * [real, real] + swap(x) * [-imag, imag], swap exchanging the halves
+    (three passes over x instead of PBG's seven)."""
 
     param_names = (("real", "real"), ("imag", "imag"))
     reg_params = ("real", "imag")
@@ -150,15 +152,22 @@ class ComplexDiagonalOperator(Operator):
         half = self.dim // 2
         return {"real": np.ones(half, np.float32), "imag": np.zeros(half, np.float32)}
 
+    @staticmethod
+    def _swap(x: Tensor) -> Tensor:
+        return x.roll(x.shape[-1] // 2, dims=-1)
+
     def forward(self, x, p):
-        re, im = x.chunk(2, dim=-1)
+        # In place on the one new buffer: these vectors are large and memory-bound.
         r, i = p["real"], p["imag"]
-        return torch.cat([re * r - im * i, re * i + im * r], dim=-1)
+        return self._swap(x).mul_(torch.cat([-i, i], -1)).addcmul_(x, torch.cat([r, r], -1))
 
     def backward(self, x, p, dy):
-        re, im = x.chunk(2, dim=-1)
-        dre, dim_ = dy.chunk(2, dim=-1)
         r, i = p["real"], p["imag"]
-        dx = torch.cat([dre * r + dim_ * i, dim_ * r - dre * i], dim=-1)
-        return dx, {"real": _sum_to(dre * re + dim_ * im, r),
-                    "imag": _sum_to(dim_ * re - dre * im, i)}
+        h = r.shape[-1]
+        like = x.new_empty(*r.shape[:-1], 2 * h)
+        # d real = dy_re re + dy_im im;  d imag = dy_im re - dy_re im.
+        t = _sum_to(dy * x, like)
+        dx = self._swap(dy)
+        s = _sum_to(dx * x, like)
+        dx.mul_(torch.cat([i, -i], -1)).addcmul_(dy, torch.cat([r, r], -1))
+        return dx, {"real": t[..., :h] + t[..., h:], "imag": s[..., :h] - s[..., h:]}

@@ -20,23 +20,23 @@ def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: fl
     with gradients grads [n, D] (overwritten), accumulators sums [N].
 
     Duplicate rows are folded without sort/unique: every position writes its index into
-    `owner` (scratch, int64 [N], one per worker) and reads back the winner, so all
-    occurrences of a row agree on one representative position.
+    `owner` (scratch, int64 [N], one per worker) and reads back the winner (whichever
+    write landed), so all occurrences of a row agree on one representative position.
     """
     if ids.numel() == 0:
         return
     position = torch.arange(ids.numel(), device=ids.device)
-    owner[ids] = position
-    rep = owner[ids]
-    first = rep == position
-    dup = (~first).nonzero().squeeze(1)
+    owner.index_copy_(0, ids, position)
+    rep = owner.index_select(0, ids)
+    dup = (rep != position).nonzero().squeeze(1)
     if dup.numel():
+        # Fold each duplicate into its representative and zero it: a zero gradient leaves
+        # both its accumulator and its row unchanged, so no compaction is needed.
         grads.index_add_(0, rep[dup], grads[dup])
-        keep = first.nonzero().squeeze(1)
-        ids, grads = ids[keep], grads[keep]
-    sums.index_add_(0, ids, grads.square().mean(1))
-    std = sums[ids].sqrt_().add_(EPS)
-    table.index_add_(0, ids, grads.div_(std.unsqueeze(1)).mul_(-lr))
+        grads.index_fill_(0, dup, 0)
+    sums.index_add_(0, ids, torch.linalg.vector_norm(grads, dim=1).square_().div_(grads.shape[1]))
+    step = sums.index_select(0, ids).sqrt_().add_(EPS).reciprocal_().mul_(-lr)
+    table.index_add_(0, ids, grads.mul_(step.unsqueeze(1)))
 
 
 def adagrad_(param: Tensor, sums: Tensor, grad: Tensor, lr: float) -> None:

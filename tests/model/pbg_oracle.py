@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -75,14 +75,15 @@ def _features(rng: np.random.Generator, n: int, rows: int) -> FeatureList:
     return FeatureList(offsets, rng.integers(0, rows, offsets[-1]).astype(np.int64))
 
 
-def make_case(num_edges: int = 23, seed: int = 0, weights: bool = False, **overrides) -> Case:
+def make_case(num_edges: int = 23, seed: int = 0, weights: bool = False,
+              sizes: Dict[str, int] = SIZES, **overrides) -> Case:
     """Random embeddings, optimizer sums, parameters and edges of one relation
     (per-relation mode: relation 1) or of mixed relation ids (dynamic mode)."""
     config = make_config(**overrides)
     rng = np.random.default_rng(seed)
     num_rel_ids = 3 if config.dynamic_relations else len(config.relations)
-    partitions = {(e, 0): (rng.normal(0, 0.5, (SIZES[e], config.dimension)).astype(np.float32),
-                           rng.uniform(0.1, 1, SIZES[e]).astype(np.float32))
+    partitions = {(e, 0): (rng.normal(0, 0.5, (sizes[e], config.dimension)).astype(np.float32),
+                           rng.uniform(0.1, 1, sizes[e]).astype(np.float32))
                   for e in config.entities}
     params = init_params(config, num_rel_ids)
     for name, value in params.arrays.items():
@@ -92,13 +93,13 @@ def make_case(num_edges: int = 23, seed: int = 0, weights: bool = False, **overr
     lhs_feat = config.entities[rel.lhs].featurized
     rhs_feat = config.entities[rel.rhs].featurized
     edges = EdgeList(
-        np.full(num_edges, -1) if lhs_feat else rng.integers(0, SIZES[rel.lhs], num_edges),
-        np.full(num_edges, -1) if rhs_feat else rng.integers(0, SIZES[rel.rhs], num_edges),
+        np.full(num_edges, -1) if lhs_feat else rng.integers(0, sizes[rel.lhs], num_edges),
+        np.full(num_edges, -1) if rhs_feat else rng.integers(0, sizes[rel.rhs], num_edges),
         rng.integers(0, num_rel_ids, num_edges) if config.dynamic_relations
         else np.ones(num_edges, np.int64),
         rng.uniform(0.2, 2, num_edges).astype(np.float32) if weights else None,
-        _features(rng, num_edges, SIZES[rel.lhs]) if lhs_feat else None,
-        _features(rng, num_edges, SIZES[rel.rhs]) if rhs_feat else None)
+        _features(rng, num_edges, sizes[rel.lhs]) if lhs_feat else None,
+        _features(rng, num_edges, sizes[rel.rhs]) if rhs_feat else None)
     return Case(config, num_rel_ids, partitions, params, edges)
 
 
@@ -146,11 +147,10 @@ class Oracle:
     violators: Tuple[int, int]
 
     def grads(self) -> Dict[str, torch.Tensor]:
-        """Public parameter name -> gradient (zeros where torchbiggraph has none)."""
-        out = {}
-        for name, p in self.model.named_parameters():
-            out[name] = p.grad if p.grad is not None else torch.zeros_like(p)
-        return out
+        """Its state-dict name -> gradient of the shared parameters (zeros where it has none)."""
+        return {name: p.grad if p.grad is not None else torch.zeros_like(p)
+                for name, p in self.model.named_parameters()
+                if not name.startswith(("lhs_embs.", "rhs_embs."))}
 
     def table_grads(self) -> Dict[Tuple[str, int], torch.Tensor]:
         return {k: (p.grad.to_dense() if p.grad is not None else torch.zeros_like(p))
@@ -178,9 +178,11 @@ def pbg_model(config: ConfigSchema, num_rel_ids: int, num_batch_negs: int,
         max_norm=config.max_norm, num_dynamic_rels=dynamic)
 
 
-def oracle(case: Case, batch: Batch, eval_negs: bool = False) -> Oracle:
+def oracle(case: Case, batch: Batch, eval_negs: bool = False,
+           side_loss: Optional[Callable] = None, extra: Optional[Callable] = None) -> Oracle:
     """torchbiggraph's scores, loss (as its Trainer computes it) and gradients for the batch,
-    its uniform negatives forced to the batch's."""
+    its uniform negatives forced to the batch's. `side_loss(pos, neg)` replaces its loss
+    function, `extra(model, tables)` adds a term (formulas for what 1.0.0 lacks)."""
     c = case.config
     negs = (c.eval_num_batch_negs, c.eval_num_uniform_negs) if eval_negs else \
         (c.num_batch_negs, c.num_uniform_negs)
@@ -206,14 +208,16 @@ def oracle(case: Case, batch: Batch, eval_negs: bool = False) -> Oracle:
     edges = TbgEdgeList(entity_list("lhs"), entity_list("rhs"),
                         rel_ids if c.dynamic_relations else rel_ids[0])
     scores = model(edges)
-    loss_cls = TBG_LOSSES.get_class(c.loss_fn)
-    loss_fn = loss_cls(c.margin) if c.loss_fn == "ranking" else loss_cls()
-    loss = rel.weight * (loss_fn(scores.lhs_pos, scores.lhs_neg)
-                         + loss_fn(scores.rhs_pos, scores.rhs_neg))
+    if side_loss is None:
+        loss_cls = TBG_LOSSES.get_class(c.loss_fn)
+        side_loss = loss_cls(c.margin) if c.loss_fn == "ranking" else loss_cls()
+    loss = rel.weight * (side_loss(scores.lhs_pos, scores.lhs_neg)
+                         + side_loss(scores.rhs_pos, scores.rhs_neg))
     violators = (int((scores.lhs_neg > scores.lhs_pos.unsqueeze(1)).sum()),
                  int((scores.rhs_neg > scores.rhs_pos.unsqueeze(1)).sum()))
-    if loss.requires_grad:
-        loss.backward()
+    total = loss if extra is None else loss + extra(model, tables)
+    if total.requires_grad:
+        total.backward()
     return Oracle(model, tables, scores, loss, violators)
 
 
