@@ -164,18 +164,25 @@ class Trainer:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
                         self.storage.path, self.version)
             return TrainResult(str(self.storage.path), self.version, [])
-        self.storage.save_config(config)
-        self._start_actors()
-        all_stats: List[Dict[str, Any]] = []
-        bucket_index = 0
-        for iteration in range(self.version, total):
-            epoch_idx, rest = divmod(iteration, passes_per_epoch)
-            path_idx, chunk_idx = divmod(rest, self.num_chunks)
-            pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
-            bucket_index += len(pass_stats)
-            self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats,
-                         last_of_epoch=(rest == passes_per_epoch - 1))
-            all_stats += pass_stats
+        with self.storage.lock():
+            # An interrupted run may have left parts of its next version and the
+            # stats of passes that never became current.
+            self.storage.remove_leftovers(self.version)
+            self.storage.keep_stats(lambda s: (
+                s["epoch_idx"] * passes_per_epoch + s["edge_path_idx"] * self.num_chunks
+                + s["edge_chunk_idx"]) < self.version)
+            self.storage.save_config(config)
+            self._start_actors()
+            all_stats: List[Dict[str, Any]] = []
+            bucket_index = sum(1 for _ in self.storage.load_stats())
+            for iteration in range(self.version, total):
+                epoch_idx, rest = divmod(iteration, passes_per_epoch)
+                path_idx, chunk_idx = divmod(rest, self.num_chunks)
+                pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
+                bucket_index += len(pass_stats)
+                self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats,
+                             last_of_epoch=(rest == passes_per_epoch - 1))
+                all_stats += pass_stats
         return TrainResult(str(self.storage.path), self.version, all_stats)
 
     def _run_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
@@ -226,6 +233,12 @@ class Trainer:
                                bucket, type(err).__name__)
                 ray.get(self.scheduler.fail.remote(bucket))
                 continue
+            loss = stats["stats"]["metrics"].get("loss", 0.0)
+            if not np.isfinite(loss):  # stop before the update is applied anywhere
+                raise PbgRayError(
+                    f"training diverged: loss is {loss} in epoch {epoch_idx + 1}/{config.num_epochs}, "
+                    f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
+                    "current. Lower lr or init_scale, or set max_norm.")
             _, delta_ref, *result_refs = refs
             ray.get([self.store_of[k].update.remote(k, [r]) for k, r in zip(keys, result_refs)]
                     + [self.params.apply_delta.remote(delta_ref)])
@@ -259,13 +272,6 @@ class Trainer:
                 pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:
         """Write version N+1 completely, then make it current, then drop N."""
         config = self.config
-        for s in pass_stats:
-            loss = s["stats"]["metrics"].get("loss", 0.0)
-            if not np.isfinite(loss):
-                raise PbgRayError(
-                    f"training diverged: loss is {loss} in epoch {epoch_idx} bucket "
-                    f"({s['lhs_partition']}, {s['rhs_partition']}); version {self.version} stays "
-                    "current. Lower lr or init_scale, or set max_norm.")
         version = self.version + 1
         metadata = {
             "config/json": json.dumps(config.to_dict()),

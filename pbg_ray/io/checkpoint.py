@@ -18,13 +18,15 @@ writes them, so either program resumes the other's run.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import h5py
 import numpy as np
@@ -44,6 +46,8 @@ OPTIMIZER_STATE_DICT_DATASET = "optimizer/state_dict"
 VERSION_FILE = "checkpoint_version.txt"
 CONFIG_FILE = "config.json"
 STATS_FILE = "training_stats.json"
+LOCK_FILE = ".pbg_ray.lock"
+_VERSIONED_FILE = re.compile(r".*\.v(\d+)\.h5")
 
 # Public dataset names <-> PBG's model state dict keys ("private" names).
 _PUBLIC_TO_PRIVATE = [
@@ -148,6 +152,41 @@ class CheckpointStorage:
     def prepare(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold this directory for one training run. The lock is an flock, which
+        the kernel drops when its process dies, so a crashed run's leftover lock
+        file never blocks the next run."""
+        self.prepare()
+        with open(self.path / LOCK_FILE, "a+") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                raise PbgRayError(
+                    f"checkpoint_path {str(self.path)!r} is in use by another training run "
+                    f"({holder}). Wait for it to finish, or use another checkpoint_path.") from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
+            f.flush()
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def remove_leftovers(self, version: int) -> None:
+        """Delete what an interrupted run may have left: temporary files and the
+        files of versions other than the current one (half-written next
+        versions, or a previous version not yet dropped)."""
+        for path in self.path.iterdir():
+            match = _VERSIONED_FILE.fullmatch(path.name)
+            if path.name.startswith(".") and ".tmp-" in path.name:
+                path.unlink(missing_ok=True)
+            elif match and int(match.group(1)) != version:
+                path.unlink(missing_ok=True)
+
     def load_version(self) -> int:
         """The newest complete version, 0 if there is none yet."""
         try:
@@ -198,6 +237,11 @@ class CheckpointStorage:
     def append_stats(self, stats: List[Dict[str, Any]]) -> None:
         with open(self.stats_file(), "at") as f:
             f.write("".join(json.dumps(s) + "\n" for s in stats))
+
+    def keep_stats(self, keep: Callable[[Dict[str, Any]], bool]) -> None:
+        """Rewrite training_stats.json with only the lines `keep` accepts."""
+        kept = [s for s in self.load_stats() if keep(s)]
+        write_text_atomic(self.stats_file(), "".join(json.dumps(s) + "\n" for s in kept))
 
     def load_stats(self) -> Iterator[Dict[str, Any]]:
         try:

@@ -117,3 +117,43 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
     assert buckets == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(s["stats"]["count"] == 20000 for s in result.bucket_stats)
     assert_valid_checkpoint(config, 1)
+
+
+def test_second_run_on_the_same_checkpoint_path_is_refused(ray_session, tmp_path):
+    config = small_config(tmp_path, num_epochs=1)
+    write_random_graph(config)
+    with CheckpointStorage(config.checkpoint_path).lock():
+        with pytest.raises(PbgRayError, match="in use by another training run"):
+            Trainer(config).run()
+    assert Trainer(config).run().version == 1  # the lock went with its holder
+
+
+def test_resume_cleans_what_an_interrupted_run_left(ray_session, tmp_path):
+    config = small_config(tmp_path, num_epochs=1)
+    write_random_graph(config)
+    Trainer(config).run()
+    ckpt = tmp_path / "checkpoints"
+    # An interrupted pass 2: part of version 2, a temporary file, its stats line.
+    (ckpt / "embeddings_user_0.v2.h5").write_bytes((ckpt / "embeddings_user_0.v1.h5").read_bytes())
+    (ckpt / ".model.v2.h5.tmp-999").write_bytes(b"partial")
+    with open(ckpt / "training_stats.json", "a") as f:
+        f.write(json.dumps({"epoch_idx": 1, "edge_path_idx": 0, "edge_chunk_idx": 0}) + "\n")
+    result = Trainer(small_config(tmp_path, num_epochs=2)).run()
+    assert result.version == 2
+    lines = [json.loads(l) for l in open(ckpt / "training_stats.json")]
+    assert [l["epoch_idx"] for l in lines] == [0] * 4 + [1] * 4
+    assert [l["index"] for l in lines] == list(range(8))
+    assert not list(ckpt.glob(".*tmp*")) and not list(ckpt.glob("*.v1.h5"))
+
+
+def test_nan_loss_stops_naming_epoch_and_bucket(ray_session, tmp_path):
+    config = small_config(tmp_path, num_epochs=1)
+    write_random_graph(config)
+    Trainer(config).run()
+    storage = CheckpointStorage(config.checkpoint_path)
+    embs, state = storage.load_entity_partition(1, "user", 0)
+    storage.save_entity_partition(1, "user", 0, np.full_like(embs, np.nan), state)
+    with pytest.raises(PbgRayError, match=r"loss is nan in epoch 2/2, bucket \(0, \d\)"):
+        Trainer(small_config(tmp_path, num_epochs=2)).run()
+    assert storage.load_version() == 1
+    storage.check_version(1, config)
