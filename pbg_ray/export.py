@@ -1,0 +1,94 @@
+"""python -m pbg_ray.export [PBG_CONFIG.py] [key=value ...]
+
+Writes a checkpoint's embeddings (global embeddings added, as PBG does) and
+relation parameters as TSV in torchbiggraph_export_to_tsv's layout or as
+Parquet, one partition at a time. Settings under `export.`: format (tsv,
+parquet), version (null: the newest), output (null: <checkpoint_path>/export).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+
+from pbg_ray.cli import hydra_entry
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.embedding_tables import EmbeddingTables
+from pbg_ray.io.entities import load_entity_names, load_relation_names
+from pbg_ray.model.params import global_emb_key, param_layout
+
+
+
+def locate_version(config: ConfigSchema, version: int) -> CheckpointStorage:
+    """The checkpoint directory that holds `version`: checkpoint_path for the newest,
+    an epoch_{k}/ snapshot (checkpoint_preservation_interval) for an older one."""
+    storage = CheckpointStorage(config.checkpoint_path)
+    candidates = [storage] + [CheckpointStorage(p) for p in sorted(storage.path.glob("epoch_*"))]
+    for candidate in candidates:
+        if candidate.load_version() == version:
+            candidate.check_version(version, config)
+            return candidate
+    found = sorted({c.load_version() for c in candidates} - {0})
+    raise PbgRayError(f"checkpoint version {version} is not in {str(storage.path)!r} "
+                      f"(versions there: {found or 'none'}). Set export.version to one of them.")
+
+
+def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
+    """Export `config.export.version` of config's checkpoint; returns what was written."""
+    settings = config.export
+    version = settings.version or CheckpointStorage(config.checkpoint_path).load_version()
+    if version == 0:
+        raise PbgRayError(f"{config.checkpoint_path!r} holds no checkpoint. Train first "
+                          "(python -m pbg_ray.train) or check checkpoint_path.")
+    storage = locate_version(config, version)
+    output = Path(settings.output) if settings.output else storage.path / "export"
+    stored, _ = storage.load_model(version)
+    relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
+                      else [r.name for r in config.relations])
+    # Every parameter in torchbiggraph's order; missing ones at their initial values, as PBG's
+    # make_model + load_state_dict(strict=False) would have them.
+    params = {name: stored.get(name, init) for name, init in param_layout(config, len(relation_names))}
+    num_entities = 0
+    with EmbeddingTables(output, settings.format) as tables:
+        tables.expect_dimensions({config.entity_dimension(e) for e in config.entities})
+        for entity, econf in config.entities.items():
+            global_emb = params.get(global_emb_key(entity))
+            for part in range(econf.num_partitions):
+                names = load_entity_names(config.entity_path, entity, part)
+                embeddings, _ = storage.load_entity_partition(version, entity, part)
+                if len(names) != len(embeddings):
+                    raise PbgRayError(
+                        f"entity type {entity!r} partition {part}: {len(names)} names in "
+                        f"entity_path but {len(embeddings)} embeddings in version {version}. "
+                        "The checkpoint was trained on another import; check entity_path.")
+                if global_emb is not None:
+                    embeddings += global_emb
+                tables.write_entities(entity, part, names, embeddings)
+                num_entities += len(names)
+        for name, value in params.items():
+            if not name.startswith("relations/"):
+                continue
+            _, idx, _, side, param = name.split("/")
+            rel = config.relations[int(idx)]
+            if config.dynamic_relations:  # one row of the stacked parameter per relation
+                for rel_name, row in zip(relation_names, np.asarray(value)):
+                    tables.write_relation_parameter(rel_name, side, rel.operator, param, row)
+            else:
+                tables.write_relation_parameter(rel.name, side, rel.operator, param, np.asarray(value))
+    return {"checkpoint_path": str(storage.path), "version": version, "format": settings.format,
+            "entities": num_entities, "files": [str(p) for p in tables.files]}
+
+
+def run(config: ConfigSchema) -> None:
+    print(json.dumps(export_checkpoint(config)))  # Hydra has set up logging: warnings reach stderr
+
+
+main = hydra_entry(run)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,413 @@
+"""Raw edge files -> PBG's v1 layout: entity dictionaries and edge buckets.
+
+One parse per input: each batch's names become ids (io/name_index.py) and the
+edges go to a spill file of compact id records. After the first input, each
+entity type's dictionary is fixed: names seen fewer than entity_min_count times
+are dropped, the rest put in a canonical order (by key, independent of row
+order), shuffled with the seed and cut into contiguous partitions, as PBG does.
+That is a remap of ids, applied while the spill is routed into buckets with a
+stable radix sort. Later inputs (valid/test) look names up in the first
+input's dictionaries; edges with unseen names are counted and reported.
+
+Everything is written into staging directories and moved into place at the
+end, buckets first, entity files next, the manifest last: a failed import
+leaves the output directories as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import h5py
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError, did_you_mean
+from pbg_ray.io.edges import FORMAT_VERSION, FORMAT_VERSION_ATTR, edges_file
+from pbg_ray.io.entities import (
+    save_dynamic_rel_count, save_entity_count, save_entity_names, save_relation_names)
+from pbg_ray.io.files import write_text_atomic
+from pbg_ray.io.name_index import NameIndex
+from pbg_ray.io.raw import RawBatch, RawTable
+from pbg_ray.types import Bucket
+
+logger = logging.getLogger("pbg_ray")
+
+MANIFEST = "pbg_ray_import.json"
+SPILL_CHUNK = 1 << 20  # edges routed into buckets at a time
+MAX_OPEN_BUCKETS = 256
+GRAPH_FILE_PATTERNS = ("entity_count_*.txt", "entity_names_*.json", "dynamic_rel_count.txt",
+                       "dynamic_rel_names.json", "edges_*_*.h5", MANIFEST)
+
+
+def _spill_dtype(weighted: bool) -> np.dtype:
+    fields = [("lhs", "<i8"), ("rhs", "<i8"), ("rel", "<i4")]
+    return np.dtype(fields + [("weight", "<f4")] if weighted else fields)
+
+
+@dataclasses.dataclass
+class Dictionary:
+    """One entity type's ids (order of first appearance) -> partition and offset."""
+
+    part: np.ndarray  # int64 per id, -1: dropped (too rare)
+    offset: np.ndarray  # int64 per id
+    names: List[List[str]]  # per partition
+
+
+def partition_names(index: NameIndex, num_partitions: int, min_count: int,
+                    rng: np.random.Generator) -> Dictionary:
+    """PBG's dictionary: frequent-enough names, shuffled, cut into contiguous ranges
+    (partition p holds positions ceil(p n / P) .. ceil((p + 1) n / P) - 1)."""
+    kept = np.flatnonzero(index.counts >= min_count)
+    canonical = kept[np.argsort(index.keys()[kept], kind="stable")]
+    order = canonical[rng.permutation(len(canonical))]
+    n, parts = len(order), num_partitions
+    position = np.arange(n, dtype=np.int64)
+    part_of_position = position * parts // max(n, 1)
+    starts = (np.arange(parts + 1, dtype=np.int64) * n + parts - 1) // parts
+    part = np.full(len(index), -1, np.int64)
+    offset = np.full(len(index), -1, np.int64)
+    part[order] = part_of_position
+    offset[order] = position - starts[part_of_position]
+    ordered = index.names().take(pa.array(order))
+    names = [ordered.slice(starts[p], starts[p + 1] - starts[p]).to_pylist() for p in range(parts)]
+    return Dictionary(part, offset, names)
+
+
+class GraphImport:
+    """One import: the config's graph from `config.importer.inputs`."""
+
+    def __init__(self, config: ConfigSchema) -> None:
+        self.config = config
+        self.settings = config.importer
+        self.outputs = [Path(p) for p in config.edge_paths + config.eval_edge_paths]
+        self.entity_path = Path(config.entity_path)
+        self._check_settings()
+        # Relation id -> index of its lhs / rhs entity type in `self.types`.
+        self.relations = config.relations
+        self.types = list(dict.fromkeys(t for r in self.relations for t in (r.lhs, r.rhs)))
+        self.lhs_type = np.array([self.types.index(r.lhs) for r in self.relations], np.int64)
+        self.rhs_type = np.array([self.types.index(r.rhs) for r in self.relations], np.int64)
+        self.entity_index = {t: NameIndex(f"entity type {t!r}") for t in self.types}
+        self.relation_index = NameIndex("relation names")
+        if not config.dynamic_relations:
+            self.relation_index.add(pa.array([r.name for r in self.relations], pa.string()))
+        self.weighted = self.settings.weight_col is not None
+        self.spill_dtype = _spill_dtype(self.weighted)
+        self.num_parts = {side: max(config.entities[getattr(r, side)].num_partitions
+                                    for r in self.relations) for side in ("lhs", "rhs")}
+
+    def _check_settings(self) -> None:
+        s, config = self.settings, self.config
+        if len(s.inputs) != len(self.outputs):
+            raise PbgRayError(
+                f"importer.inputs lists {len(s.inputs)} file(s) but the config has "
+                f"{len(self.outputs)} edge path(s) (edge_paths then eval_edge_paths: "
+                f"{[str(p) for p in self.outputs]}). Give one input file per edge path.")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise PbgRayError("edge_paths and eval_edge_paths repeat a directory; each input "
+                              "needs its own output directory.")
+        for key in ("entity_min_count", "relation_type_min_count"):
+            if getattr(s, key) < 0:
+                raise PbgRayError(f"importer.{key} must not be negative, got {getattr(s, key)}.")
+        featurized = [name for name, e in config.entities.items() if e.featurized]
+        if featurized:
+            raise PbgRayError(f"entity types {featurized} are featurized; the importer reads "
+                              "plain entity names only. Set featurized=false for them.")
+        if config.dynamic_relations and s.rel_col is None:
+            raise PbgRayError("dynamic_relations=true needs importer.rel_col: the column that "
+                              "names each edge's relation.")
+
+    # --- parsing -------------------------------------------------------------
+
+    def _relation_ids(self, batch: RawBatch, learn: bool) -> np.ndarray:
+        if batch.rel is None:
+            return np.zeros(len(batch), np.int64)
+        if learn and self.config.dynamic_relations:
+            return self.relation_index.add(batch.rel)
+        return self.relation_index.lookup(batch.rel)
+
+    def _entity_ids(self, batch: RawBatch, rel: np.ndarray, learn: bool) -> tuple:
+        """(lhs ids, rhs ids), each within its own entity type; -1 where unseen."""
+        lhs_ids = np.empty(len(batch), np.int64)
+        rhs_ids = np.empty(len(batch), np.int64)
+        rel_types = np.zeros(len(batch), np.int64) if self.config.dynamic_relations else rel
+        for t, name in enumerate(self.types):
+            index = self.entity_index[name]
+            lmask = self.lhs_type[rel_types] == t
+            rmask = self.rhs_type[rel_types] == t
+            lhs = batch.lhs if lmask.all() else batch.lhs.filter(pa.array(lmask))
+            rhs = batch.rhs if rmask.all() else batch.rhs.filter(pa.array(rmask))
+            if not len(lhs) + len(rhs):
+                continue
+            both = pa.concat_arrays([lhs, rhs])
+            ids = index.add(both) if learn else index.lookup(both)
+            lhs_ids[lmask] = ids[:len(lhs)]
+            rhs_ids[rmask] = ids[len(lhs):]
+        return lhs_ids, rhs_ids
+
+    def _parse(self, number: int, spill_path: Path, stats: Dict[str, Any]) -> None:
+        """Read input `number` into a spill file of id records."""
+        path = self.settings.inputs[number]
+        table = RawTable(path, self.settings)
+        learn = number == 0
+        unseen = 0
+        written = 0
+        with open(spill_path, "wb") as spill, \
+                tqdm(desc=f"import {Path(path).name}", unit=" edges", unit_scale=True,
+                     disable=None, mininterval=1.0) as progress:
+            for batch in table.batches():
+                rel = self._relation_ids(batch, learn)
+                if not self.config.dynamic_relations and (rel < 0).any():
+                    bad = rel < 0
+                    name = batch.rel[int(np.argmax(bad))].as_py()
+                    names = [r.name for r in self.relations]
+                    table.refuse(batch, bad, f"unknown relation name {name!r}"
+                                 f"{did_you_mean(name, names)}",
+                                 f"Relation names must be among the config's relations {names} "
+                                 "(or set dynamic_relations=true).")
+                    batch, rel = batch.take(~bad), rel[~bad]
+                lhs, rhs = self._entity_ids(batch, rel, learn)
+                known = (lhs >= 0) & (rhs >= 0) & (rel >= 0)
+                unseen += int(len(known) - known.sum())
+                records = np.empty(int(known.sum()), self.spill_dtype)
+                records["lhs"], records["rhs"], records["rel"] = lhs[known], rhs[known], rel[known]
+                if self.weighted:
+                    records["weight"] = batch.weight[known]
+                records.tofile(spill)
+                written += len(records)
+                progress.update(len(batch))
+        stats.update(input=str(path), format=table.format, rows=table.num_rows,
+                     bad_rows=table.bad_rows, bad_row_examples=table.bad_examples)
+        if not learn:
+            stats["dropped_unseen"] = unseen
+            if unseen:
+                logger.warning("%s: %d edges name entities or relations the first input (%s) "
+                               "never mentions; they are left out.", path, unseen,
+                               self.settings.inputs[0])
+        if table.bad_rows:
+            logger.warning("%s: skipped %d bad rows, e.g. %s", path, table.bad_rows,
+                           "; ".join(table.bad_examples))
+
+    # --- dictionaries --------------------------------------------------------
+
+    def _rng(self, name: str) -> np.random.Generator:
+        return np.random.default_rng([self.settings.seed, zlib.crc32(name.encode())])
+
+    def _build_dictionaries(self) -> None:
+        self.dictionaries = {
+            name: partition_names(self.entity_index[name], self.config.entities[name].num_partitions,
+                                  self.settings.entity_min_count, self._rng(f"entity {name}"))
+            for name in self.types}
+        if self.config.dynamic_relations:
+            relations = partition_names(self.relation_index, 1,
+                                        self.settings.relation_type_min_count, self._rng("relations"))
+            self.relation_remap = relations.offset  # -1: too rare
+            self.relation_names = relations.names[0]
+            if not self.relation_names:
+                raise PbgRayError(f"no relation type occurs importer.relation_type_min_count="
+                                  f"{self.settings.relation_type_min_count} times in "
+                                  f"{self.settings.inputs[0]!r}. Lower the minimum.")
+        else:
+            self.relation_remap = np.arange(len(self.relations), dtype=np.int64)
+            self.relation_names = [r.name for r in self.relations]
+
+    def _side(self, records: np.ndarray, rel: np.ndarray, side: str, first_edge: int) -> tuple:
+        """(partition, offset) of one side of each record; partition -1 if dropped."""
+        types = self.lhs_type if side == "lhs" else self.rhs_type
+        of_edge = types[np.zeros(len(records), np.int64) if self.config.dynamic_relations
+                        else np.maximum(rel, 0)]
+        ids = records[side]
+        part = np.empty(len(records), np.int64)
+        offset = np.empty(len(records), np.int64)
+        for t, name in enumerate(self.types):
+            mask = of_edge == t if len(self.types) > 1 else slice(None)
+            d = self.dictionaries[name]
+            part[mask], offset[mask] = d.part[ids[mask]], d.offset[ids[mask]]
+            if self.config.entities[name].num_partitions == 1 and self.num_parts[side] > 1:
+                # Unpartitioned types spread their edges over all buckets (v1 spec).
+                spread = (first_edge + np.arange(len(records))) % self.num_parts[side]
+                part[mask] = np.where(part[mask] < 0, -1, spread[mask])
+        return part, offset
+
+    def _routed(self, spill_path: Path) -> Any:
+        """Yield (bucket index, lhs, rhs, rel, weight) per spill chunk, dropped edges removed."""
+        count = spill_path.stat().st_size // self.spill_dtype.itemsize
+        with open(spill_path, "rb") as f:
+            for first in range(0, count, SPILL_CHUNK):
+                records = np.fromfile(f, self.spill_dtype, count=min(SPILL_CHUNK, count - first))
+                rel = self.relation_remap[records["rel"]]
+                lhs_part, lhs = self._side(records, rel, "lhs", first)
+                rhs_part, rhs = self._side(records, rel, "rhs", first)
+                keep = (rel >= 0) & (lhs_part >= 0) & (rhs_part >= 0)
+                bucket = lhs_part[keep] * self.num_parts["rhs"] + rhs_part[keep]
+                weight = records["weight"][keep] if self.weighted else None
+                yield bucket, lhs[keep], rhs[keep], rel[keep], weight
+
+    # --- buckets -------------------------------------------------------------
+
+    def _write_buckets(self, spill_path: Path, stage: Path) -> Dict[str, int]:
+        num_buckets = self.num_parts["lhs"] * self.num_parts["rhs"]
+        sizes = np.zeros(num_buckets, np.int64)
+        for bucket, *_ in self._routed(spill_path):
+            sizes += np.bincount(bucket, minlength=num_buckets)
+        total = int(spill_path.stat().st_size // self.spill_dtype.itemsize)
+        sort_dtype = np.uint16 if num_buckets <= 1 << 16 else np.int64  # radix sort below 2^16
+        for group in range(0, num_buckets, MAX_OPEN_BUCKETS):
+            ids = range(group, min(group + MAX_OPEN_BUCKETS, num_buckets))
+            files = {b: self._create_bucket(stage, b, int(sizes[b])) for b in ids}
+            filled = {b: 0 for b in ids}
+            try:
+                for bucket, lhs, rhs, rel, weight in self._routed(spill_path):
+                    order = np.argsort(bucket.astype(sort_dtype), kind="stable")
+                    bounds = np.searchsorted(bucket[order], [ids.start, ids.stop])
+                    order = order[bounds[0]:bounds[1]]
+                    counts = np.bincount(bucket[order] - ids.start, minlength=len(ids))
+                    ends = np.cumsum(counts)
+                    columns = {"lhs": lhs[order], "rhs": rhs[order], "rel": rel[order]}
+                    if weight is not None:
+                        columns["weight"] = weight[order]
+                    for b, end, n in zip(ids, ends, counts):
+                        if n:
+                            at = filled[b]
+                            for name, values in columns.items():
+                                files[b][name][at:at + n] = values[end - n:end]
+                            filled[b] = at + n
+            finally:
+                for hf in files.values():
+                    hf.close()
+        return {"edges": int(sizes.sum()), "dropped_rare": total - int(sizes.sum())}
+
+    def _create_bucket(self, stage: Path, index: int, size: int) -> h5py.File:
+        """An edge file with contiguous datasets of the bucket's final size."""
+        bucket = Bucket(index // self.num_parts["rhs"], index % self.num_parts["rhs"])
+        hf = h5py.File(edges_file(stage, bucket), "w")
+        hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
+        for name in ("lhs", "rhs", "rel"):
+            hf.create_dataset(name, shape=(size,), dtype=np.int64)
+        if self.weighted:
+            hf.create_dataset("weight", shape=(size,), dtype=np.float32)
+        return hf
+
+    # --- output directories --------------------------------------------------
+
+    def _graph_files(self) -> List[Path]:
+        dirs = [self.entity_path] + self.outputs
+        return sorted({p for d in dirs if d.is_dir() for pattern in GRAPH_FILE_PATTERNS
+                       for p in d.glob(pattern)})
+
+    def _identity(self) -> Dict[str, Any]:
+        """What makes two imports the same: inputs (with size and mtime), graph, settings."""
+        inputs = []
+        for path in self.settings.inputs:
+            stat = Path(path).stat() if Path(path).is_file() else None
+            inputs.append({"path": os.path.abspath(path), "size": stat and stat.st_size,
+                           "mtime_ns": stat and stat.st_mtime_ns})
+        config = self.config.to_dict()
+        settings = {k: v for k, v in config["importer"].items() if k not in ("inputs", "overwrite")}
+        return {"inputs": inputs, "outputs": [str(p) for p in self.outputs],
+                "entities": config["entities"], "relations": config["relations"],
+                "dynamic_relations": config["dynamic_relations"], "importer": settings}
+
+    def _previous_import(self) -> Optional[Dict[str, Any]]:
+        """The stats of this very import if it is already done; refuses a different
+        graph in the output directories unless importer.overwrite is set."""
+        existing = self._graph_files()
+        if not existing:
+            return None
+        manifest = self.entity_path / MANIFEST
+        try:
+            previous = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            previous = {}
+        if previous.get("identity") == self._identity():
+            return previous.get("stats")
+        if self.settings.overwrite:
+            return None
+        raise PbgRayError(
+            f"the output directories already hold a different graph ({len(existing)} files, e.g. "
+            f"{str(existing[0])!r}){'' if previous else ', not imported by pbg_ray'}. Set "
+            "importer.overwrite=true to replace it, or point entity_path and edge_paths elsewhere.")
+
+    def _commit(self, entity_stage: Path, edge_stages: List[Path], stats: Dict[str, Any]) -> None:
+        """Move the staged files into place: buckets, entity files, manifest last."""
+        for path in self._graph_files():
+            if path.name == MANIFEST:
+                path.unlink()  # first: a half-replaced graph must not look complete
+        for path in self._graph_files():
+            path.unlink()
+        for stage, output in zip(edge_stages, self.outputs):
+            for path in sorted(stage.glob("edges_*_*.h5")):
+                os.replace(path, output / path.name)
+        for path in sorted(entity_stage.iterdir()):
+            if path.name != MANIFEST:
+                os.replace(path, self.entity_path / path.name)
+        write_text_atomic(self.entity_path / MANIFEST,
+                          json.dumps({"identity": self._identity(), "stats": stats}, indent=1))
+
+    # --- the whole import ----------------------------------------------------
+
+    def run(self) -> Dict[str, Any]:
+        previous = self._previous_import()
+        if previous is not None:
+            logger.warning("%s already holds this import; nothing to do.", self.entity_path)
+            return previous
+        started = time.perf_counter()
+        tag = f".import-{os.getpid()}"
+        entity_stage = self.entity_path / f"{tag}-entities"
+        edge_stages = [out / f"{tag}-edges{i}" for i, out in enumerate(self.outputs)]
+        stages = [entity_stage] + edge_stages
+        try:
+            for stage in stages:
+                stage.mkdir(parents=True, exist_ok=True)
+            per_input = []
+            for number, stage in enumerate(edge_stages):
+                stats: Dict[str, Any] = {"output": str(self.outputs[number])}
+                spill = stage / "spill.bin"
+                self._parse(number, spill, stats)
+                if number == 0:
+                    self._build_dictionaries()
+                stats.update(self._write_buckets(spill, stage))
+                spill.unlink()
+                per_input.append(stats)
+            self._write_entities(entity_stage)
+            seconds = time.perf_counter() - started
+            rows = sum(s["rows"] for s in per_input)
+            result = {
+                "inputs": per_input,
+                "entities": {t: sum(map(len, self.dictionaries[t].names)) for t in self.types},
+                "relations": len(self.relation_names),
+                "seconds": round(seconds, 3),
+                "rows_per_second": round(rows / seconds) if seconds else None,
+            }
+            self._commit(entity_stage, edge_stages, result)
+            return result
+        finally:
+            for stage in stages:
+                shutil.rmtree(stage, ignore_errors=True)
+
+    def _write_entities(self, stage: Path) -> None:
+        for name, econf in self.config.entities.items():
+            dictionary = self.dictionaries.get(name)
+            for part in range(econf.num_partitions):
+                names = dictionary.names[part] if dictionary else []
+                save_entity_names(stage, name, part, names)
+                save_entity_count(stage, name, part, len(names))
+        if self.config.dynamic_relations:
+            save_relation_names(stage, self.relation_names)
+            save_dynamic_rel_count(stage, len(self.relation_names))
+
+
+def import_graph(config: ConfigSchema) -> Dict[str, Any]:
+    """Import `config.importer.inputs` into config's entity_path and edge paths; returns stats."""
+    return GraphImport(config).run()

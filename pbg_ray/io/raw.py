@@ -1,0 +1,403 @@
+"""Raw edge tables (TSV, CSV, Parquet; plain or gzip) read in Arrow record batches.
+
+`RawTable` streams one input file: a reader thread parses the next batch while
+the caller works on the current one, so memory holds about two batches, never
+the file. Rows that can't be edges (wrong number of fields, empty or null
+names, weights that aren't numbers) stop the import with the file and line, or
+are counted and left out with `importer.skip_bad_rows=true`.
+
+This module imports nothing of pbg_ray's config, so config.py can embed
+`ImportConfig` without an import cycle.
+"""
+
+from __future__ import annotations
+
+import gzip
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from pbg_ray.errors import PbgRayError, did_you_mean
+
+FORMATS = ("tsv", "csv", "parquet")
+ROLES = ("lhs", "rel", "rhs", "weight")
+TEXT_BLOCK_BYTES = 16 << 20  # bytes of text Arrow parses per batch
+PARQUET_BATCH_ROWS = 1 << 19
+MAX_EXAMPLES = 5  # bad rows quoted in the report
+
+
+@dataclass
+class ImportConfig:
+    """`python -m pbg_ray.import_edges`: raw edge files into entity_path and edge paths."""
+
+    # Raw files, one per output edge path: edge_paths then eval_edge_paths, in
+    # that order. Entity and relation dictionaries come from the first file.
+    inputs: List[str] = field(default_factory=list)
+    # tsv, csv or parquet; null: from the extension (.tsv/.txt, .csv, .parquet/.pq,
+    # each optionally .gz). Gzip is recognised by the file's first bytes.
+    format: Optional[str] = None
+    # Columns: an integer is a 0-based index, a string a column name (text
+    # files then need a header line). rel_col null: every edge has relation 0.
+    lhs_col: Any = 0
+    rel_col: Any = 1
+    rhs_col: Any = 2
+    weight_col: Any = None
+    # Text files: whether the first line names the columns (null: yes iff a
+    # column is given by name); field delimiter (null: tab for tsv, comma for csv).
+    header: Optional[bool] = None
+    delimiter: Optional[str] = None
+    # As in PBG: names seen fewer times are dropped with their edges.
+    entity_min_count: int = 1
+    relation_type_min_count: int = 1  # dynamic_relations only
+    # Count and report malformed rows instead of stopping at the first one.
+    skip_bad_rows: bool = False
+    # Seeds the shuffle that spreads entities over partitions.
+    seed: int = 0
+    # Replace a different graph already in the output directories.
+    overwrite: bool = False
+
+
+@dataclass
+class RawBatch:
+    """Consecutive data rows of one file. Names are Arrow string arrays."""
+
+    lhs: pa.Array
+    rhs: pa.Array
+    rel: Optional[pa.Array]
+    weight: Optional[np.ndarray]  # float32
+    rows: np.ndarray  # int64 index of each row among the file's data rows
+
+    def __len__(self) -> int:
+        return len(self.lhs)
+
+    def take(self, keep: np.ndarray) -> "RawBatch":
+        """The rows where the boolean mask `keep` is true."""
+        idx = pa.array(np.flatnonzero(keep))
+        return RawBatch(self.lhs.take(idx), self.rhs.take(idx),
+                        None if self.rel is None else self.rel.take(idx),
+                        None if self.weight is None else self.weight[keep], self.rows[keep])
+
+
+def detect_format(path: Path, fmt: Optional[str]) -> str:
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise PbgRayError(f"importer.format: unknown format {fmt!r}{did_you_mean(fmt, FORMATS)}. "
+                              f"Valid values: {', '.join(FORMATS)} (or null to use the extension).")
+        return fmt
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    ext = suffixes[-1] if suffixes else ""
+    by_ext = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+    if ext not in by_ext:
+        raise PbgRayError(f"input file {str(path)!r}: can't tell the format from the extension "
+                          f"{ext or '(none)'!r}. Set importer.format to one of {', '.join(FORMATS)}.")
+    return by_ext[ext]
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+class RawTable:
+    """One raw input file; iterate `batches()` once."""
+
+    def __init__(self, path: str, settings: ImportConfig) -> None:
+        self.path = Path(path)
+        self.settings = settings
+        if not self.path.is_file():
+            raise PbgRayError(f"input file {path!r} does not exist. Check importer.inputs.")
+        if self.path.stat().st_size == 0:
+            raise PbgRayError(f"input file {path!r} is empty. Give a file with at least one edge.")
+        self.format = detect_format(self.path, settings.format)
+        self.gzip = self.format != "parquet" and _is_gzip(self.path)
+        self.columns: Dict[str, Optional[int]] = {}  # role -> column index
+        self.num_rows = 0
+        self.bad_rows = 0
+        self.bad_examples: List[str] = []
+        self._row_group_starts: Optional[np.ndarray] = None
+        self._header_lines = 0
+        if self.format == "parquet":
+            self._open_parquet()
+        else:
+            self._open_text()
+
+    # --- opening ---------------------------------------------------------
+
+    def _resolve(self, names: Optional[List[str]], num_columns: int) -> None:
+        """Role -> column index, refusing columns the file doesn't have."""
+        for role in ROLES:
+            spec = getattr(self.settings, f"{role}_col")
+            if spec is None:
+                if role in ("lhs", "rhs"):
+                    raise PbgRayError(f"importer.{role}_col is required: the column of the "
+                                      f"{role} entity names (an index or a column name).")
+                self.columns[role] = None
+            elif isinstance(spec, bool) or not isinstance(spec, (int, str)):
+                raise PbgRayError(f"importer.{role}_col: expected a column index or name, got {spec!r}.")
+            elif isinstance(spec, int):
+                if not 0 <= spec < num_columns:
+                    raise PbgRayError(
+                        f"input file {str(self.path)!r} has {num_columns} column(s); "
+                        f"importer.{role}_col={spec} is out of range. Use an index in "
+                        f"0..{num_columns - 1}" + (f" or a name of {names}." if names else "."))
+                self.columns[role] = spec
+            else:
+                if names is None:
+                    raise PbgRayError(f"importer.{role}_col={spec!r} names a column, but "
+                                      f"{str(self.path)!r} is read without a header. Set "
+                                      "importer.header=true or give the column's index.")
+                if spec not in names:
+                    raise PbgRayError(f"input file {str(self.path)!r} has no column {spec!r}"
+                                      f"{did_you_mean(spec, names)}. Its columns: {names}. "
+                                      f"Fix importer.{role}_col.")
+                self.columns[role] = names.index(spec)
+
+    def _open_text_stream(self) -> pa.NativeFile:
+        return pa.input_stream(str(self.path), compression="gzip" if self.gzip else None)
+
+    def _open_text(self) -> None:
+        settings = self.settings
+        self.delimiter = settings.delimiter or ("\t" if self.format == "tsv" else ",")
+        by_name = any(isinstance(getattr(settings, f"{r}_col"), str) for r in ROLES)
+        header = by_name if settings.header is None else settings.header
+        first = self._first_line()
+        if first is None:
+            raise PbgRayError(f"input file {str(self.path)!r} is empty (no lines). "
+                              "Give a file with at least one edge.")
+        fields = first.split(self.delimiter)
+        names = [f.strip('"') for f in fields] if header else None
+        self._header_lines = 1 if header else 0
+        self._resolve(names, len(fields))
+        self._num_columns = len(fields)
+
+    def _first_line(self) -> Optional[str]:
+        opener = gzip.open if self.gzip else open
+        try:
+            with opener(self.path, "rt", encoding="utf-8", newline="") as f:
+                for line in f:
+                    line = line.rstrip("\r\n")
+                    if line:
+                        return line
+        except (OSError, UnicodeDecodeError, EOFError) as err:
+            raise PbgRayError(f"input file {str(self.path)!r} can't be read as "
+                              f"{'gzip-compressed ' if self.gzip else ''}UTF-8 text: {err}") from None
+        return None
+
+    def _open_parquet(self) -> None:
+        try:
+            self._parquet = pq.ParquetFile(str(self.path), pre_buffer=False)
+        except (pa.ArrowException, OSError) as err:
+            raise PbgRayError(f"input file {str(self.path)!r} is not a readable Parquet file: "
+                              f"{err}. Check the file or set importer.format.") from None
+        meta = self._parquet.metadata
+        if meta.num_rows == 0:
+            raise PbgRayError(f"input file {str(self.path)!r} has no rows. "
+                              "Give a file with at least one edge.")
+        self._resolve(self._parquet.schema_arrow.names, len(self._parquet.schema_arrow.names))
+        sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        self._row_group_starts = np.cumsum([0] + sizes)
+
+    # --- reading ---------------------------------------------------------
+
+    def _text_batches(self) -> Iterator[pa.RecordBatch]:
+        wanted = sorted({i for i in self.columns.values() if i is not None})
+        names = [f"f{i}" for i in range(self._num_columns)]
+
+        def on_invalid_row(row) -> str:
+            if self.settings.skip_bad_rows:
+                self._bad(f"{row.actual_columns} fields instead of {row.expected_columns}: "
+                          f"{row.text[:200]!r}")
+                return "skip"
+            self._invalid_text = row.text
+            return "error"
+
+        self._invalid_text = None
+        try:
+            yield from pacsv.open_csv(
+                self._open_text_stream(),
+                read_options=pacsv.ReadOptions(block_size=TEXT_BLOCK_BYTES, column_names=names,
+                                               skip_rows=self._header_lines),
+                parse_options=pacsv.ParseOptions(
+                    delimiter=self.delimiter,
+                    # TSV is split on the delimiter alone, as PBG does; CSV honours quotes.
+                    quote_char='"' if self.format == "csv" else False, escape_char=False,
+                    invalid_row_handler=on_invalid_row),
+                convert_options=pacsv.ConvertOptions(
+                    include_columns=[names[i] for i in wanted],
+                    column_types={names[i]: pa.string() for i in wanted},
+                    strings_can_be_null=False, quoted_strings_can_be_null=False))
+        except pa.ArrowInvalid as err:
+            if self._invalid_text is not None:
+                line = self._line_of_text(self._invalid_text)
+                raise PbgRayError(
+                    f"{self._where_line(line)}: expected {self._num_columns} fields separated by "
+                    f"{self.delimiter!r}, found {self._invalid_text[:200]!r}. Fix the line or set "
+                    "importer.skip_bad_rows=true to leave such rows out.") from None
+            raise PbgRayError(f"input file {str(self.path)!r} can't be parsed as "
+                              f"{self.format.upper()}: {err}") from None
+
+    def _parquet_batches(self) -> Iterator[pa.RecordBatch]:
+        names = self._parquet.schema_arrow.names
+        wanted = sorted({i for i in self.columns.values() if i is not None})
+        try:
+            yield from self._parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS,
+                                                  columns=[names[i] for i in wanted])
+        except (pa.ArrowException, OSError) as err:
+            raise PbgRayError(f"input file {str(self.path)!r}: reading failed: {err}") from None
+
+    def _threaded(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Run `batches` in a reader thread, one batch ahead of the consumer."""
+        handoff: queue.Queue = queue.Queue(maxsize=1)
+        done = object()
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for batch in batches:
+                    if stop.is_set():
+                        return
+                    handoff.put(batch)
+                handoff.put(done)
+            except BaseException as err:  # handed to the consumer, raised there
+                handoff.put(err)
+
+        thread = threading.Thread(target=produce, daemon=True, name=f"read {self.path.name}")
+        thread.start()
+        try:
+            while True:
+                item = handoff.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    handoff.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+
+    def batches(self) -> Iterator[RawBatch]:
+        source = self._parquet_batches() if self.format == "parquet" else self._text_batches()
+        key = (lambda i: self._parquet.schema_arrow.names[i]) if self.format == "parquet" \
+            else (lambda i: f"f{i}")
+        for record_batch in self._threaded(source):
+            if record_batch.num_rows == 0:
+                continue
+            rows = np.arange(self.num_rows, self.num_rows + record_batch.num_rows, dtype=np.int64)
+            self.num_rows += record_batch.num_rows
+            column = {role: None if idx is None else record_batch.column(key(idx))
+                      for role, idx in self.columns.items()}
+            batch = self._checked(column, rows)
+            if len(batch):
+                yield batch
+        if self.num_rows == 0:
+            raise PbgRayError(f"input file {str(self.path)!r} holds no edges"
+                              f"{' after its header' if self._header_lines else ''}. "
+                              "Give a file with at least one edge.")
+
+    # --- bad rows ----------------------------------------------------------
+
+    def _checked(self, column: Dict[str, Optional[pa.Array]], rows: np.ndarray) -> RawBatch:
+        bad = np.zeros(len(rows), dtype=bool)
+        reasons: List[tuple] = []
+        for role in ("lhs", "rel", "rhs"):
+            values = column[role]
+            if values is None:
+                continue
+            if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+                values = column[role] = pc.cast(values, pa.string())
+            missing = np.asarray(pc.fill_null(pc.equal(pc.utf8_length(values), 0), True))
+            if missing.any():
+                bad |= missing
+                reasons.append((missing, f"empty {role} name"))
+        weight = None
+        if column["weight"] is not None:
+            weight, bad_weight = self._weights(column["weight"])
+            if bad_weight.any():
+                bad |= bad_weight
+                reasons.append((bad_weight, "weight is not a number"))
+        batch = RawBatch(column["lhs"], column["rhs"], column["rel"], weight, rows)
+        if bad.any():
+            self.refuse(batch, bad, " and ".join(r for _, r in reasons), "")
+            batch = batch.take(~bad)
+        return batch
+
+    @staticmethod
+    def _weights(values: pa.Array) -> tuple:
+        try:
+            weight = pc.cast(values, pa.float32())
+            ok = np.asarray(pc.is_valid(weight))
+        except pa.ArrowInvalid:
+            # Slow path, only for files with bad weights: find which ones.
+            parsed = []
+            for v in values.to_pylist():
+                try:
+                    parsed.append(float(v))
+                except (TypeError, ValueError):
+                    parsed.append(None)
+            weight = pa.array(parsed, pa.float32())
+            ok = np.asarray(pc.is_valid(weight))
+        return np.asarray(pc.fill_null(weight, 1.0), dtype=np.float32), ~ok
+
+    def refuse(self, batch: RawBatch, bad: np.ndarray, reason: str, fix: str) -> None:
+        """Rows of `batch` marked in `bad` can't be imported: count them when
+        skip_bad_rows is set, else stop at the first with its file and line."""
+        first = int(np.argmax(bad))
+        if not self.settings.skip_bad_rows:
+            raise PbgRayError(f"{self.where(int(batch.rows[first]))}: {reason}. "
+                              f"{fix + ' ' if fix else ''}Fix the row or set "
+                              "importer.skip_bad_rows=true to leave such rows out.")
+        room = MAX_EXAMPLES - len(self.bad_examples)
+        self.bad_examples += [f"{reason}: data row {int(batch.rows[i]) + 1}"
+                              for i in np.flatnonzero(bad)[:max(room, 0)]]
+        self.bad_rows += int(bad.sum())
+
+    def _bad(self, example: str) -> None:
+        self.bad_rows += 1
+        if len(self.bad_examples) < MAX_EXAMPLES:
+            self.bad_examples.append(example)
+
+    # --- where a row is ----------------------------------------------------
+
+    def where(self, row: int) -> str:
+        """Names data row `row` (0-based) by file and line, or row group for Parquet."""
+        if self.format == "parquet":
+            group = int(np.searchsorted(self._row_group_starts, row, side="right")) - 1
+            return (f"input file {str(self.path)!r}, row group {group}, row "
+                    f"{row - int(self._row_group_starts[group])} of it (row {row} of the file)")
+        return self._where_line(self._line_of_row(row))
+
+    def _where_line(self, line: Optional[int]) -> str:
+        return f"input file {str(self.path)!r}" + (f", line {line}" if line else "")
+
+    def _scan_lines(self, stop: Callable[[int, str], bool]) -> Optional[int]:
+        """The 1-based number of the first line (after the header) where `stop`
+        holds, given the count of non-empty data lines before it. Only runs on errors."""
+        opener = gzip.open if self.gzip else open
+        seen = 0
+        with opener(self.path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+            for number, line in enumerate(f, start=1):
+                line = line.rstrip("\r\n")
+                if number <= self._header_lines or not line:
+                    continue  # Arrow skips the header and empty lines too
+                if stop(seen, line):
+                    return number
+                seen += 1
+        return None
+
+    def _line_of_row(self, row: int) -> Optional[int]:
+        return self._scan_lines(lambda seen, line: seen == row)
+
+    def _line_of_text(self, text: str) -> Optional[int]:
+        return self._scan_lines(lambda seen, line: line == text)

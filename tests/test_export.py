@@ -1,0 +1,114 @@
+"""python -m pbg_ray.export: the same TSV as torchbiggraph_export_to_tsv, and Parquet."""
+
+import io
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from torchbiggraph.config import ConfigSchema as PbgConfigSchema
+from torchbiggraph.converters.export_to_tsv import make_tsv
+
+from conftest import write_random_graph
+from pbg_ray.errors import PbgRayError
+from pbg_ray.export import export_checkpoint
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.entities import load_entity_names, save_dynamic_rel_count, save_relation_names
+from pbg_ray.model.params import param_layout
+
+# Operators whose parameters are vectors: torchbiggraph's export can't format matrices.
+VECTOR_OPERATORS = ["translation", "diagonal", "complex_diagonal"]
+
+
+def torchbiggraph_config(config) -> PbgConfigSchema:
+    data = {k: v for k, v in config.to_dict().items()
+            if k in ("entities", "relations", "dimension", "global_emb", "entity_path",
+                     "edge_paths", "checkpoint_path", "dynamic_relations")}
+    for econf in data["entities"].values():
+        del econf["dimension"]
+    return PbgConfigSchema.from_dict(data)
+
+
+def train_fake(config, version=1, num_relation_ids=None, seed=0):
+    """A checkpoint with random embeddings and parameters for every partition and operator."""
+    rng = np.random.default_rng(seed)
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    storage.save_config(config)
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            count = len(load_entity_names(config.entity_path, entity, part))
+            embs = rng.standard_normal((count, config.entity_dimension(entity))).astype(np.float32)
+            storage.save_entity_partition(version, entity, part, embs, None)
+    layout = param_layout(config, num_relation_ids or len(config.relations))
+    storage.save_model(version, {k: rng.standard_normal(v.shape).astype(np.float32)
+                                 for k, v in layout}, None)
+    storage.save_version(version)
+
+
+def exported_tsv(config):
+    config.export.format = "tsv"
+    result = export_checkpoint(config)
+    return [open(f).read() for f in result["files"]]
+
+
+def theirs_tsv(config):
+    entities, relations = io.StringIO(), io.StringIO()
+    make_tsv(torchbiggraph_config(config), entities, relations)
+    return [entities.getvalue(), relations.getvalue()]
+
+
+def test_tsv_matches_torchbiggraph(make_config):
+    config = make_config(relations=[
+        {"name": f"rel{i}", "lhs": "user", "rhs": lhs_rhs, "operator": op}
+        for i, (op, lhs_rhs) in enumerate(zip(VECTOR_OPERATORS, ["user", "item", "tag"]))])
+    write_random_graph(config)
+    train_fake(config)
+    assert exported_tsv(config) == theirs_tsv(config)
+
+
+def test_dynamic_relations_tsv_matches_torchbiggraph(make_config):
+    config = make_config(relations=[{"name": "any", "lhs": "user", "rhs": "item",
+                                     "operator": "complex_diagonal"}],
+                         dynamic_relations=True, global_emb=False)
+    write_random_graph(config)
+    save_relation_names(config.entity_path, ["r-a", "r-b", "r-c"])
+    save_dynamic_rel_count(config.entity_path, 3)
+    train_fake(config, num_relation_ids=3)
+    ours = exported_tsv(config)
+    assert ours == theirs_tsv(config)
+    assert ours[1].count("\n") == 2 * 2 * 3  # sides x (real, imag) x relations
+
+
+def test_parquet_and_older_versions(make_config, tmp_path):
+    config = make_config(relations=[{"name": "likes", "lhs": "user", "rhs": "item",
+                                     "operator": "affine"}])
+    write_random_graph(config)
+    train_fake(config, version=1, seed=1)
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.preserve_version(1, 0, config)
+    storage.drop_version(1, config)
+    train_fake(config, version=2, seed=2)
+
+    config.export.format = "parquet"
+    config.export.output = str(tmp_path / "out")
+    config.export.version = 1
+    result = export_checkpoint(config)
+    assert result["version"] == 1 and result["checkpoint_path"].endswith("epoch_0")
+    table = pq.read_table(tmp_path / "out" / "entities.parquet")
+    assert table.schema.field("embedding").type.list_size == config.dimension
+    params, _ = CheckpointStorage(result["checkpoint_path"]).load_model(1)
+    embs, _ = CheckpointStorage(result["checkpoint_path"]).load_entity_partition(1, "item", 1)
+    rows = table.to_pylist()
+    item1 = [r for r in rows if r["type"] == "item" and r["partition"] == 1]
+    assert [r["name"] for r in item1] == load_entity_names(config.entity_path, "item", 1)
+    np.testing.assert_allclose(item1[3]["embedding"], embs[3] + params["entities/item/global_embedding"],
+                               rtol=1e-6)
+    relations = pq.read_table(tmp_path / "out" / "relation_types.parquet").to_pylist()
+    assert [(r["param"], r["shape"]) for r in relations] == [
+        ("linear_transformation", "8x8"), ("translation", "8")]
+    np.testing.assert_array_equal(np.reshape(relations[0]["values"], (8, 8)),
+                                  params["relations/0/operator/rhs/linear_transformation"])
+
+    config.export.version = 5
+    with pytest.raises(PbgRayError, match=r"version 5 is not in .*versions there: \[1, 2\]"):
+        export_checkpoint(config)
