@@ -13,7 +13,7 @@ loss may turn S into G in place.
 
 from __future__ import annotations
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -42,7 +42,8 @@ class Comparator:
     def pos_backward(self, q: Tensor, k: Tensor, g: Tensor) -> Tuple[Tensor, Tensor]:
         raise NotImplementedError
 
-    def matrix(self, q: Tensor, k: Tensor) -> Tensor:
+    def matrix(self, q: Tensor, k: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        """All-pairs scores [n, P, N], written into `out` if given (a reused buffer)."""
         raise NotImplementedError
 
     def matrix_backward(self, q: Tensor, k: Tensor, s: Tensor, g: Tensor) -> Tuple[Tensor, Tensor]:
@@ -61,11 +62,11 @@ class DotComparator(Comparator):
         g = g.unsqueeze(-1)
         return g * k, g * q
 
-    def matrix(self, q, k):
-        return torch.bmm(q, k.transpose(1, 2))
+    def matrix(self, q, k, out=None):
+        return torch.bmm(q, k.transpose(1, 2), out=out)
 
     def matrix_backward(self, q, k, s, g):
-        return torch.bmm(g, k), torch.bmm(g.transpose(1, 2), q)
+        return torch.bmm(g, k), _bmm_t(q, g)
 
 
 @COMPARATORS.register("cos")
@@ -82,22 +83,45 @@ class CosComparator(DotComparator):
         return (dy - y * (y * dy).sum(-1, keepdim=True)).mul_(rnorm)
 
 
-def _expanded_bmm(q: Tensor, k: Tensor, scale: float, sign: float) -> Tensor:
+def _bmm_t(q: Tensor, g: Tensor) -> Tensor:
+    """g^T q per chunk, [n, N, D] (g [n, P, N], q [n, P, D]). bmm copies a transposed first
+    operand, so when g is the larger one (P > D, big chunks) compute (q^T g)^T instead,
+    accepting a transposed result; otherwise keep the result contiguous."""
+    if g.shape[1] > q.shape[2]:
+        return torch.bmm(q.transpose(1, 2), g).transpose(1, 2)
+    return torch.bmm(g.transpose(1, 2), q)
+
+
+def _augment(x: Tensor, *columns: Tensor) -> Tensor:
+    """x [..., D] with extra columns appended, zero-padded to a multiple of 8 wide (odd
+    inner dimensions slow the bmm down by ~10%)."""
+    width = x.shape[-1] + len(columns)
+    pad = x.new_zeros(*x.shape[:-1], -width % 8)
+    return torch.cat([x, *columns, pad], dim=-1)
+
+
+def _expanded_bmm(q: Tensor, k: Tensor, scale: float, sign: float,
+                  out: Optional[Tensor]) -> Tensor:
     """sign * (|q_i|^2 + |k_j|^2) + scale * q_i.k_j for all pairs of each chunk, [n, P, N],
     from one bmm of vectors augmented with their squared norms and ones (no extra passes
     over the large score matrix)."""
     q2 = q.pow(2).sum(-1, keepdim=True)
     k2 = k.pow(2).sum(-1, keepdim=True)
-    qa = torch.cat([q, q2.mul_(sign), torch.ones_like(q2)], dim=-1)
-    ka = torch.cat([k * scale, torch.ones_like(k2), k2.mul_(sign)], dim=-1)
-    return torch.bmm(qa, ka.transpose(1, 2))
+    qa = _augment(q, q2.mul_(sign), torch.ones_like(q2))
+    ka = _augment(k * scale, torch.ones_like(k2), k2.mul_(sign))
+    return torch.bmm(qa, ka.transpose(1, 2), out=out)
 
 
 def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0
                            ) -> Tuple[Tensor, Tensor]:
-    """Gradients of sum_ij h_ij * (-|q_i - k_j|^2) * scale / 2 w.r.t. q and k."""
-    dq = torch.bmm(h, k).sub_(h.sum(-1, keepdim=True) * q).mul_(scale)
-    dk = torch.bmm(h.transpose(1, 2), q).sub_(h.sum(-2).unsqueeze(-1) * k).mul_(scale)
+    """Gradients of sum_ij h_ij * (-|q_i - k_j|^2) * scale / 2 w.r.t. q and k:
+    scale (h k - rowsum(h) q) and scale (h^T q - colsum(h) k). A column of ones appended
+    to k and q makes the bmm's produce the row and column sums too (no passes over h)."""
+    d = q.shape[-1]
+    hk = torch.bmm(h, _augment(k, torch.ones_like(k[..., :1])))
+    hq = _bmm_t(_augment(q, torch.ones_like(q[..., :1])), h)
+    dq = hk[..., :d].sub_(hk[..., d:d + 1] * q).mul_(scale)
+    dk = hq[..., :d].sub_(hq[..., d:d + 1] * k).mul_(scale)
     return dq, dk
 
 
@@ -112,9 +136,9 @@ class SquaredL2Comparator(Comparator):
         dq = (q - k).mul_(g.unsqueeze(-1) * -2)
         return dq, -dq
 
-    def matrix(self, q, k):
+    def matrix(self, q, k, out=None):
         # -(|q|^2 + |k|^2 - 2 q.k), the all-pairs expansion PBG uses, as one bmm.
-        return _expanded_bmm(q, k, 2.0, -1.0)
+        return _expanded_bmm(q, k, 2.0, -1.0, out)
 
     def matrix_backward(self, q, k, s, g):
         return _squared_dist_backward(q, k, g)
@@ -135,16 +159,17 @@ class L2Comparator(Comparator):
         dq = (q - k).mul_(factor.unsqueeze(-1))
         return dq, -dq
 
-    def matrix(self, q, k):
-        sq = _expanded_bmm(q, k, -2.0, 1.0)
+    def matrix(self, q, k, out=None):
+        sq = _expanded_bmm(q, k, -2.0, 1.0, out)
         return sq.clamp_min_(_MIN_SQUARED_DIST).sqrt_().neg_()
 
     def matrix_backward(self, q, k, s, g):
         # d(-dist)/d(-sq) = 1 / (2 dist) = -0.5 / s, zero where the clamp was active; the
         # -0.5 is folded into the gradient formula's factor of 2.
-        h = g.div_(s).masked_fill_(s > _MAX_CLAMPED_SCORE, 0)
-        dq, dk = _squared_dist_backward(q, k, h, -1.0)
-        return dq, dk
+        h = g.div_(s)
+        if s.amax() > _MAX_CLAMPED_SCORE:  # rare (identical vectors): mask only then
+            h.masked_fill_(s > _MAX_CLAMPED_SCORE, 0)
+        return _squared_dist_backward(q, k, h, -1.0)
 
 
 class BiasedComparator(Comparator):
@@ -171,8 +196,8 @@ class BiasedComparator(Comparator):
         g = g.unsqueeze(-1)
         return torch.cat([g, dq], dim=-1), torch.cat([g, dk], dim=-1)
 
-    def matrix(self, q, k):
-        s = self.base.matrix(q[..., 1:], k[..., 1:])
+    def matrix(self, q, k, out=None):
+        s = self.base.matrix(q[..., 1:], k[..., 1:], out)
         return s.add_(q[..., :1]).add_(k[..., 0].unsqueeze(-2))
 
     def matrix_backward(self, q, k, s, g):

@@ -18,6 +18,7 @@ each side has its own matrix, and no global embeddings.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -32,6 +33,26 @@ from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
 from pbg_ray.model.regularizers import REGULARIZERS
 
 SIDES = ("lhs", "rhs")
+
+
+class _Workspace(threading.local):
+    """Per-thread buffers reused batch after batch for score-sized temporaries: fresh
+    multi-MB allocations each batch cost page faults and cold caches."""
+
+    def __init__(self) -> None:
+        self.buffers: Dict[Any, Tensor] = {}
+
+    def get(self, key: Any, like: Tensor, shape: Optional[Tuple[int, ...]] = None) -> Tensor:
+        """A contiguous buffer of like's dtype and device and of `shape` (default: like's)."""
+        shape = like.shape if shape is None else torch.Size(shape)
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != shape or buf.device != like.device:
+            buf = self.buffers[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return buf
+
+    def scores(self, key: Any, q: Tensor, k: Tensor) -> Tensor:
+        """The output buffer of an all-pairs score matrix of q [n, P, D] and k [n, N, D]."""
+        return self.get(("scores", key), q, (q.shape[0], q.shape[1], k.shape[1]))
 
 
 @dataclasses.dataclass
@@ -91,6 +112,9 @@ class Scores:
 
 @dataclasses.dataclass
 class Gradients:
+    """Backward results; the tensors are valid until the thread's next backward (they
+    live in its workspace)."""
+
     loss: float
     reg: float
     violators: Dict[str, int]
@@ -118,6 +142,7 @@ class Embedder:
         self.regularizer = (REGULARIZERS.get(config.regularizer)(config.regularization_coef)
                             if config.regularization_coef > 0 else None)
         self.dynamic = config.dynamic_relations
+        self.workspace = _Workspace()
         self.operators: List[Operator] = [
             OPERATORS.get(r.operator)(config.entity_dimension(r.rhs)) for r in config.relations]
 
@@ -177,7 +202,9 @@ class Embedder:
             table = self.tables[key]
             flat = torch.cat([index[g].reshape(-1) for g in group]) if len(group) > 1 \
                 else index[group[0]].reshape(-1)
-            gathered = table.index_select(0, flat)  # far faster than table[flat]
+            # index_select is far faster than table[flat]; into a reused buffer.
+            gathered = torch.index_select(table, 0, flat, out=self.workspace.get(
+                ("rows", key), table, (flat.numel(), table.shape[1])))
             if self.config.max_norm is not None:
                 norms = gathered.norm(dim=1)
                 over = (norms > self.config.max_norm).nonzero().squeeze(1)
@@ -247,7 +274,7 @@ class Embedder:
             m_r = None
             if rhs.mode is not Negatives.NONE or need_batch:
                 k_r = v if need_batch else v[:, C:]
-                m_r = cmp.matrix(u_pos, k_r)
+                m_r = cmp.matrix(u_pos, k_r, self.workspace.scores("rhs", u_pos, k_r))
                 if need_batch:
                     mask_batch_block(m_r[:, :, :C], batch.last_chunk_size)
                 if rhs.mode is Negatives.ALL:
@@ -261,7 +288,8 @@ class Embedder:
                 blocks["lhs"].append(block if cmp.needs_scores else block.contiguous())
             m_lu = None
             if lhs.num_neg_ids:
-                m_lu = cmp.matrix(v_pos, u[:, C:])
+                u_neg = u[:, C:]
+                m_lu = cmp.matrix(v_pos, u_neg, self.workspace.scores("lhs", v_pos, u_neg))
                 if lhs.mode is Negatives.ALL:
                     mask_own_ids(m_lu, lhs.ids)
                 blocks["lhs"].append(m_lu)
@@ -285,7 +313,8 @@ class Embedder:
             s = batch.side(name)
             if s.mode is Negatives.NONE:
                 continue
-            m = cmp.matrix(q, k if s.has_batch else k[:, C:])
+            k = k if s.has_batch else k[:, C:]
+            m = cmp.matrix(q, k, self.workspace.scores(name, q, k))
             if s.has_batch:
                 mask_batch_block(m[:, :, :C], batch.last_chunk_size)
             if s.mode is Negatives.ALL:
@@ -316,24 +345,32 @@ class Embedder:
         valid = torch.zeros(w.numel(), dtype=torch.bool, device=w.device)
         valid[:batch.num_pos] = True
         valid = valid.view_as(w)
-        inplace = not cmp.needs_scores
         loss = w.new_zeros(())
         violators: Dict[str, int] = {}
         dpos: Dict[str, Tensor] = {}
         dblocks: Dict[str, List[Tensor]] = {}
         for name in SIDES:
             pos, blocks = scores.pos[name], scores.blocks[name]
-            above = [blk > pos.unsqueeze(-1) for blk in blocks]
-            violators[name] = int(sum(
-                (a.sum() if full else (a.sum(-1) * valid).sum()) for a in above))
+            # Compared into a float buffer: boolean outputs and count_nonzero are several
+            # times slower on CPU.
+            count = 0
+            for blk in blocks:
+                above = torch.gt(blk, pos.unsqueeze(-1),
+                                 out=self.workspace.get(("above", blk.shape), blk))
+                count += int(above.sum() if full else (above.sum(-1) * valid).sum())
+            violators[name] = count
             num_neg = sum(blk.shape[-1] for blk in blocks)
+            # Gradients overwrite the scores, unless the comparator's backward reads them.
+            out = [self.workspace.get(("grad", name, i), blk) if cmp.needs_scores else blk
+                   for i, blk in enumerate(blocks)]
             side_loss, dpos[name], dblocks[name] = self.loss_fn.forward_backward(
-                pos, blocks, w, num_neg, inplace)
+                pos, blocks, w, num_neg, out)
             loss += side_loss
         a, b = sv["a"], sv["b"]
         # Gradients w.r.t. the side buffers; for plain sides they are views of the per-table
         # gradient rows handed to the optimizer (same layout as the gather).
-        row_grads = {key: (flat, torch.zeros_like(rows)) for key, flat, rows in sv["groups"]}
+        row_grads = {key: (flat, self.workspace.get(("row_grads", key), rows).zero_())
+                     for key, flat, rows in sv["groups"]}
         da, db = (self._side_grad(batch, sv, row_grads, name, x)
                   for name, x in (("lhs", a), ("rhs", b)))
         param_grads: Dict[str, Tensor] = {}
@@ -381,7 +418,8 @@ class Embedder:
             du[:, :C] += dk
             dq_r, dk = cmp.pos_backward(q_r, v[:, :C], dpos["rhs"])
             dv[:, :C] += dk
-            for name, q, k, dq_side, dk_side in (("lhs", q_l, u, dq_l, du), ("rhs", q_r, v, dq_r, dv)):
+            for name, q, k, dq_side, dk_side in (("lhs", q_l, u, dq_l, du),
+                                                 ("rhs", q_r, v, dq_r, dv)):
                 m = sv["mats"].get(name)
                 if m is None:
                     continue

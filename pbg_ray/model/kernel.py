@@ -29,7 +29,6 @@ from pbg_ray.model.params import ModelParams, PartitionKey, relation_lr
 from pbg_ray.types import Bucket
 
 
-
 def partition_key(config: ConfigSchema, entity: str, part: int) -> PartitionKey:
     """The partition of `entity` a bucket side uses (0 for unpartitioned types)."""
     return entity, (part if config.entities[entity].num_partitions > 1 else 0)
@@ -112,7 +111,7 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
     return Batch(len(idx), chunk_size, relation, rel_ids, sides[0], sides[1], weight)
 
 
-class _State:
+class KernelState:
     """Torch views of the caller's arrays (copies on a GPU) and the optimizers' settings."""
 
     def __init__(self, config: ConfigSchema, partitions, params: ModelParams,
@@ -141,7 +140,7 @@ class _State:
             params.sums[k][...] = self.param_sums[k].cpu().numpy()
 
 
-def train_batch(state: _State, batch: Batch, owners: Dict[PartitionKey, Tensor]
+def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Tensor]
                 ) -> Tuple[float, float, int, int]:
     """Forward, backward and optimizer steps of one batch: (loss, reg, violators lhs, rhs)."""
     grads = state.embedder.backward(batch, state.embedder.forward(batch))
@@ -201,7 +200,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     num_workers = max(1, num_threads) if dev.type == "cpu" else 1
     rng = np.random.default_rng(seed)
     batches = edge_batches(config, edges.rel, config.batch_size, rng)
-    state = _State(config, partitions, params, dev, writable=True)
+    state = KernelState(config, partitions, params, dev, writable=True)
     tensors = EdgeTensors(edges, dev)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
 
@@ -229,7 +228,8 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
 
 def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
     """1 + the number of negatives scoring at least the positive, for the valid rows [B]."""
-    count = sum((blk >= pos.unsqueeze(-1)).sum(-1) for blk in blocks)
+    count = sum(torch.ge(blk, pos.unsqueeze(-1), out=torch.empty_like(blk)).sum(-1)
+                for blk in blocks)
     return (count + 1)[valid]
 
 
@@ -239,7 +239,7 @@ def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     """PBG's sampled ranking evaluation (eval_num_batch_negs / eval_num_uniform_negs), no
     updates. Metrics are sums over edges, like PBG's RankingEvaluator:
     {"count", "metrics": {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}}."""
-    state = _State(config, partitions, params, torch.device("cpu"), writable=False)
+    state = KernelState(config, partitions, params, torch.device("cpu"), writable=False)
     tensors = EdgeTensors(edges, torch.device("cpu"))
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
     generator = torch.Generator().manual_seed(seed)

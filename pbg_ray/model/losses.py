@@ -7,8 +7,9 @@ each edge's loss: relation weight x per-edge weight, and 0 for the padding rows 
 chunk. `num_neg` is the total number of negative columns, masked ones included (the
 logistic loss divides by it, like PBG's).
 
-`forward_backward` returns (loss, dpos, dblocks). With inplace=True the blocks are
-overwritten by their gradients (the caller no longer needs the scores).
+`forward_backward` returns (loss, dpos, dblocks), the gradient of each block written into
+`out` (one tensor per block, of its shape): the block itself when the caller no longer needs
+the scores, else a reusable buffer, so no large tensor is allocated per batch.
 """
 
 from __future__ import annotations
@@ -31,32 +32,32 @@ class Loss:
         self.margin = margin
 
     def forward_backward(self, pos: Tensor, blocks: List[Tensor], weight: Tensor,
-                         num_neg: int, inplace: bool) -> Result:
+                         num_neg: int, out: List[Tensor]) -> Result:
         raise NotImplementedError
 
 
 LOSS_FUNCTIONS: Registry[Loss] = Registry("loss_fn")
 
 
-def _no_loss(pos: Tensor, blocks: List[Tensor]) -> Result:
+def _no_loss(pos: Tensor, out: List[Tensor]) -> Result:
     # PBG returns a constant 0 when there are no negatives (ranking, softmax).
-    return pos.new_zeros(()), torch.zeros_like(pos), [torch.zeros_like(b) for b in blocks]
+    return pos.new_zeros(()), torch.zeros_like(pos), [o.zero_() for o in out]
 
 
 @LOSS_FUNCTIONS.register("ranking")
 class RankingLoss(Loss):
     """sum_j max(0, margin - pos_i + neg_ij)."""
 
-    def forward_backward(self, pos, blocks, weight, num_neg, inplace):
+    def forward_backward(self, pos, blocks, weight, num_neg, out):
         if num_neg == 0:
-            return _no_loss(pos, blocks)
+            return _no_loss(pos, out)
         shift = (self.margin - pos).unsqueeze(-1)
         w = weight.unsqueeze(-1)
         loss = pos.new_zeros(())
         dpos = torch.zeros_like(pos)
         grads = []
-        for block in blocks:
-            hinge = (block.add_(shift) if inplace else block + shift).clamp_min_(0)
+        for block, o in zip(blocks, out):
+            hinge = torch.add(block, shift, out=o).clamp_min_(0)
             loss += (hinge.sum(-1) * weight).sum()
             grad = hinge.sign_().mul_(w)  # d/d neg = weight where the hinge is active
             dpos -= grad.sum(-1)
@@ -68,17 +69,16 @@ class RankingLoss(Loss):
 class LogisticLoss(Loss):
     """softplus(-pos_i) + mean_j softplus(neg_ij) (binary cross-entropy with logits)."""
 
-    def forward_backward(self, pos, blocks, weight, num_neg, inplace):
+    def forward_backward(self, pos, blocks, weight, num_neg, out):
         loss = (F.softplus(-pos) * weight).sum()
         dpos = torch.sigmoid(pos).sub_(1).mul_(weight)
+        if not num_neg:
+            return loss, dpos, [o.zero_() for o in out]
+        w = (weight / num_neg).unsqueeze(-1)
         grads = []
-        if num_neg:
-            w = (weight / num_neg).unsqueeze(-1)
-            for block in blocks:
-                loss += (F.softplus(block).sum(-1) * w.squeeze(-1)).sum()
-                grads.append((block.sigmoid_() if inplace else block.sigmoid()).mul_(w))
-        else:
-            grads = [torch.zeros_like(b) for b in blocks]
+        for block, o in zip(blocks, out):
+            loss += (F.softplus(block).sum(-1) * w.squeeze(-1)).sum()
+            grads.append(torch.sigmoid(block, out=o).mul_(w))
         return loss, dpos, grads
 
 
@@ -87,9 +87,9 @@ class SoftmaxLoss(Loss):
     """-log softmax of the positive among [pos_i, neg_i*] (PBG: cross-entropy of
     [pos, logsumexp(neg)])."""
 
-    def forward_backward(self, pos, blocks, weight, num_neg, inplace):
+    def forward_backward(self, pos, blocks, weight, num_neg, out):
         if num_neg == 0:
-            return _no_loss(pos, blocks)
+            return _no_loss(pos, out)
         top = pos.clone()
         for block in blocks:
             if block.shape[-1]:
@@ -97,8 +97,8 @@ class SoftmaxLoss(Loss):
         shift = top.unsqueeze(-1)
         total = (pos - top).exp_()
         exps = []
-        for block in blocks:
-            e = (block.sub_(shift) if inplace else block - shift).exp_()
+        for block, o in zip(blocks, out):
+            e = torch.sub(block, shift, out=o).exp_()
             total += e.sum(-1)
             exps.append(e)
         log_total = total.log()

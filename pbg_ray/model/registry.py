@@ -1,4 +1,5 @@
-"""Components picked by name: a tiny registry shared by operators, comparators, losses, regularizers."""
+"""Components picked by name: one small registry type for operators, comparators, losses
+and regularizers."""
 
 from __future__ import annotations
 

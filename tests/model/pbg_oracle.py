@@ -26,7 +26,7 @@ from pbg_ray.io.checkpoint import state_dict_key
 from pbg_ray.io.edges import EdgeList, FeatureList
 from pbg_ray.model import ModelParams, init_params
 from pbg_ray.model.embedder import Batch
-from pbg_ray.model.kernel import EdgeTensors, _State, build_batch, partition_key
+from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch
 from pbg_ray.model.params import relation_lr
 from pbg_ray.types import Bucket
 
@@ -106,10 +106,10 @@ def make_case(num_edges: int = 23, seed: int = 0, weights: bool = False,
 # --- pbg_ray -----------------------------------------------------------------
 
 
-def ours(case: Case, seed: int = 0, eval_negs: bool = False) -> Tuple[_State, Batch]:
+def ours(case: Case, seed: int = 0, eval_negs: bool = False) -> Tuple[KernelState, Batch]:
     """Our kernel state on copies of the case's arrays, and a batch of all its edges."""
     parts, params = case.copy_state()
-    state = _State(case.config, parts, params, torch.device("cpu"), writable=True)
+    state = KernelState(case.config, parts, params, torch.device("cpu"), writable=True)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
     c = case.config
     negs = (c.eval_num_batch_negs, c.eval_num_uniform_negs) if eval_negs else \
@@ -128,7 +128,7 @@ def pbg_layout(batch: Batch, pos: torch.Tensor, blocks: List[torch.Tensor]
     return pos.reshape(-1)[:B].clone(), neg.flatten(0, 1)[:B].clone()
 
 
-def dense_row_grads(state: _State, rows) -> Dict[Tuple[str, int], torch.Tensor]:
+def dense_row_grads(state: KernelState, rows) -> Dict[Tuple[str, int], torch.Tensor]:
     out = {}
     for key, (ids, g) in rows.items():
         out[key] = torch.zeros_like(state.tables[key]).index_add_(0, ids, g)

@@ -179,3 +179,16 @@ class TestFeaturizedBoth(OracleChecks):
 
 class TestFeaturizedDynamic(OracleChecks):
     overrides = dict(rhs="f", dynamic_relations=True, operator="translation")
+
+
+class TestAllNegsL2(OracleChecks):
+    overrides = dict(all_negs=True, comparator="l2", loss_fn="logistic", operator="affine")
+
+
+class TestUniformOnlyL2Dynamic(OracleChecks):
+    overrides = dict(num_batch_negs=0, num_uniform_negs=6, comparator="l2",
+                     dynamic_relations=True, operator="translation", loss_fn="softmax")
+
+
+class TestDisableLhsL2(OracleChecks):
+    overrides = dict(disable_lhs_negs=True, comparator="l2", bias=True)

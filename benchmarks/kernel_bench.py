@@ -1,0 +1,205 @@
+"""pbg_ray's bucket kernel against torchbiggraph 1.0.0's trainer on the same generated bucket.
+
+Two settings (issue 4):
+  A  PBG's CPU defaults: d=100, complex_diagonal, dot, softmax, 50 batch + 100 uniform negs;
+  B  large batch negatives: d=100, translation, l2, ranking, chunks of 1000 edges with
+     1000 batch + 1000 uniform negatives.
+Both trainers run Hogwild with `--workers` workers on identical initial embeddings and edges:
+torchbiggraph as its train loop does (a spawn pool of processes, each running
+process_in_batches with its Trainer and RowAdagrad), pbg_ray through `train_bucket`.
+
+Also measures the machine's float32 matmul GFLOP/s (with --workers threads, next to each
+setting's runs) and prints the matmul FLOPs per edge pbg_ray needs, so that each setting is
+given as a fraction of its compute bound. Each trainer's figure is the best of --repeats runs
+(the machine is shared). The last line is one JSON object with all the figures.
+
+Run: python benchmarks/kernel_bench.py [--edges-a 300000] [--edges-b 60000] [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from functools import partial
+from typing import Any, Dict, Tuple
+
+# Large temporaries (score matrices) otherwise go through mmap/munmap every batch and pay
+# page faults each time; set before the process starts, so re-exec once with them.
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+               "PYTHONWARNINGS": "ignore"}  # (quiet torchbiggraph's workers too)
+if any(os.environ.get(k) != v for k, v in _MALLOC_ENV.items()):
+    os.environ.update(_MALLOC_ENV)
+    os.execv(sys.executable, [sys.executable] + sys.argv)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pbg_ray.config import ConfigSchema  # noqa: E402
+from pbg_ray.io.edges import EdgeList  # noqa: E402
+from pbg_ray.model import init_params, train_bucket  # noqa: E402
+from pbg_ray.types import Bucket  # noqa: E402
+
+SETTINGS: Dict[str, Dict[str, Any]] = {
+    "A": dict(operator="complex_diagonal", comparator="dot", loss_fn="softmax",
+              num_batch_negs=50, num_uniform_negs=100, batch_size=1000),
+    "B": dict(operator="translation", comparator="l2", loss_fn="ranking",
+              num_batch_negs=1000, num_uniform_negs=1000, batch_size=1000),
+}
+DIM = 100
+
+
+def matmul_gflops(threads: int, seconds: float = 2.0) -> float:
+    """Sustained float32 matmul GFLOP/s with `threads` torch threads."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    out = torch.empty(2048, 2048)
+    torch.mm(a, b, out=out)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b, out=out)
+        count += 1
+    elapsed = time.perf_counter() - start
+    torch.set_num_threads(old)
+    return 2 * 2048 ** 3 * count / elapsed / 1e9
+
+
+def flops_per_edge(setting: Dict[str, Any]) -> int:
+    """Matmul FLOPs per positive edge of pbg_ray's kernel: the C x C batch block is computed
+    once and shared by both sides (2 C d forward + 4 C d backward), each side's C x U uniform
+    block costs 2 U d forward + 4 U d backward: 6 (C + 2U) d."""
+    return 6 * (setting["num_batch_negs"] + 2 * setting["num_uniform_negs"]) * DIM
+
+
+def make_bucket(num_entities: int, num_edges: int, seed: int
+                ) -> Tuple[np.ndarray, EdgeList]:
+    rng = np.random.default_rng(seed)
+    embs = rng.standard_normal((num_entities, DIM), dtype=np.float32) * np.float32(1e-3)
+    edges = EdgeList(rng.integers(0, num_entities, num_edges),
+                     rng.integers(0, num_entities, num_edges), np.zeros(num_edges, np.int64))
+    return embs, edges
+
+
+def config_dict(setting: Dict[str, Any], workers: int) -> Dict[str, Any]:
+    return dict(
+        entities={"node": {"num_partitions": 1}},
+        relations=[{"name": "link", "lhs": "node", "rhs": "node",
+                    "operator": setting["operator"]}],
+        dimension=DIM, comparator=setting["comparator"], loss_fn=setting["loss_fn"],
+        num_batch_negs=setting["num_batch_negs"], num_uniform_negs=setting["num_uniform_negs"],
+        batch_size=setting["batch_size"], global_emb=False, lr=0.1, workers=workers,
+        entity_path="/unused", edge_paths=["/unused"], checkpoint_path="/unused")
+
+
+def run_pbg_ray(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList, workers: int,
+                device: str) -> float:
+    config = ConfigSchema.from_dict(config_dict(setting, workers))
+    partitions = {("node", 0): (embs.copy(), np.zeros(len(embs), np.float32))}
+    params = init_params(config, 1)
+    warm = edges[slice(0, min(len(edges), 10 * setting["batch_size"]))]
+    train_bucket(config, Bucket(0, 0), warm, partitions, params, num_threads=workers,
+                 device=device)
+    stats = train_bucket(config, Bucket(0, 0), edges, partitions, params,
+                         num_threads=workers, device=device, seed=1)
+    return stats["edges_per_s"]
+
+
+def run_torchbiggraph(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList,
+                      workers: int) -> float:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchbiggraph.batching import call, process_in_batches
+        from torchbiggraph.config import ConfigSchema as TbgConfig
+        from torchbiggraph.edgelist import EdgeList as TbgEdgeList
+        from torchbiggraph.entitylist import EntityList
+        from torchbiggraph.model import make_model
+        from torchbiggraph.row_adagrad import RowAdagrad
+        from torchbiggraph.train import Trainer
+        from torchbiggraph.types import Side
+        from torchbiggraph.util import create_pool, get_async_result, split_almost_equally
+    data = config_dict(setting, workers)
+    data["entities"] = {"node": {"num_partitions": 1}}
+    config = TbgConfig.from_dict(data)
+    model = make_model(config)
+    weights = torch.nn.Parameter(torch.from_numpy(embs.copy()))
+    model.set_embeddings("node", weights, Side.LHS)
+    model.set_embeddings("node", weights, Side.RHS)
+    model.share_memory()
+    trainer = Trainer(global_optimizer=torch.optim.Adagrad(model.parameters(), lr=config.lr),
+                      loss_fn=config.loss_fn, margin=config.margin, relations=config.relations)
+    entity_optimizer = RowAdagrad([weights], lr=config.lr)
+    entity_optimizer.share_memory()
+    trainer.entity_optimizers[("node", 0)] = entity_optimizer
+    tbg_edges = TbgEdgeList(EntityList.from_tensor(torch.from_numpy(edges.lhs)),
+                            EntityList.from_tensor(torch.from_numpy(edges.rhs)),
+                            torch.from_numpy(edges.rel))
+    pool = create_pool(workers, subprocess_name="TbgWorker")
+    try:
+        def one_pass(perm: torch.Tensor) -> float:
+            # As torchbiggraph.train does for a bucket: split the shuffled edges over the
+            # Hogwild pool, time the compute.
+            tic = time.perf_counter()
+            future = pool.map_async(call, [
+                partial(process_in_batches, batch_size=config.batch_size, model=model,
+                        batch_processor=trainer, edges=tbg_edges, indices=perm[s])
+                for s in split_almost_equally(perm.size(0), num_parts=workers)])
+            get_async_result(future, pool)
+            return time.perf_counter() - tic
+
+        one_pass(torch.randperm(len(edges))[:10 * config.batch_size])  # warm the workers
+        return len(edges) / one_pass(torch.randperm(len(edges)))
+    finally:
+        pool.close()
+        pool.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--edges-a", type=int, default=300_000)
+    parser.add_argument("--edges-b", type=int, default=60_000)
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="pbg_ray's device (cpu or cuda)")
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many runs")
+    parser.add_argument("--skip-torchbiggraph", action="store_true")
+    args = parser.parse_args()
+
+    result: Dict[str, Any] = {"workers": args.workers, "device": args.device,
+                              "repeats": args.repeats}
+    for name, num_edges in (("A", args.edges_a), ("B", args.edges_b)):
+        setting = SETTINGS[name]
+        embs, edges = make_bucket(args.entities, num_edges, seed=0)
+        # The machine is shared and noisy: measure the matmul rate next to each setting's
+        # runs, and keep the best of `repeats` runs of each trainer.
+        gflops = matmul_gflops(args.workers)
+        print(f"float32 matmul, {args.workers} threads: {gflops:.1f} GFLOP/s")
+        ours = max(run_pbg_ray(setting, embs, edges, args.workers, args.device)
+                   for _ in range(args.repeats))
+        theirs = None if args.skip_torchbiggraph else \
+            max(run_torchbiggraph(setting, embs, edges, args.workers)
+                for _ in range(args.repeats))
+        flops = flops_per_edge(setting)
+        bound = gflops * 1e9 / flops
+        entry = {"edges": num_edges, "matmul_gflops": round(gflops, 1),
+                 "pbg_ray_edges_per_s": round(ours),
+                 "flops_per_edge": flops, "compute_bound_edges_per_s": round(bound),
+                 "fraction_of_bound": round(ours / bound, 3)}
+        line = (f"setting {name} ({setting['operator']}, {setting['comparator']}, "
+                f"{setting['loss_fn']}, C={setting['num_batch_negs']}, "
+                f"U={setting['num_uniform_negs']}): pbg_ray {ours:,.0f} edges/s")
+        if theirs is not None:
+            entry.update(torchbiggraph_edges_per_s=round(theirs), ratio=round(ours / theirs, 2))
+            line += f", torchbiggraph {theirs:,.0f} edges/s, ratio {ours / theirs:.2f}x"
+        print(line)
+        print(f"  matmul FLOPs per edge {flops:,} (batch block shared between sides); "
+              f"compute bound {bound:,.0f} edges/s; pbg_ray at {ours / bound:.0%} of it")
+        result[name] = entry
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
