@@ -27,10 +27,10 @@ import warnings
 from functools import partial
 from typing import Any, Dict, Tuple
 
-# Large temporaries (score matrices) otherwise go through mmap/munmap every batch and pay
-# page faults each time; set before the process starts, so re-exec once with them.
-_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-               "PYTHONWARNINGS": "ignore"}  # (quiet torchbiggraph's workers too)
+from pbg_ray.model.kernel import KERNEL_ENV
+
+# The kernel's malloc settings act only from process start: re-exec once with them.
+_MALLOC_ENV = dict(KERNEL_ENV, PYTHONWARNINGS="ignore")  # (quiet torchbiggraph's workers too)
 if any(os.environ.get(k) != v for k, v in _MALLOC_ENV.items()):
     os.environ.update(_MALLOC_ENV)
     os.execv(sys.executable, [sys.executable] + sys.argv)

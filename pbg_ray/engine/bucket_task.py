@@ -19,7 +19,7 @@ import torch
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import EdgeList, check_edges, read_edges
 from pbg_ray.model import ModelParams, evaluate_bucket, train_bucket
-from pbg_ray.model.kernel import partition_key
+from pbg_ray.model.kernel import KERNEL_ENV, partition_key
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]
@@ -105,8 +105,9 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
 
 
 # No automatic retries: the driver hands a dead trainer's bucket out again
-# through the scheduler, with the partitions' current refs.
-@ray.remote(max_retries=0)
+# through the scheduler, with the partitions' current refs. Train workers start
+# with the kernel's malloc settings.
+@ray.remote(max_retries=0, runtime_env={"env_vars": KERNEL_ENV})
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], shared: List[bool], params: ModelParams,
