@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -151,6 +152,7 @@ print("TIMING", json.dumps(timing))
 
 
 def run(script: str, config: dict, env: dict) -> dict:
+    shutil.rmtree(config["checkpoint_path"], ignore_errors=True)  # train from scratch
     proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(config)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     memory = PeakMemory(proc.pid)
