@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from pbg_ray.errors import PbgRayError, did_you_mean
+from pbg_ray.evaluation.settings import EvalConfig
 from pbg_ray.io.embedding_tables import ExportConfig
 from pbg_ray.io.raw import ImportConfig
 
@@ -152,6 +153,8 @@ class ConfigSchema:
     # python -m pbg_ray.import_edges / python -m pbg_ray.export
     importer: ImportConfig = field(default_factory=ImportConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    # python -m pbg_ray.eval
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ------------------------------------------------------------------
 
@@ -184,7 +187,11 @@ class ConfigSchema:
             self, entity_path=absolute(self.entity_path),
             edge_paths=[absolute(p) for p in self.edge_paths],
             eval_edge_paths=[absolute(p) for p in self.eval_edge_paths],
-            checkpoint_path=absolute(self.checkpoint_path), init_path=absolute(self.init_path))
+            checkpoint_path=absolute(self.checkpoint_path), init_path=absolute(self.init_path),
+            eval=dataclasses.replace(
+                self.eval, edge_paths=[absolute(p) for p in self.eval.edge_paths],
+                filter_paths=None if self.eval.filter_paths is None
+                else [absolute(p) for p in self.eval.filter_paths]))
 
     def entity_dimension(self, entity: str) -> int:
         dim = self.entities[entity].dimension
@@ -304,6 +311,10 @@ class ConfigSchema:
         if self.ray.gpus_per_trainer < 0:
             fail("ray.gpus_per_trainer", f"must not be negative, got {self.ray.gpus_per_trainer}",
                  "Use 0 for CPU training.")
+        if self.eval.version is not None:
+            _positive(self.eval.version, "eval.version", fail)
+        for k in self.eval.hits_at:
+            _positive(k, "eval.hits_at", fail)
         for key in ("num_trainers", "num_partition_stores", "num_cpus"):
             value = getattr(self.ray, key)
             if value is not None:

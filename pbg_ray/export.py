@@ -17,35 +17,16 @@ import numpy as np
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.checkpoint import locate_version
 from pbg_ray.io.embedding_tables import EmbeddingTables
 from pbg_ray.io.entities import load_entity_names, load_relation_names
 from pbg_ray.model.params import global_emb_key, param_layout
 
 
-
-def locate_version(config: ConfigSchema, version: int) -> CheckpointStorage:
-    """The checkpoint directory that holds `version`: checkpoint_path for the newest,
-    an epoch_{k}/ snapshot (checkpoint_preservation_interval) for an older one."""
-    storage = CheckpointStorage(config.checkpoint_path)
-    candidates = [storage] + [CheckpointStorage(p) for p in sorted(storage.path.glob("epoch_*"))]
-    for candidate in candidates:
-        if candidate.load_version() == version:
-            candidate.check_version(version, config)
-            return candidate
-    found = sorted({c.load_version() for c in candidates} - {0})
-    raise PbgRayError(f"checkpoint version {version} is not in {str(storage.path)!r} "
-                      f"(versions there: {found or 'none'}). Set export.version to one of them.")
-
-
 def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     """Export `config.export.version` of config's checkpoint; returns what was written."""
     settings = config.export
-    version = settings.version or CheckpointStorage(config.checkpoint_path).load_version()
-    if version == 0:
-        raise PbgRayError(f"{config.checkpoint_path!r} holds no checkpoint. Train first "
-                          "(python -m pbg_ray.train) or check checkpoint_path.")
-    storage = locate_version(config, version)
+    storage, version = locate_version(config, settings.version, "export.version")
     output = Path(settings.output) if settings.output else storage.path / "export"
     stored, _ = storage.load_model(version)
     relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations

@@ -17,6 +17,7 @@ import ray
 import torch
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.io.edges import EdgeList, check_edges, read_edges
 from pbg_ray.model import ModelParams, evaluate_bucket, train_bucket
 from pbg_ray.model.kernel import KERNEL_ENV, partition_key
@@ -128,10 +129,13 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
 @ray.remote
 def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
-                         *partitions: Tuple[np.ndarray, np.ndarray]) -> Dict[str, Any]:
-    """PBG's sampled metrics of every edge of one bucket of `edge_path` (no update)."""
+                         *partitions: Tuple[np.ndarray, np.ndarray], per_relation: bool = False,
+                         seed: int = 0) -> Dict[Any, Dict[str, Any]]:
+    """PBG's sampled metrics of every edge of one bucket of `edge_path` (no update):
+    {ALL: stats} and, with per_relation, {relation id: stats} (evaluation.metrics)."""
     edges = read_edges(edge_path, bucket)
     counts = partition_counts(keys, partitions)
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
-    return evaluate_bucket(config, bucket, edges, dict(zip(keys, partitions)), params)
+    return sampled_stats(config, bucket, edges, dict(zip(keys, partitions)), params,
+                         per_relation=per_relation, seed=seed)

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from pbg_ray.config import ConfigSchema, RayConfig
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
-    evaluate_bucket_task, gpus_per_trainer, partition_keys, train_bucket_task)
+    gpus_per_trainer, partition_keys, train_bucket_task)
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import count_edges
@@ -295,21 +295,17 @@ class Trainer:
     def evaluate(self, edge_path: str) -> Dict[str, float]:
         """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
         edges of `edge_path`, with the current embeddings; one task per bucket."""
+        from pbg_ray.engine.evaluator import Evaluator  # it builds on this module
+        from pbg_ray.evaluation.metrics import ALL
+
         if not hasattr(self, "stores"):
             self._start_actors()
-        tasks = []
-        for lhs in range(self.nparts_lhs):
-            for rhs in range(self.nparts_rhs):
-                bucket = Bucket(lhs, rhs)
-                if count_edges(edge_path, bucket) == 0:
-                    continue
-                keys = partition_keys(self.config, bucket)
-                part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
-                tasks.append(evaluate_bucket_task.options(num_cpus=self.config.ray.cpus_per_trainer).remote(
-                    self.config, bucket, edge_path, self.num_relation_ids, keys,
-                    self.params.get.remote(), *part_refs))
-        stats = ray.get(tasks)
-        return {"count": sum(s["count"] for s in stats), **stats_mean(stats)}
+        keys = sorted(self.store_of)
+        refs = ray.get([self.store_of[k].get.remote(k) for k in keys])
+        evaluator = Evaluator(self.config, {k: r[0] for k, r in zip(keys, refs)},
+                              self.params.get.remote(), self.num_relation_ids)
+        stats = evaluator.sampled(edge_path, per_relation=False).get(ALL)
+        return {"count": stats["count"], **stats_mean([stats])} if stats else {"count": 0}
 
 
 def train(config: ConfigSchema) -> TrainResult:

@@ -355,3 +355,24 @@ class CheckpointStorage:
                 shutil.copy2(src, dst)
         self.save_config(config, snapshot)
         self.save_version(version, snapshot)
+
+
+def locate_version(config: ConfigSchema, version: Optional[int], setting: str
+                   ) -> Tuple[CheckpointStorage, int]:
+    """(the directory holding `version` of config's checkpoint, version): checkpoint_path
+    for the newest (version None), an epoch_{k}/ snapshot (checkpoint_preservation_interval)
+    for an older one. `setting` names the key that picks the version, for the message."""
+    storage = CheckpointStorage(config.checkpoint_path)
+    newest = storage.load_version()
+    if newest == 0 and not list(storage.path.glob("epoch_*")):
+        raise PbgRayError(f"{config.checkpoint_path!r} holds no checkpoint. Train first "
+                          "(python -m pbg_ray.train) or check checkpoint_path.")
+    version = newest if version is None else version
+    candidates = [storage] + [CheckpointStorage(p) for p in sorted(storage.path.glob("epoch_*"))]
+    for candidate in candidates:
+        if version > 0 and candidate.load_version() == version:
+            candidate.check_version(version, config)
+            return candidate, version
+    found = sorted({c.load_version() for c in candidates} - {0})
+    raise PbgRayError(f"checkpoint version {version} is not in {str(storage.path)!r} "
+                      f"(versions there: {found or 'none'}). Set {setting} to one of them.")

@@ -1,0 +1,108 @@
+"""Filtered full ranking speed: 10,000 test edges ranked on both sides against 100,000
+entities at d=100 (dot comparator, one partition), 100,000 known training edges filtered.
+
+Prints ranked queries per second (one query = one side of one edge, so 20,000 queries),
+the matmul FLOP rate they imply (2·d per candidate score) and its fraction of the
+machine's measured float32 matmul rate (torch.mm, all cores). The timed run is
+`python -m pbg_ray.eval`'s whole evaluation (partition loading, Ray tasks, filtering),
+after one warm-up run that starts Ray's workers. Ends with one JSON line.
+
+    python benchmarks/eval_bench.py
+    python benchmarks/eval_bench.py --entities 20000 --edges 2000    # a quick run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.evaluator import evaluate_checkpoint
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.edges import EdgeList, write_edges
+from pbg_ray.io.entities import save_entity_count
+from pbg_ray.types import Bucket
+
+DIM = 100
+
+
+def matmul_rate(threads: int, size: int = 2048, repeats: int = 7) -> float:
+    """Median float32 GFLOP/s of a size x size matmul on `threads` threads."""
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - start)
+    return 2 * size ** 3 / float(np.median(times)) / 1e9
+
+
+def build(root: Path, num_entities: int, num_edges: int, seed: int = 0) -> ConfigSchema:
+    rng = np.random.default_rng(seed)
+    save_entity_count(root / "entities", "node", 0, num_entities)
+    for split, n in (("train", 10 * num_edges), ("test", num_edges)):
+        write_edges(root / split, Bucket(0, 0), EdgeList(
+            rng.integers(num_entities, size=n), rng.integers(num_entities, size=n),
+            np.zeros(n, np.int64)))
+    config = ConfigSchema.from_dict(dict(
+        entities={"node": {}}, relations=[{"name": "link", "lhs": "node", "rhs": "node"}],
+        dimension=DIM, comparator="dot", global_emb=False, entity_path=str(root / "entities"),
+        edge_paths=[str(root / "train")], eval_edge_paths=[str(root / "test")],
+        checkpoint_path=str(root / "checkpoints"), eval={"sampled": False, "per_relation": False}))
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    storage.save_config(config)
+    embs = rng.standard_normal((num_entities, DIM), dtype=np.float32)
+    storage.save_entity_partition(1, "node", 0, embs, None)
+    storage.save_model(1, {}, None)
+    storage.save_version(1)
+    return config
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--edges", type=int, default=10_000)
+    parser.add_argument("--work-dir", default=None)
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    peak = matmul_rate(cores)
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        config = build(Path(tmp), args.entities, args.edges)
+        ray.init(num_cpus=cores, include_dashboard=False, logging_level="WARNING")
+        load_1 = os.getloadavg()[0]
+        evaluate_checkpoint(config)  # warm-up: starts the workers
+        start = time.perf_counter()
+        report = evaluate_checkpoint(config)
+        elapsed = time.perf_counter() - start
+        load_2 = os.getloadavg()[0]
+        ray.shutdown()
+    queries = 2 * args.edges
+    qps = queries / elapsed
+    gflops = qps * 2 * DIM * args.entities / 1e9
+    result = {
+        "edges": args.edges, "entities": args.entities, "dimension": DIM, "queries": queries,
+        "seconds": round(elapsed, 3), "queries_per_s": round(qps), "ranking_gflops": round(gflops, 1),
+        "matmul_gflops": round(peak, 1), "fraction_of_matmul": round(gflops / peak, 3),
+        "cores": cores, "load_average_1min": [round(load_1, 2), round(load_2, 2)],
+        "filtered_mrr": report["metrics"]["all"]["filtered"]["mrr"], "target_queries_per_s": 5000,
+    }
+    print(f"filtered ranking: {queries} queries ({args.edges} edges x 2 sides) against "
+          f"{args.entities} entities, d={DIM}: {elapsed:.2f} s, {qps:,.0f} queries/s")
+    print(f"matmul: {gflops:.1f} GFLOP/s of a measured {peak:.1f} GFLOP/s on {cores} cores "
+          f"({100 * gflops / peak:.0f}%); load average {load_1:.2f} -> {load_2:.2f}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

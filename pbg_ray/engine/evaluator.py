@@ -1,0 +1,247 @@
+"""Evaluation on Ray: PBG's sampled metrics with one task per bucket, filtered full ranking
+with one task per (bucket, candidate partition, query chunk); the driver adds them up.
+
+Partitions reach the tasks as ObjectRefs (zero-copy numpy): the trainer's partition
+stores during training, or load tasks reading any checkpoint version
+(`checkpoint_partitions`) for `python -m pbg_ray.eval`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import RayTaskError
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
+from pbg_ray.engine.trainer import connect_ray, stats_mean
+from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.filtered import (
+    QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
+from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats
+from pbg_ray.io.checkpoint import CheckpointStorage, locate_version
+from pbg_ray.io.edges import check_edges, count_edges, read_edges
+from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
+from pbg_ray.model import ModelParams, params_from_checkpoint
+from pbg_ray.model.kernel import partition_key
+from pbg_ray.scoring import SIDES, Scorer
+from pbg_ray.types import Bucket
+
+PartitionKey = Tuple[str, int]
+EVAL_STATS_FILE = "eval_stats.json"  # JSON lines in the checkpoint directory, one per run
+
+
+def _get(refs):
+    """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user)."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as err:
+        if isinstance(err.cause, PbgRayError):
+            raise err.cause from None
+        raise
+
+
+@ray.remote
+def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
+                       num_chunks: int, cand_part: int, filter_paths: List[str],
+                       num_rel: int, keys: List[PartitionKey], params: ModelParams,
+                       *partitions: Tuple[np.ndarray, np.ndarray]
+                       ) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+    """(relation ids [E], per side the counts [E] of candidate partition cand_part) of
+    edge chunk chunk_idx of `bucket` (see evaluation.filtered)."""
+    torch.set_num_threads(max(1, int(config.ray.cpus_per_trainer)))
+    counts = partition_counts(keys, list(partitions))
+    edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
+    check_edges(edges, bucket, config, counts, num_rel,
+                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
+    known: Dict[str, Optional[KnownEdges]] = {}
+    if filter_paths:
+        entity_counts = load_entity_counts(config)
+        for side, other_part in (("rhs", bucket.lhs), ("lhs", bucket.rhs)):
+            # Partitions past 0 only rank partitioned types: a side without any has no
+            # bucket file there.
+            if cand_part == 0 or _partitioned(config, side):
+                known[side] = read_known(config, filter_paths,
+                                         filter_buckets(config, side, other_part, cand_part),
+                                         entity_counts, num_rel)
+    with warnings.catch_warnings():  # the arrays are read-only and nothing writes them
+        warnings.simplefilter("ignore", UserWarning)
+        tables = {k: torch.from_numpy(e) for k, (e, _) in zip(keys, partitions)}
+    return edges.rel, rank_counts(Scorer(config, params.arrays), bucket, edges, cand_part,
+                                  tables, known)
+
+
+def _partitioned(config: ConfigSchema, side: str) -> bool:
+    return any(config.entities[getattr(r, side)].num_partitions > 1 for r in config.relations)
+
+
+class Evaluator:
+    """Evaluates edge paths with the model held in Ray's object store.
+
+    partitions: (entity type, partition) -> ref to (embeddings [N, D], sums);
+    params: ref to the ModelParams."""
+
+    def __init__(self, config: ConfigSchema, partitions: Mapping[PartitionKey, ray.ObjectRef],
+                 params: ray.ObjectRef, num_rel: int) -> None:
+        self.config = config
+        self.partitions = partitions
+        self.params = params
+        self.num_rel = num_rel
+        self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
+        self.nparts_rhs = max(config.entities[r.rhs].num_partitions for r in config.relations)
+
+    def _buckets(self, edge_path: str) -> List[Tuple[Bucket, int]]:
+        """(bucket, edge count) of the non-empty buckets of edge_path."""
+        buckets = [Bucket(l, r) for l in range(self.nparts_lhs) for r in range(self.nparts_rhs)]
+        return [(b, n) for b in buckets for n in [count_edges(edge_path, b)] if n]
+
+    def _options(self) -> Dict[str, Any]:
+        return {"num_cpus": self.config.ray.cpus_per_trainer}
+
+    def sampled(self, edge_path: str, per_relation: bool, seed: int = 0) -> Dict[Any, Dict]:
+        """PBG's sampled metrics as summed stats: {ALL: stats, relation id: stats, ...}."""
+        tasks = []
+        for bucket, _ in self._buckets(edge_path):
+            keys = partition_keys(self.config, bucket)
+            tasks.append(evaluate_bucket_task.options(**self._options()).remote(
+                self.config, bucket, edge_path, self.num_rel, keys, self.params,
+                *[self.partitions[k] for k in keys], per_relation=per_relation, seed=seed))
+        total: Dict[Any, Dict] = {}
+        for stats in _get(tasks):
+            for key, value in stats.items():
+                total[key] = add_stats(total.get(key), value)
+        return total
+
+    def filtered_ranks(self, edge_path: str, filter_paths: Sequence[str]
+                       ) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """(relation ids [E], per side the filtered ranks [E]) of every edge of edge_path."""
+        config = self.config
+        buckets = self._buckets(edge_path)
+        cand_parts = range(config.num_partitions())
+        # Enough query chunks that every CPU has a task even with a single bucket.
+        cpus = ray.cluster_resources().get("CPU", 1) / config.ray.cpus_per_trainer
+        per_bucket = max(1, math.ceil(cpus / max(1, len(buckets) * len(cand_parts))))
+        jobs = []
+        for bucket, num_edges in buckets:
+            num_chunks = max(1, min(per_bucket, num_edges // QUERY_BLOCK))
+            for cand_part in cand_parts:
+                keys = list(dict.fromkeys(partition_keys(config, bucket) + [
+                    partition_key(config, getattr(r, side), cand_part)
+                    for side in SIDES for r in config.relations]))
+                for chunk in range(num_chunks):
+                    jobs.append(((bucket, chunk), filtered_rank_task.options(**self._options()).remote(
+                        config, bucket, edge_path, chunk, num_chunks, cand_part, list(filter_paths),
+                        self.num_rel, keys, self.params, *[self.partitions[k] for k in keys])))
+        results = _get([ref for _, ref in jobs])
+        rels: Dict[Any, np.ndarray] = {}
+        ranks: Dict[Any, Dict[str, np.ndarray]] = {}
+        for (where, _), (rel, counts) in zip(jobs, results):
+            rels[where] = rel
+            acc = ranks.setdefault(where, {side: np.ones(len(rel), np.int64) for side in SIDES})
+            for side in SIDES:
+                acc[side] += counts[side]
+        order = list(rels)
+        if not order:
+            return np.empty(0, np.int64), {side: np.empty(0, np.int64) for side in SIDES}
+        return (np.concatenate([rels[w] for w in order]),
+                {side: np.concatenate([ranks[w][side] for w in order]) for side in SIDES})
+
+
+def filtered_stats(rel: np.ndarray, ranks: Mapping[str, np.ndarray], hits_at: Sequence[int],
+                   per_relation: bool) -> Dict[Any, Dict]:
+    """Filtered metrics of both sides' ranks as summed stats: {ALL: ..., relation id: ...}."""
+    both = np.concatenate([ranks["lhs"], ranks["rhs"]])
+    rel2 = np.concatenate([rel, rel])
+    result = {ALL: rank_stats(both, hits_at)}
+    if per_relation:
+        for r in np.unique(rel):
+            result[int(r)] = rank_stats(both[rel2 == r], hits_at)
+    return result
+
+
+@ray.remote
+def load_partition_task(path: str, version: int, entity: str, part: int
+                        ) -> Tuple[np.ndarray, np.ndarray]:
+    """(embeddings [N, D], empty sums) of a checkpoint partition: evaluation never updates,
+    so the optimizer state stays on disk."""
+    embs, _ = CheckpointStorage(path).load_entity_partition(version, entity, part)
+    return embs, np.zeros(0, np.float32)
+
+
+def checkpoint_partitions(config: ConfigSchema, storage: CheckpointStorage, version: int,
+                          num_rel: int) -> Tuple[Dict[PartitionKey, ray.ObjectRef], ray.ObjectRef]:
+    """(partition refs, params ref) of checkpoint `version` in `storage`. Partitions are
+    loaded by tasks, into the object store, never through the driver."""
+    arrays, optim_state = storage.load_model(version)
+    params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state))
+    keys = [(e, p) for e, c in config.entities.items() for p in range(c.num_partitions)]
+    refs = {key: load_partition_task.remote(str(storage.path), version, *key) for key in keys}
+    return refs, params
+
+
+def _unique(paths: Sequence[str]) -> List[str]:
+    return list(dict.fromkeys(paths))
+
+
+def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
+    """Evaluate `config.eval` (see EvalConfig) on its checkpoint version; returns the report
+    (also appended to <checkpoint_path>/eval_stats.json) with metric means."""
+    settings = config.eval
+    storage, version = locate_version(config, settings.version, "eval.version")
+    edge_paths = _unique(settings.edge_paths or config.eval_edge_paths or config.edge_paths)
+    filter_paths = (_unique(config.edge_paths + config.eval_edge_paths + settings.edge_paths)
+                    if settings.filter_paths is None else _unique(settings.filter_paths))
+    if not (settings.sampled or settings.filtered):
+        raise PbgRayError("eval.sampled and eval.filtered are both false: nothing to compute. "
+                          "Set at least one of them to true.")
+    if settings.filtered:
+        check_rankable(config)
+    num_rel = num_relation_ids(config)
+    start = time.perf_counter()
+    connect_ray(config.ray)
+    sampled: Dict[Any, Dict] = {}
+    filtered: Dict[Any, Dict] = {}
+    counts: Dict[Any, int] = {}
+    evaluator = Evaluator(config, *checkpoint_partitions(config, storage, version, num_rel), num_rel)
+    for path in edge_paths:
+        if settings.sampled:
+            for key, stats in evaluator.sampled(path, settings.per_relation, settings.seed).items():
+                sampled[key] = add_stats(sampled.get(key), stats)
+        if settings.filtered:
+            rel, ranks = evaluator.filtered_ranks(path, filter_paths)
+            per_path = filtered_stats(rel, ranks, settings.hits_at, settings.per_relation)
+            for key, stats in per_path.items():
+                filtered[key] = add_stats(filtered.get(key), stats)
+    for key in set(sampled) | set(filtered):  # edges: filtered ranks two queries per edge
+        counts[key] = filtered[key]["count"] // 2 if key in filtered else sampled[key]["count"]
+    names = (load_relation_names(config.entity_path) if config.dynamic_relations
+             else [r.name for r in config.relations])
+    metrics = {}
+    for key in sorted(set(sampled) | set(filtered), key=lambda k: (k != ALL, k if k != ALL else -1)):
+        row: Dict[str, Any] = {"count": counts.get(key, 0)}
+        if key in sampled:
+            row["sampled"] = stats_mean([sampled[key]])
+        if key in filtered:
+            row["filtered"] = stats_mean([filtered[key]])
+        metrics[ALL if key == ALL else names[key]] = row
+    report = {"checkpoint_path": str(storage.path), "version": version, "edge_paths": edge_paths,
+              "filter_paths": filter_paths if settings.filtered else None,
+              "metrics": metrics, "time_s": round(time.perf_counter() - start, 3)}
+    with open(CheckpointStorage(config.checkpoint_path).path / EVAL_STATS_FILE, "at") as f:
+        f.write(json.dumps(report) + "\n")
+    return report
+
+
+def print_report(report: Mapping[str, Any]) -> None:
+    """The table, then the report as one JSON line."""
+    print(f"checkpoint {report['checkpoint_path']} version {report['version']}; "
+          "s. = sampled (PBG's), f. = filtered full ranking")
+    print(format_table(report["metrics"]))
+    print(json.dumps(report))

@@ -1,0 +1,28 @@
+"""python -m pbg_ray.eval [PBG_CONFIG.py] [key=value ...]
+
+Evaluates a checkpoint (the config's checkpoint_path; eval.version picks an older
+version) on eval.edge_paths (default: eval_edge_paths, else edge_paths): PBG's sampled
+metrics and filtered full ranking, overall and per relation, spread over buckets as Ray
+tasks. Prints a table and one JSON line, and appends the JSON line to
+<checkpoint_path>/eval_stats.json. Settings: pbg_ray.evaluation.settings.EvalConfig.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pbg_ray.cli import hydra_entry
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.evaluator import evaluate_checkpoint, print_report
+
+
+def run(config: ConfigSchema) -> None:
+    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print_report(evaluate_checkpoint(config))
+
+
+main = hydra_entry(run)
+
+if __name__ == "__main__":
+    main()

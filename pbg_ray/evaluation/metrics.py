@@ -1,0 +1,88 @@
+"""Ranks to metrics, PBG's sampled metrics per relation, and the printed report.
+
+Tie rule, the same everywhere (PBG's, from torchbiggraph's RankingEvaluator): a candidate
+whose score is >= the positive's counts as ranked above it, so
+
+    rank = 1 + #{candidates c other than the true entity (and, filtered, the known true
+                 edges) : score(c) >= score(true)}
+
+Ties cost the positive (the pessimistic rank), in the sampled metrics and in filtered
+ranking alike. The positive's score is c(query, true candidate) computed for the pair,
+the candidates' scores come from the all-pairs matrix, as in PBG.
+
+Metrics travel as PBG's stats layout, sums over ranked items: {"count", "metrics"}; means
+are taken once at the end (engine.trainer.stats_mean).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.io.edges import EdgeList
+from pbg_ray.model import ModelParams, evaluate_bucket
+from pbg_ray.types import Bucket
+
+Stats = Dict[str, Any]
+SAMPLED_METRICS = ("pos_rank", "mrr", "r1", "r10", "r50", "auc")
+ALL = "all"  # the key of the overall metrics, next to relation names
+
+
+def rank_stats(ranks: np.ndarray, hits_at: Sequence[int]) -> Stats:
+    """Filtered metrics of ranks [Q] (int, >= 1) as sums: mr, mrr, hits@k."""
+    ranks = np.asarray(ranks, np.float64)
+    metrics = {"mr": float(ranks.sum()), "mrr": float((1.0 / ranks).sum())}
+    for k in hits_at:
+        metrics[f"hits@{k}"] = float((ranks <= k).sum())
+    return {"count": len(ranks), "metrics": metrics}
+
+
+def add_stats(a: Optional[Stats], b: Stats) -> Stats:
+    """Sum of two stats in PBG's layout (a may be None)."""
+    if a is None:
+        return {"count": b["count"], "metrics": dict(b["metrics"])}
+    return {"count": a["count"] + b["count"],
+            "metrics": {k: a["metrics"][k] + b["metrics"][k] for k in a["metrics"]}}
+
+
+def sampled_stats(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
+                  partitions: Mapping, params: ModelParams, *, per_relation: bool,
+                  seed: int = 0) -> Dict[Any, Stats]:
+    """PBG's sampled metrics of one bucket's edges: {ALL: stats} plus, with per_relation,
+    {relation id: stats}.
+
+    Per-relation mode: PBG batches each relation's edges on their own anyway, so each
+    relation is evaluated alone and ALL is their sum. Dynamic mode batches mix relations,
+    so only ALL is computed (per-relation figures come from filtered ranking)."""
+    if config.dynamic_relations or not per_relation:
+        return {ALL: evaluate_bucket(config, bucket, edges, partitions, params, seed=seed)}
+    result: Dict[Any, Stats] = {}
+    for rel in np.unique(edges.rel):
+        idx = np.flatnonzero(edges.rel == rel)
+        result[int(rel)] = evaluate_bucket(config, bucket, edges[idx], partitions, params,
+                                           seed=seed)
+        result[ALL] = add_stats(result.get(ALL), result[int(rel)])
+    return result
+
+
+def format_table(rows: Mapping[str, Mapping[str, Any]]) -> str:
+    """A text table: one row per key of `rows` (ALL first), one column per metric.
+    rows: name -> {"count": edges, "sampled": means or absent, "filtered": means or absent}."""
+    columns: List[str] = []
+    for row in rows.values():
+        for kind in ("sampled", "filtered"):
+            for metric in row.get(kind, {}):
+                name = f"{kind[0]}.{metric}"
+                if name not in columns:
+                    columns.append(name)
+    width = max([len("relation")] + [len(str(n)) for n in rows])
+    header = f"{'relation':<{width}}  {'edges':>8}  " + "  ".join(f"{c:>9}" for c in columns)
+    lines = [header, "-" * len(header)]
+    for name, row in rows.items():
+        values = {f"{kind[0]}.{m}": v for kind in ("sampled", "filtered")
+                  for m, v in row.get(kind, {}).items()}
+        cells = [f"{values[c]:>9.4g}" if c in values else f"{'-':>9}" for c in columns]
+        lines.append(f"{name:<{width}}  {row['count']:>8}  " + "  ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,235 @@
+"""Evaluation: filtered ranks equal a brute-force reference (ties included), sampled
+metrics equal torchbiggraph_eval's with all_negs, and python -m pbg_ray.eval's outputs."""
+
+import dataclasses
+import json
+import typing
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import config_dict, write_random_graph
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.evaluator import evaluate_checkpoint
+from pbg_ray.engine.trainer import Trainer
+from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation import filtered
+from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.edges import EdgeList, read_edges
+from pbg_ray.io.entities import load_entity_count, num_relation_ids
+from pbg_ray.model.params import global_emb_key, operator_key, param_layout
+from pbg_ray.scoring import Scorer
+from pbg_ray.types import Bucket
+
+
+def make(tmp_path, **overrides) -> ConfigSchema:
+    base = dict(comparator="cos", eval_edge_paths=[str(tmp_path / "test")])
+    base.update(overrides)
+    return ConfigSchema.from_dict(config_dict(tmp_path, **base))
+
+
+def random_checkpoint(config, version=1, seed=0, integer=False):
+    """Random embeddings and parameters (integer-valued ones make exact score ties)."""
+    rng = np.random.default_rng(seed)
+    draw = (lambda shape: rng.integers(-1, 2, shape).astype(np.float32)) if integer else \
+        (lambda shape: rng.normal(0, 1, shape).astype(np.float32))
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    storage.save_config(config)
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            count = load_entity_count(config.entity_path, entity, part)
+            storage.save_entity_partition(version, entity, part, draw((count, config.dimension)), None)
+    layout = param_layout(config, num_relation_ids(config))
+    params = {k: (v if integer else v + draw(v.shape)) for k, v in layout}
+    storage.save_model(version, params, None)
+    storage.save_version(version)
+
+
+def write_test_edges(config, num_edges=40, seed=1):
+    """Test edges in eval_edge_paths[0] (same entities as the training graph)."""
+    test = dataclasses.replace(config, edge_paths=config.eval_edge_paths)
+    return write_random_graph(test, num_edges=num_edges, seed=seed)
+
+
+def brute_force_ranks(config, version, edge_path, filter_paths):
+    """(relation ids, lhs ranks, rhs ranks) of every edge, bucket by bucket, scoring every
+    entity of the type in float64 with the formulas written out (per-relation mode, no
+    max_norm, operators none / translation / diagonal, comparators dot / cos)."""
+    storage = CheckpointStorage(config.checkpoint_path)
+    params, _ = storage.load_model(version)
+    nparts = config.num_partitions()
+
+    def table(entity):  # every partition, one after the other, + global embedding
+        parts = [storage.load_entity_partition(version, entity, p)[0].astype(np.float64)
+                 for p in range(config.entities[entity].num_partitions)]
+        starts = np.cumsum([0] + [len(t) for t in parts])
+        g = params.get(global_emb_key(entity), 0) if config.global_emb else 0
+        return np.concatenate(parts) + g, starts
+
+    def op(rel, x):
+        r = config.relations[rel]
+        if r.operator == "translation":
+            return x + params[operator_key(rel, "rhs", "translation")]
+        if r.operator == "diagonal":
+            return x * params[operator_key(rel, "rhs", "diagonal")]
+        assert r.operator == "none"
+        return x
+
+    def cmp(q, k):  # q [D], k [N, D]
+        if config.comparator == "cos":
+            q, k = q / np.linalg.norm(q), k / np.linalg.norm(k, axis=1, keepdims=True)
+        return k @ q
+
+    tables = {e: table(e) for e in config.entities}
+
+    def gid(entity, part, offset):
+        p = part if config.entities[entity].num_partitions > 1 else 0
+        return tables[entity][1][p] + offset
+
+    known = set()
+    for path in filter_paths:
+        for l in range(nparts):
+            for r in range(nparts):
+                e = read_edges(path, Bucket(l, r))
+                for a, b, rel in zip(e.lhs, e.rhs, e.rel):
+                    rc = config.relations[rel]
+                    known.add((gid(rc.lhs, l, a), int(rel), gid(rc.rhs, r, b)))
+    rels, lhs_ranks, rhs_ranks = [], [], []
+    for l in range(nparts):
+        for r in range(nparts):
+            e = read_edges(edge_path, Bucket(l, r))
+            for a, b, rel in zip(e.lhs, e.rhs, e.rel):
+                rc = config.relations[rel]
+                (lt, _), (rt, _) = tables[rc.lhs], tables[rc.rhs]
+                ga, gb = gid(rc.lhs, l, a), gid(rc.rhs, r, b)
+                s_rhs = cmp(lt[ga], op(rel, rt))
+                s_lhs = cmp(op(rel, rt[gb]), lt)
+                rhs_out = {y for y in range(len(rt)) if (ga, rel, y) in known} | {gb}
+                lhs_out = {x for x in range(len(lt)) if (x, rel, gb) in known} | {ga}
+                rhs_ranks.append(1 + sum(1 for y in range(len(rt))
+                                         if y not in rhs_out and s_rhs[y] >= s_rhs[gb]))
+                lhs_ranks.append(1 + sum(1 for x in range(len(lt))
+                                         if x not in lhs_out and s_lhs[x] >= s_lhs[ga]))
+                rels.append(int(rel))
+    return np.array(rels), np.array(lhs_ranks), np.array(rhs_ranks)
+
+
+@pytest.mark.parametrize("blocks", [(256, 2048), (3, 4)])
+def test_ties_and_block_edges_follow_the_rule(tmp_path, monkeypatch, blocks):
+    """Integer embeddings, dot: many exact ties; tiny blocks put exclusions on block edges."""
+    monkeypatch.setattr(filtered, "QUERY_BLOCK", blocks[0])
+    monkeypatch.setattr(filtered, "CANDIDATE_BLOCK", blocks[1])
+    config = make(tmp_path, comparator="dot", global_emb=False,
+                  entities={"user": {}, "item": {}, "tag": {}})
+    write_random_graph(config, num_edges=60)
+    write_test_edges(config)
+    random_checkpoint(config, integer=True)
+    storage = CheckpointStorage(config.checkpoint_path)
+    scorer = Scorer(config, storage.load_model(1)[0])
+    tables = {(e, 0): torch.from_numpy(storage.load_entity_partition(1, e, 0)[0])
+              for e in config.entities}
+    edges = read_edges(config.eval_edge_paths[0], Bucket(0, 0))
+    known = KnownEdges(EdgeList.cat([read_edges(p, Bucket(0, 0))
+                                     for p in config.edge_paths + config.eval_edge_paths]), 3)
+    counts = rank_counts(scorer, Bucket(0, 0), edges, 0, tables, {"lhs": known, "rhs": known})
+    rel, lhs, rhs = brute_force_ranks(config, 1, config.eval_edge_paths[0],
+                                      config.edge_paths + config.eval_edge_paths)
+    np.testing.assert_array_equal(edges.rel, rel)
+    np.testing.assert_array_equal(counts["lhs"] + 1, lhs)
+    np.testing.assert_array_equal(counts["rhs"] + 1, rhs)
+    assert (lhs > 1).any() and (rhs > 1).any()
+
+
+def test_filtered_ranks_over_partitions_match_brute_force(ray_session, tmp_path):
+    config = make(tmp_path)
+    write_random_graph(config, num_edges=50)
+    write_test_edges(config)
+    random_checkpoint(config)
+    report = evaluate_checkpoint(config)
+    rel, lhs, rhs = brute_force_ranks(config, 1, config.eval_edge_paths[0],
+                                      config.edge_paths + config.eval_edge_paths)
+    ranks = np.concatenate([lhs, rhs])
+    both = np.concatenate([rel, rel])
+    for key, mask in [("all", slice(None))] + [(r.name, both == i)
+                                               for i, r in enumerate(config.relations)]:
+        got = report["metrics"][key]
+        assert got["count"] == len(ranks[mask]) // 2
+        assert got["filtered"]["mr"] == pytest.approx(ranks[mask].mean())
+        assert got["filtered"]["mrr"] == pytest.approx((1 / ranks[mask]).mean())
+        assert got["filtered"]["hits@10"] == pytest.approx((ranks[mask] <= 10).mean())
+        assert set(got["sampled"]) == {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}
+    # Appended as one JSON line per run.
+    lines = (tmp_path / "checkpoints" / "eval_stats.json").read_text().splitlines()
+    assert json.loads(lines[-1]) == report
+
+    # Unfiltered full ranking: the known edges count again, so ranks can only grow.
+    config.eval.filter_paths = []
+    config.eval.sampled = False
+    raw = evaluate_checkpoint(config)["metrics"]["all"]
+    assert "sampled" not in raw and raw["filtered"]["mr"] >= report["metrics"]["all"]["filtered"]["mr"]
+    assert len((tmp_path / "checkpoints" / "eval_stats.json").read_text().splitlines()) == 2
+
+
+def unpack_optional(type_):
+    """torchbiggraph 1.0.0 recognizes Optional[X] by identity, which fails on Python 3.9+."""
+    args = typing.get_args(type_)
+    if typing.get_origin(type_) is typing.Union and len(args) == 2 and type(None) in args:
+        return next(a for a in args if a is not type(None))
+    raise TypeError("Not an optional type")
+
+
+def torchbiggraph_metrics(config, monkeypatch):
+    import torchbiggraph.schema
+    from torchbiggraph.config import ConfigSchema as PbgConfigSchema
+
+    monkeypatch.setattr(torchbiggraph.schema, "unpack_optional", unpack_optional)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchbiggraph.eval import do_eval_and_report_stats
+    keys = ("entities", "relations", "dimension", "global_emb", "comparator", "bias",
+            "entity_path", "checkpoint_path", "batch_size", "num_batch_negs",
+            "num_uniform_negs")
+    data = {k: v for k, v in config.to_dict().items() if k in keys}
+    for econf in data["entities"].values():
+        del econf["dimension"]
+    data.update(edge_paths=config.eval_edge_paths, workers=1)
+    *_, (_, _, stats) = do_eval_and_report_stats(PbgConfigSchema.from_dict(data))
+    return stats.metrics
+
+
+def test_sampled_metrics_equal_torchbiggraph_eval_with_all_negs(ray_session, tmp_path, monkeypatch):
+    config = make(tmp_path, comparator="dot", num_epochs=1, eval_fraction=0.0, relations=[
+        {"name": n, "lhs": l, "rhs": r, "operator": op, "all_negs": True}
+        for n, l, r, op in [("follows", "user", "user", "translation"),
+                            ("likes", "user", "item", "diagonal"),
+                            ("tagged", "item", "tag", "complex_diagonal")]])
+    write_random_graph(config, num_edges=80)
+    write_test_edges(config, num_edges=30)
+    Trainer(config).run()  # a real checkpoint, trained by the engine
+    config.eval.filtered = False
+    ours = evaluate_checkpoint(config)["metrics"]["all"]["sampled"]
+    theirs = torchbiggraph_metrics(config, monkeypatch)
+    for key in ("pos_rank", "mrr", "r1", "r10", "r50"):
+        assert ours[key] == pytest.approx(theirs[key], abs=1e-4), key
+    assert ours["auc"] == pytest.approx(theirs["auc"], abs=0.2)  # both draw random pairs
+
+
+def test_user_mistakes_get_one_clear_error(ray_session, tmp_path):
+    config = make(tmp_path)
+    write_random_graph(config)
+    with pytest.raises(PbgRayError, match="holds no checkpoint"):
+        evaluate_checkpoint(config)
+    random_checkpoint(config)
+    config.eval.version = 7
+    with pytest.raises(PbgRayError, match=r"version 7 is not in .*\[1\]\). Set eval.version"):
+        evaluate_checkpoint(config)
+    with pytest.raises(PbgRayError, match="eval.hits_at"):
+        ConfigSchema.from_dict(config_dict(tmp_path, eval={"hits_at": [0]}))
+    featurized = make(tmp_path, entities={"user": {"num_partitions": 2, "featurized": True},
+                                          "item": {"num_partitions": 2}, "tag": {}})
+    with pytest.raises(PbgRayError, match="featurized"):
+        evaluate_checkpoint(featurized)

@@ -1,0 +1,69 @@
+"""pbg_ray.predict: scores and rankings by name agree with the model's scores and with
+filtered ranking; unknown names get one clear error."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import config_dict, write_random_graph
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.predict import Predictor, main
+from pbg_ray.io.edges import read_edges
+from pbg_ray.types import Bucket
+
+from evaluation.test_evaluation import random_checkpoint
+
+
+@pytest.fixture
+def model(tmp_path):
+    config = ConfigSchema.from_dict(config_dict(tmp_path, comparator="dot"))
+    write_random_graph(config, num_edges=50)
+    random_checkpoint(config)
+    return Predictor.load(config.checkpoint_path)
+
+
+def test_top_rhs_ranks_by_score_and_excludes_known_edges(model):
+    names = model.names("item")
+    every = [n for part in names for n in part]
+    scores = model.score([("user-1-3", "likes", n) for n in every])
+    top = model.top_rhs("user-1-3", "likes", k=5)
+    assert [n for n, _ in top] == [every[i] for i in np.argsort(-scores, kind="stable")[:5]]
+    np.testing.assert_allclose([s for _, s in top], np.sort(scores)[::-1][:5], rtol=1e-5)
+    # The known (user-1-3, likes, x) edges disappear from the answer.
+    path = model.config.edge_paths[0]
+    known = {names[r][e.rhs[i]] for r in range(2) for e in [read_edges(path, Bucket(1, r))]
+             for i in range(len(e)) if e.lhs[i] == 3 and e.rel[i] == 1}
+    assert known
+    kept = model.top_rhs("user-1-3", "likes", k=len(every), exclude=[path])
+    assert {n for n, _ in kept} == set(every) - known
+
+
+def test_top_lhs_and_neighbors(model):
+    users = [n for part in model.names("user") for n in part]
+    scores = model.score([(n, "follows", "user-0-2") for n in users])
+    assert model.top_lhs("follows", "user-0-2", k=3)[0][0] == users[int(np.argmax(scores))]
+    near = model.neighbors("item-0-4", k=3)
+    assert len(near) == 3 and "item-0-4" not in [n for n, _ in near]
+    assert near[0][1] >= near[1][1] >= near[2][1]
+
+
+def test_unknown_names_suggest_the_nearest(model):
+    with pytest.raises(PbgRayError, match=r"unknown user entity 'user-1-300' \(did you mean"):
+        model.top_rhs("user-1-300", "likes")
+    with pytest.raises(PbgRayError, match=r"unknown relation 'like' \(did you mean 'likes'\?\)"):
+        model.score([("user-0-1", "like", "item-0-1")])
+    with pytest.raises(PbgRayError, match="unknown"):
+        model.neighbors("nobody")
+
+
+def test_cli_prints_one_json_line(model, capsys):
+    main([model.config.checkpoint_path, "top-rhs", "user-0-1", "likes", "-k", "2"])
+    answer = json.loads(capsys.readouterr().out)
+    assert [n for n, _ in answer["rhs"]] == [n for n, _ in model.top_rhs("user-0-1", "likes", k=2)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([model.config.checkpoint_path, "--version", "3", "score", "a", "b", "c"])
+    assert exit_info.value.code == 2
+    assert "version 3 is not in" in capsys.readouterr().err
