@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 import torch
 from torchbiggraph.checkpoint_manager import CheckpointManager
+from torchbiggraph.config import ConfigSchema as PbgConfigSchema
 from torchbiggraph.row_adagrad import RowAdagrad
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import EdgeList, write_edges
 from pbg_ray.io.entities import (
-    load_entity_counts, save_entity_count, save_entity_names, save_relation_names)
+    load_entity_count, load_entity_counts, num_relation_ids, save_entity_count,
+    save_entity_names, save_relation_names)
+from pbg_ray.model.params import param_layout
 from pbg_ray.types import Bucket
 
 
@@ -105,3 +108,37 @@ def assert_valid_checkpoint(config: ConfigSchema, version: int):
             RowAdagrad([torch.nn.Parameter(embs)], lr=config.lr).load_state_dict(optim_state)
     state_dict, _ = manager.read_model()
     assert "rhs_operators.0.translation" in state_dict
+
+
+# Keys torchbiggraph 1.0.0 knows that the tests' configs set.
+PBG_1_0_KEYS = {"entities", "relations", "dimension", "global_emb", "comparator", "loss_fn",
+                "entity_path", "edge_paths", "checkpoint_path", "batch_size", "num_batch_negs",
+                "num_uniform_negs", "dynamic_relations"}
+
+
+def pbg_config(config: ConfigSchema) -> PbgConfigSchema:
+    """The same run as torchbiggraph 1.0.0 sees it (the keys it knows)."""
+    data = {k: v for k, v in config.to_dict().items() if k in PBG_1_0_KEYS}
+    for econf in data["entities"].values():
+        del econf["dimension"]
+    return PbgConfigSchema.from_dict(data)
+
+
+def random_checkpoint(config: ConfigSchema, version: int = 1, seed: int = 0,
+                      integer: bool = False) -> None:
+    """A complete checkpoint version of random embeddings and parameters for the graph
+    in config.entity_path (integer-valued ones make exact score ties)."""
+    rng = np.random.default_rng(seed)
+    draw = (lambda shape: rng.integers(-1, 2, shape).astype(np.float32)) if integer else \
+        (lambda shape: rng.normal(0, 1, shape).astype(np.float32))
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    storage.save_config(config)
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            count = load_entity_count(config.entity_path, entity, part)
+            storage.save_entity_partition(
+                version, entity, part, draw((count, config.entity_dimension(entity))), None)
+    layout = param_layout(config, num_relation_ids(config))
+    storage.save_model(version, {k: (v if integer else v + draw(v.shape)) for k, v in layout}, None)
+    storage.save_version(version)

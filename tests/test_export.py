@@ -5,44 +5,16 @@ import io
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from torchbiggraph.config import ConfigSchema as PbgConfigSchema
 from torchbiggraph.converters.export_to_tsv import make_tsv
 
-from conftest import write_random_graph
+from conftest import pbg_config, random_checkpoint, write_random_graph
 from pbg_ray.errors import PbgRayError
 from pbg_ray.export import export_checkpoint
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.entities import load_entity_names, save_dynamic_rel_count, save_relation_names
-from pbg_ray.model.params import param_layout
 
 # Operators whose parameters are vectors: torchbiggraph's export can't format matrices.
 VECTOR_OPERATORS = ["translation", "diagonal", "complex_diagonal"]
-
-
-def torchbiggraph_config(config) -> PbgConfigSchema:
-    data = {k: v for k, v in config.to_dict().items()
-            if k in ("entities", "relations", "dimension", "global_emb", "entity_path",
-                     "edge_paths", "checkpoint_path", "dynamic_relations")}
-    for econf in data["entities"].values():
-        del econf["dimension"]
-    return PbgConfigSchema.from_dict(data)
-
-
-def train_fake(config, version=1, num_relation_ids=None, seed=0):
-    """A checkpoint with random embeddings and parameters for every partition and operator."""
-    rng = np.random.default_rng(seed)
-    storage = CheckpointStorage(config.checkpoint_path)
-    storage.prepare()
-    storage.save_config(config)
-    for entity, econf in config.entities.items():
-        for part in range(econf.num_partitions):
-            count = len(load_entity_names(config.entity_path, entity, part))
-            embs = rng.standard_normal((count, config.entity_dimension(entity))).astype(np.float32)
-            storage.save_entity_partition(version, entity, part, embs, None)
-    layout = param_layout(config, num_relation_ids or len(config.relations))
-    storage.save_model(version, {k: rng.standard_normal(v.shape).astype(np.float32)
-                                 for k, v in layout}, None)
-    storage.save_version(version)
 
 
 def exported_tsv(config):
@@ -53,7 +25,7 @@ def exported_tsv(config):
 
 def theirs_tsv(config):
     entities, relations = io.StringIO(), io.StringIO()
-    make_tsv(torchbiggraph_config(config), entities, relations)
+    make_tsv(pbg_config(config), entities, relations)
     return [entities.getvalue(), relations.getvalue()]
 
 
@@ -62,7 +34,7 @@ def test_tsv_matches_torchbiggraph(make_config):
         {"name": f"rel{i}", "lhs": "user", "rhs": lhs_rhs, "operator": op}
         for i, (op, lhs_rhs) in enumerate(zip(VECTOR_OPERATORS, ["user", "item", "tag"]))])
     write_random_graph(config)
-    train_fake(config)
+    random_checkpoint(config)
     assert exported_tsv(config) == theirs_tsv(config)
 
 
@@ -73,7 +45,7 @@ def test_dynamic_relations_tsv_matches_torchbiggraph(make_config):
     write_random_graph(config)
     save_relation_names(config.entity_path, ["r-a", "r-b", "r-c"])
     save_dynamic_rel_count(config.entity_path, 3)
-    train_fake(config, num_relation_ids=3)
+    random_checkpoint(config)
     ours = exported_tsv(config)
     assert ours == theirs_tsv(config)
     assert ours[1].count("\n") == 2 * 2 * 3  # sides x (real, imag) x relations
@@ -83,11 +55,11 @@ def test_parquet_and_older_versions(make_config, tmp_path):
     config = make_config(relations=[{"name": "likes", "lhs": "user", "rhs": "item",
                                      "operator": "affine"}])
     write_random_graph(config)
-    train_fake(config, version=1, seed=1)
+    random_checkpoint(config, version=1, seed=1)
     storage = CheckpointStorage(config.checkpoint_path)
     storage.preserve_version(1, 0, config)
     storage.drop_version(1, config)
-    train_fake(config, version=2, seed=2)
+    random_checkpoint(config, version=2, seed=2)
 
     config.export.format = "parquet"
     config.export.output = str(tmp_path / "out")

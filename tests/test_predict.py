@@ -5,16 +5,14 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
-from conftest import config_dict, write_random_graph
+from conftest import config_dict, random_checkpoint, write_random_graph
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.predict import Predictor, main
 from pbg_ray.io.edges import read_edges
 from pbg_ray.types import Bucket
 
-from evaluation.test_evaluation import random_checkpoint
 
 
 @pytest.fixture

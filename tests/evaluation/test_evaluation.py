@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import config_dict, write_random_graph
+from conftest import config_dict, random_checkpoint, write_random_graph
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint
 from pbg_ray.engine.trainer import Trainer
@@ -19,8 +19,7 @@ from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import EdgeList, read_edges
-from pbg_ray.io.entities import load_entity_count, num_relation_ids
-from pbg_ray.model.params import global_emb_key, operator_key, param_layout
+from pbg_ray.model.params import global_emb_key, operator_key
 from pbg_ray.scoring import Scorer
 from pbg_ray.types import Bucket
 
@@ -29,24 +28,6 @@ def make(tmp_path, **overrides) -> ConfigSchema:
     base = dict(comparator="cos", eval_edge_paths=[str(tmp_path / "test")])
     base.update(overrides)
     return ConfigSchema.from_dict(config_dict(tmp_path, **base))
-
-
-def random_checkpoint(config, version=1, seed=0, integer=False):
-    """Random embeddings and parameters (integer-valued ones make exact score ties)."""
-    rng = np.random.default_rng(seed)
-    draw = (lambda shape: rng.integers(-1, 2, shape).astype(np.float32)) if integer else \
-        (lambda shape: rng.normal(0, 1, shape).astype(np.float32))
-    storage = CheckpointStorage(config.checkpoint_path)
-    storage.prepare()
-    storage.save_config(config)
-    for entity, econf in config.entities.items():
-        for part in range(econf.num_partitions):
-            count = load_entity_count(config.entity_path, entity, part)
-            storage.save_entity_partition(version, entity, part, draw((count, config.dimension)), None)
-    layout = param_layout(config, num_relation_ids(config))
-    params = {k: (v if integer else v + draw(v.shape)) for k, v in layout}
-    storage.save_model(version, params, None)
-    storage.save_version(version)
 
 
 def write_test_edges(config, num_edges=40, seed=1):

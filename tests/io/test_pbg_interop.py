@@ -1,7 +1,6 @@
 """pbg_ray and torchbiggraph 1.0.0 read each other's files."""
 
 import io
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,18 +18,7 @@ from pbg_ray.io.edges import count_edges, read_edges
 from pbg_ray.io.entities import load_entity_count, load_entity_names
 from pbg_ray.types import Bucket
 
-from conftest import config_dict, write_random_graph
-
-
-def pbg_config(config: ConfigSchema) -> PbgConfigSchema:
-    """The same run as torchbiggraph 1.0.0 sees it (the keys it knows)."""
-    known = {"entities", "relations", "dimension", "global_emb", "comparator", "loss_fn",
-             "entity_path", "edge_paths", "checkpoint_path", "batch_size", "num_batch_negs",
-             "num_uniform_negs"}
-    data = {k: v for k, v in config.to_dict().items() if k in known}
-    for econf in data["entities"].values():
-        del econf["dimension"]
-    return PbgConfigSchema.from_dict(data)
+from conftest import config_dict, pbg_config, write_random_graph
 
 
 def test_torchbiggraph_reads_our_edges_and_entities(make_config):
