@@ -13,7 +13,9 @@ import sys
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.trainer import Trainer, connect_ray, stats_mean
+from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.engine.trainer import Trainer
+from pbg_ray.evaluation.metrics import stats_mean
 
 
 def run(config: ConfigSchema) -> None:

@@ -21,11 +21,11 @@ from ray.exceptions import RayTaskError
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
-from pbg_ray.engine.trainer import connect_ray, stats_mean
+from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
-from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats
+from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats, stats_mean
 from pbg_ray.io.checkpoint import CheckpointStorage, locate_version
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids

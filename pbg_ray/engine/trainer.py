@@ -21,11 +21,14 @@ import ray
 from ray.exceptions import NodeDiedError, ObjectLostError, RayTaskError, WorkerCrashedError
 from tqdm import tqdm
 
-from pbg_ray.config import ConfigSchema, RayConfig
+from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     gpus_per_trainer, partition_keys, train_bucket_task)
+from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.metrics import ALL, stats_mean
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
@@ -40,24 +43,6 @@ TRAINER_DIED = (WorkerCrashedError, NodeDiedError, ObjectLostError)
 
 # Keys that must match between a run and the checkpoint it resumes.
 RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
-
-
-def connect_ray(ray_config: RayConfig) -> None:
-    """Join ray.address, or start a local Ray; keep one already connected."""
-    if ray.is_initialized():
-        return
-    ray.init(address=ray_config.address, num_cpus=ray_config.num_cpus,
-             object_store_memory=ray_config.object_store_memory,
-             include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
-
-
-def stats_mean(stats: List[Dict[str, Any]]) -> Dict[str, float]:
-    """Edge-weighted means of summed PBG stats ({"count", "metrics"})."""
-    count = sum(s["count"] for s in stats)
-    if count == 0:
-        return {}
-    names = stats[0]["metrics"].keys()
-    return {name: sum(s["metrics"][name] for s in stats) / count for name in names}
 
 
 @dataclasses.dataclass
@@ -295,9 +280,6 @@ class Trainer:
     def evaluate(self, edge_path: str) -> Dict[str, float]:
         """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
         edges of `edge_path`, with the current embeddings; one task per bucket."""
-        from pbg_ray.engine.evaluator import Evaluator  # it builds on this module
-        from pbg_ray.evaluation.metrics import ALL
-
         if not hasattr(self, "stores"):
             self._start_actors()
         keys = sorted(self.store_of)

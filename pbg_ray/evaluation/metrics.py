@@ -11,7 +11,7 @@ ranking alike. The positive's score is c(query, true candidate) computed for the
 the candidates' scores come from the all-pairs matrix, as in PBG.
 
 Metrics travel as PBG's stats layout, sums over ranked items: {"count", "metrics"}; means
-are taken once at the end (engine.trainer.stats_mean).
+are taken once at the end (stats_mean).
 """
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ def add_stats(a: Optional[Stats], b: Stats) -> Stats:
         return {"count": b["count"], "metrics": dict(b["metrics"])}
     return {"count": a["count"] + b["count"],
             "metrics": {k: a["metrics"][k] + b["metrics"][k] for k in a["metrics"]}}
+
+
+def stats_mean(stats: List[Dict[str, Any]]) -> Dict[str, float]:
+    """Edge-weighted means of summed PBG stats ({"count", "metrics"})."""
+    count = sum(s["count"] for s in stats)
+    if count == 0:
+        return {}
+    names = stats[0]["metrics"].keys()
+    return {name: sum(s["metrics"][name] for s in stats) / count for name in names}
 
 
 def sampled_stats(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
