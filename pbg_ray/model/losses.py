@@ -53,13 +53,16 @@ class RankingLoss(Loss):
             return _no_loss(pos, out)
         shift = (self.margin - pos).unsqueeze(-1)
         w = weight.unsqueeze(-1)
+        unit = bool((weight == 1).all())  # the common case: skip a pass over each block
         loss = pos.new_zeros(())
         dpos = torch.zeros_like(pos)
         grads = []
         for block, o in zip(blocks, out):
             hinge = torch.add(block, shift, out=o).clamp_min_(0)
             loss += (hinge.sum(-1) * weight).sum()
-            grad = hinge.sign_().mul_(w)  # d/d neg = weight where the hinge is active
+            grad = hinge.sign_()  # d/d neg = weight where the hinge is active
+            if not unit:
+                grad.mul_(w)
             dpos -= grad.sum(-1)
             grads.append(grad)
         return loss, dpos, grads
