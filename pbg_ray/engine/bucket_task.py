@@ -108,7 +108,18 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
 # No automatic retries: the driver hands a dead trainer's bucket out again
 # through the scheduler, with the partitions' current refs. Train workers start
 # with the kernel's malloc settings.
-@ray.remote(max_retries=0, runtime_env={"env_vars": KERNEL_ENV})
+# Train tasks' workers start with the kernel's malloc settings (glibc reads them at start).
+TRAINER_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
+
+
+@ray.remote(runtime_env=TRAINER_RUNTIME_ENV)
+def start_trainer_worker() -> None:
+    """Nothing, in a train task's kind of worker: launched while the actors initialise, so
+    that the first bucket does not wait seconds for a worker process to start and import
+    torch."""
+
+
+@ray.remote(max_retries=0, runtime_env=TRAINER_RUNTIME_ENV)
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], shared: List[bool], params: ModelParams,

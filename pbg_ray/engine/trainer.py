@@ -24,7 +24,7 @@ from tqdm import tqdm
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
-    gpus_per_trainer, partition_keys, train_bucket_task)
+    gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.errors import PbgRayError
@@ -117,6 +117,9 @@ class Trainer:
         self.stores = [PartitionStore.options(scheduling_strategy="SPREAD").remote(
             self.config, self.version + 1) for _ in range(num_stores)]
         self.store_of = {key: self.stores[i % num_stores] for i, key in enumerate(keys)}
+        for _ in range(self.max_trainers()):
+            start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
+                                         num_gpus=gpus_per_trainer(self.config)).remote()
         ray.get([self.store_of[key].add.remote(key, sources[key]) for key in keys])
         self.params = ParameterServer.remote(self.config, self.num_relation_ids, model_source)
         partitioned = lambda side: any(  # noqa: E731
