@@ -125,6 +125,9 @@ class ConfigSchema:
     # training (PBG's sampled metrics), e.g. a test split.
     eval_edge_paths: List[str] = field(default_factory=list)
     checkpoint_preservation_interval: Optional[int] = None
+    # pbg_ray extension: write TensorBoard scalars (loss and held-out metrics per bucket
+    # and per epoch) into this directory; null: don't.
+    tensorboard_dir: Optional[str] = None
 
     # --- training ---
     num_epochs: int = 1
@@ -188,6 +191,7 @@ class ConfigSchema:
             edge_paths=[absolute(p) for p in self.edge_paths],
             eval_edge_paths=[absolute(p) for p in self.eval_edge_paths],
             checkpoint_path=absolute(self.checkpoint_path), init_path=absolute(self.init_path),
+            tensorboard_dir=absolute(self.tensorboard_dir),
             eval=dataclasses.replace(
                 self.eval, edge_paths=[absolute(p) for p in self.eval.edge_paths],
                 filter_paths=None if self.eval.filter_paths is None

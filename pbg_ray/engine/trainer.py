@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import ray
@@ -27,6 +27,7 @@ from pbg_ray.engine.bucket_task import (
     gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.evaluator import Evaluator
+from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, stats_mean
 from pbg_ray.io.checkpoint import CheckpointStorage
@@ -144,7 +145,9 @@ class Trainer:
 
     # --- the pass loop ------------------------------------------------------
 
-    def run(self) -> TrainResult:
+    def run(self, on_epoch_end: Optional[Callable[[int], None]] = None) -> TrainResult:
+        """Train the passes the checkpoint doesn't hold yet. `on_epoch_end(epoch_idx)` is
+        called once an epoch's last version is current (Ray Tune reports there)."""
         config = self.config
         passes_per_epoch = len(config.edge_paths) * self.num_chunks
         total = config.num_epochs * passes_per_epoch
@@ -152,7 +155,7 @@ class Trainer:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
                         self.storage.path, self.version)
             return TrainResult(str(self.storage.path), self.version, [])
-        with self.storage.lock():
+        with self.storage.lock(), TensorBoardLog(config.tensorboard_dir) as tensorboard:
             # An interrupted run may have left parts of its next version and the
             # stats of passes that never became current.
             self.storage.remove_leftovers(self.version)
@@ -171,6 +174,13 @@ class Trainer:
                 self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats,
                              last_of_epoch=(rest == passes_per_epoch - 1))
                 all_stats += pass_stats
+                tensorboard.log_buckets(pass_stats)
+                if rest == passes_per_epoch - 1:
+                    # From the file: an epoch resumed midway has lines of the earlier run.
+                    tensorboard.log_epoch(epoch_idx, [s for s in self.storage.load_stats()
+                                                      if s["epoch_idx"] == epoch_idx])
+                    if on_epoch_end is not None:
+                        on_epoch_end(epoch_idx)
         return TrainResult(str(self.storage.path), self.version, all_stats)
 
     def _run_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,

@@ -1,0 +1,40 @@
+"""python -m pbg_ray.plot draws a real run's training_stats.json into a PNG."""
+
+import json
+import subprocess
+import sys
+
+import matplotlib.image
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.trainer import Trainer
+from pbg_ray.plot import main
+
+from conftest import config_dict, write_random_graph
+
+
+def test_plot_of_a_trained_checkpoint_is_a_real_png(ray_session, tmp_path, capsys):
+    config = ConfigSchema.from_dict(config_dict(tmp_path, num_epochs=2, eval_fraction=0.2,
+                                                eval_num_batch_negs=10, eval_num_uniform_negs=10))
+    write_random_graph(config, num_edges=200)
+    Trainer(config).run()
+    main([config.checkpoint_path])
+    output = tmp_path / "checkpoints" / "training_stats.png"
+    assert capsys.readouterr().out.strip() == str(output)
+    image = matplotlib.image.imread(output)  # decodes as a PNG
+    assert image.shape[:2] == (800, 1200) and output.stat().st_size > 20_000
+    # Not a blank canvas: the curves and text put many distinct colours on it.
+    assert len({tuple(p) for p in image.reshape(-1, image.shape[-1])[::97]}) > 20
+
+    other = tmp_path / "elsewhere" / "plot.png"
+    main([config.checkpoint_path, "--output", str(other)])
+    assert other.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_of_a_directory_without_stats_is_one_clear_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pbg_ray.plot", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "training_stats.json' is missing or holds no bucket stats" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())
