@@ -3,16 +3,20 @@ config-file shortcut, and turning bad input into one clear error line."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from pbg_ray.config import ConfigSchema, check_value, load_pbg_config_dict
@@ -75,6 +79,29 @@ def to_config(cfg: DictConfig) -> ConfigSchema:
     """The composed Hydra config, resolved and validated, with absolute paths."""
     data = OmegaConf.to_container(cfg, resolve=True)
     return ConfigSchema.from_dict(data, source="config").with_absolute_paths()
+
+
+def per_job_paths(config: ConfigSchema) -> ConfigSchema:
+    """In a Hydra multirun, each job's own checkpoint_path and tensorboard_dir.
+
+    A path inside the job's output directory (the demo graph's default) is already the
+    job's own; any other one gets the job's sweep subdirectory appended (`.../0`,
+    `.../1`, as under hydra.sweep.dir), so no job resumes or overwrites another's
+    checkpoint, and rerunning the sweep resumes each job where it stopped.
+    """
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return config
+    hydra_config = HydraConfig.get()
+    output_dir = os.path.abspath(hydra_config.runtime.output_dir)
+    subdir = os.path.relpath(output_dir, os.path.abspath(hydra_config.sweep.dir))
+
+    def own(path: Optional[str]) -> Optional[str]:
+        if path is None or path == output_dir or path.startswith(output_dir + os.sep):
+            return path
+        return path.rstrip("/") + "/" + subdir
+
+    return dataclasses.replace(config, checkpoint_path=own(config.checkpoint_path),
+                               tensorboard_dir=own(config.tensorboard_dir))
 
 
 def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 
-from pbg_ray.cli import hydra_entry
+from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.trainer import Trainer
@@ -21,7 +21,8 @@ from pbg_ray.evaluation.metrics import stats_mean
 def run(config: ConfigSchema) -> None:
     logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    connect_ray(config.ray)
+    config = per_job_paths(config)
+    connect_ray(config.ray)  # once: the jobs of a multirun share it
     trainer = Trainer(config)
     result = trainer.run()
     summary = {"checkpoint_path": result.checkpoint_path, "version": result.version}

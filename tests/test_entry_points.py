@@ -2,10 +2,13 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
-from conftest import config_dict, write_random_graph
+from conftest import assert_valid_checkpoint, config_dict, write_random_graph
 from pbg_ray.config import ConfigSchema
 
 
@@ -23,12 +26,18 @@ def test_bad_override_is_one_clear_line(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-def test_train_a_pbg_config_module_from_another_directory(tmp_path):
+def tiny_pbg_module(tmp_path):
+    """(config dict, PBG config module) of a tiny random graph under tmp_path/data."""
     data = config_dict(tmp_path / "data", num_epochs=1, eval_fraction=0.0, dimension=4,
                        global_emb=False)
     write_random_graph(ConfigSchema.from_dict(data), num_edges=50)
     module = tmp_path / "pbg_config.py"
     module.write_text(f"def get_torchbiggraph_config():\n    return {data!r}\n")
+    return data, module
+
+
+def test_train_a_pbg_config_module_from_another_directory(tmp_path):
+    data, module = tiny_pbg_module(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc = run_train([str(module), "lr=0.05", "ray.num_cpus=1", "ray.cpus_per_trainer=1"],
@@ -38,3 +47,27 @@ def test_train_a_pbg_config_module_from_another_directory(tmp_path):
     assert summary["version"] == 1
     assert summary["checkpoint_path"] == data["checkpoint_path"]
     assert (tmp_path / "data" / "checkpoints" / "checkpoint_version.txt").read_text() == "1\n"
+
+
+def test_multirun_jobs_get_their_own_checkpoints_and_share_one_ray(tmp_path):
+    data, module = tiny_pbg_module(tmp_path)
+    sweep = tmp_path / "sweep"
+    # Ray's sockets live under its temp dir, whose path must stay short.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="pbg-mr-", dir="/tmp"))
+    proc = run_train([str(module), "-m", "lr=0.05,0.2", f"hydra.sweep.dir={sweep}",
+                      "ray.num_cpus=1", f"tensorboard_dir={tmp_path / 'tb'}"],
+                     cwd=tmp_path, env_extra={"RAY_TMPDIR": str(ray_tmp)})
+    sessions = [p for p in (ray_tmp / "ray").glob("session_*") if not p.is_symlink()]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    paths = [s["checkpoint_path"] for s in summaries]
+    # Each job: the configured checkpoint_path plus its sweep subdirectory.
+    assert paths == [os.path.join(data["checkpoint_path"], job) for job in ("0", "1")]
+    for job, path in enumerate(paths):
+        assert (sweep / str(job) / ".hydra" / "overrides.yaml").is_file()
+        assert_valid_checkpoint(ConfigSchema.from_dict(dict(data, checkpoint_path=path)), 1)
+        assert json.loads((Path(path) / "config.json").read_text())["lr"] == [0.05, 0.2][job]
+        assert list((tmp_path / "tb" / str(job)).glob("events.out.tfevents.*"))
+    # The basic launcher runs the jobs in one process: one Ray session served both.
+    assert len(sessions) == 1
