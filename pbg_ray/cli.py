@@ -25,7 +25,7 @@ from pbg_ray import datasets  # noqa: F401  registers the ${demo_graph:} resolve
 
 logger = logging.getLogger("pbg_ray")
 
-CONFIG_GROUPS = ("graph", "model", "training", "ray")
+CONFIG_GROUPS = ("graph", "model", "training", "ray", "tune")
 # Hydra flags that take the next argument as their value.
 _HYDRA_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                       "--cfg", "-c", "--package", "-p", "--info", "-i",
@@ -58,6 +58,12 @@ def check_overrides(overrides: List[str]) -> None:
         if (key.split(".")[0] == "hydra" or key in CONFIG_GROUPS or override.is_add()
                 or override.is_delete() or override.package is not None):
             continue  # group choices and additions are checked by Hydra / from_dict
+        if key.startswith("tune.search_space.") and isinstance(override.value(), dict):
+            # Hydra merges a mapping into the one there: {loguniform} + {uniform} is no spec.
+            raise PbgRayError(
+                f"command line: {key}: a sampling spec is replaced, not overridden: write "
+                f"'~{key}' '+{key}=...' (or put the search space in conf/tune/<name>.yaml "
+                "and pick it with tune=<name>).")
         values = (list(override.sweep_iterator()) if override.is_sweep_override()
                   else [override.value()])
         for value in values:

@@ -27,6 +27,7 @@ from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.evaluation.settings import EvalConfig
 from pbg_ray.io.embedding_tables import ExportConfig
 from pbg_ray.io.raw import ImportConfig
+from pbg_ray.tuning import TuneConfig, flat_search_space
 
 logger = logging.getLogger("pbg_ray")
 
@@ -158,6 +159,8 @@ class ConfigSchema:
     export: ExportConfig = field(default_factory=ExportConfig)
     # python -m pbg_ray.eval
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # python -m pbg_ray.tune
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     # ------------------------------------------------------------------
 
@@ -315,6 +318,9 @@ class ConfigSchema:
         if self.ray.gpus_per_trainer < 0:
             fail("ray.gpus_per_trainer", f"must not be negative, got {self.ray.gpus_per_trainer}",
                  "Use 0 for CPU training.")
+        self.tune.validate(fail)
+        for key in flat_search_space(self.tune.search_space):
+            schema_type(key, f"{source}: tune.search_space")
         if self.eval.version is not None:
             _positive(self.eval.version, "eval.version", fail)
         for k in self.eval.hits_at:

@@ -1,0 +1,158 @@
+"""Ray Tune over the engine: one trial = one training run of a sampled config.
+
+Each trial trains with `Trainer` under its own checkpoint_path (`<checkpoint_path>/<trial
+id>`), and after every epoch reports the held-out metrics (PBG's sampled metrics on
+eval_edge_paths, and the epoch's mean training loss) with a Tune checkpoint naming the
+engine's checkpoint, so ASHA can stop poor trials and a restarted or resumed trial goes on
+from the engine's newest version. A trial's resources are one placement group: an optional
+driver bundle plus one bundle per train task (ray.num_trainers x ray.cpus_per_trainer /
+gpus_per_trainer); the train and evaluation tasks it starts run inside it, and the engine's
+actors ask for no CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Any, Dict, Mapping
+
+from omegaconf import OmegaConf
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.bucket_task import gpus_per_trainer
+from pbg_ray.engine.trainer import Trainer
+from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.metrics import stats_mean
+from pbg_ray.training_stats import TRAIN, epoch_means
+from pbg_ray.tuning import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
+
+logger = logging.getLogger("pbg_ray")
+
+ENGINE_FILE = "pbg_ray_checkpoint.json"  # inside each Tune checkpoint: where the engine's is
+
+
+def search_space(settings: TuneConfig) -> Dict[str, Any]:
+    """Tune's param_space: {dotted config key: Tune sampler or fixed value}."""
+    space = {}
+    for key, spec in flat_search_space(settings.search_space).items():
+        if is_spec(spec):
+            (sampler, args), = spec.items()
+            fn = getattr(tune, sampler)
+            spec = fn(args) if sampler in ("choice", "grid_search") else fn(*args)
+        space[key] = spec
+    return space
+
+
+def trial_resources(config: ConfigSchema) -> tune.PlacementGroupFactory:
+    """One trial's placement group: its driver, then one bundle per train task."""
+    trainer = {"CPU": config.ray.cpus_per_trainer, "GPU": gpus_per_trainer(config)}
+    return tune.PlacementGroupFactory(
+        [{"CPU": config.tune.driver_cpus}] + [trainer] * (config.ray.num_trainers or 1))
+
+
+def trial_config(base: Dict[str, Any], sampled: Mapping[str, Any], trial_id: str) -> ConfigSchema:
+    """The base config with the trial's sampled keys, in its own checkpoint and TensorBoard
+    directories (the base ones are the roots of all trials')."""
+    cfg = OmegaConf.create(base)
+    for key, value in sampled.items():
+        OmegaConf.update(cfg, key, value, merge=False)
+    data = OmegaConf.to_container(cfg)
+    data["checkpoint_path"] = f"{base['checkpoint_path'].rstrip('/')}/{trial_id}"
+    if base.get("tensorboard_dir"):
+        data["tensorboard_dir"] = f"{base['tensorboard_dir'].rstrip('/')}/{trial_id}"
+    return ConfigSchema.from_dict(data, source=f"trial {trial_id}")
+
+
+def held_out_metrics(trainer: Trainer, epoch_idx: int) -> Dict[str, float]:
+    """What a trial reports after an epoch: the epoch's mean training loss and PBG's
+    sampled metrics over all of eval_edge_paths, with the current embeddings."""
+    metrics = {"epoch": epoch_idx + 1, "version": trainer.version,
+               **{k: v for k, v in epoch_means(trainer.storage.load_stats(), TRAIN)
+                  .get(epoch_idx, {}).items() if k == "loss"}}
+    evaluated = [trainer.evaluate(path) for path in trainer.config.eval_edge_paths]
+    summed = [{"count": e["count"], "metrics": {k: v * e["count"] for k, v in e.items()
+                                                if k != "count"}} for e in evaluated if e["count"]]
+    return {**metrics, **stats_mean(summed)}
+
+
+def run_trial(sampled: Dict[str, Any], base: Dict[str, Any]) -> None:
+    """Tune's function trainable: train the sampled config, reporting after every epoch."""
+    trial_id = tune.get_context().get_trial_id()
+    config = trial_config(base, sampled, trial_id)
+    restored = tune.get_checkpoint()
+    if restored is not None:  # a restarted or resumed trial: go on from the engine's version
+        with restored.as_directory() as directory:
+            with open(os.path.join(directory, ENGINE_FILE)) as f:
+                path = json.load(f)["checkpoint_path"]
+        config = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=path),
+                                        source=f"trial {trial_id}")
+    trainer = Trainer(config)
+
+    def report(epoch_idx: int) -> None:
+        metrics = held_out_metrics(trainer, epoch_idx)
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, ENGINE_FILE), "w") as f:
+                json.dump({"checkpoint_path": config.checkpoint_path, "version": trainer.version}, f)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
+
+    if not trainer.run(on_epoch_end=report).bucket_stats and trainer.version > 0:
+        report(config.num_epochs - 1)  # already trained: report where it stands
+
+
+def run_tune(config: ConfigSchema) -> Dict[str, Any]:
+    """Run the search of config.tune on the connected Ray; returns the best trial:
+    {"trial_id", "config" (its sampled keys), "metrics", "checkpoint_path", "version",
+    "experiment_path"}. Rerunning with the same experiment directory resumes it."""
+    settings = config.tune
+    if settings.metric != "loss" and not config.eval_edge_paths:
+        raise PbgRayError(
+            f"tune.metric={settings.metric} is measured on eval_edge_paths, which is empty. "
+            "Set eval_edge_paths=[<held-out edges, e.g. a validation split>], or tune on "
+            "tune.metric=loss tune.mode=min.")
+    base = config.to_dict()
+    base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
+    trainable = tune.with_resources(tune.with_parameters(run_trial, base=base),
+                                    trial_resources(config))
+    storage_path = settings.storage_path or f"{config.checkpoint_path.rstrip('/')}/tune"
+    experiment_path = f"{storage_path.rstrip('/')}/{settings.name}"
+    if tune.Tuner.can_restore(experiment_path):
+        logger.warning("resuming the Ray Tune experiment in %s", experiment_path)
+        tuner = tune.Tuner.restore(experiment_path, trainable, resume_errored=True)
+    else:
+        if settings.scheduler == "asha":
+            # time_attr "epoch" (not Tune's report count) stays right for resumed trials.
+            scheduler = ASHAScheduler(time_attr="epoch", max_t=config.num_epochs,
+                                      grace_period=min(settings.grace_period, config.num_epochs),
+                                      reduction_factor=settings.reduction_factor)
+        else:
+            scheduler = FIFOScheduler()
+        tuner = tune.Tuner(
+            trainable, param_space=search_space(settings),
+            tune_config=tune.TuneConfig(
+                metric=settings.metric, mode=settings.mode, num_samples=settings.num_samples,
+                max_concurrent_trials=settings.max_concurrent, scheduler=scheduler),
+            run_config=tune.RunConfig(
+                name=settings.name, storage_path=storage_path, verbose=1,
+                failure_config=tune.FailureConfig(max_failures=settings.max_failures)))
+    results = tuner.fit()
+    for error in results.errors:
+        logger.warning("a trial failed: %s", error)
+    try:
+        best = results.get_best_result(settings.metric, settings.mode, scope="last")
+    except RuntimeError:
+        best = None
+    if best is None or best.checkpoint is None:
+        first = f" The first error: {results.errors[0]}" if results.errors else ""
+        raise PbgRayError(f"no trial of {experiment_path} reported {settings.metric}.{first}")
+    with best.checkpoint.as_directory() as directory:
+        with open(os.path.join(directory, ENGINE_FILE)) as f:
+            engine = json.load(f)
+    reported = ("epoch", "version", *TRIAL_METRICS)  # Tune adds bookkeeping keys of its own
+    return {"trial_id": best.metrics["trial_id"], "config": dict(best.config),
+            "metrics": {k: best.metrics[k] for k in reported if k in best.metrics},
+            "checkpoint_path": engine["checkpoint_path"], "version": engine["version"],
+            "experiment_path": experiment_path}

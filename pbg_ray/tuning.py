@@ -1,0 +1,131 @@
+"""The `tune` section of the config: what `python -m pbg_ray.tune` searches and how.
+
+The search space maps config keys (dotted, as on the command line: `lr`,
+`ray.num_trainers`, `relations.0.operator`) to Ray Tune sampling specs written as
+plain YAML, so conf/tune/*.yaml and command-line overrides can declare them:
+
+    search_space:
+      lr: {loguniform: [0.01, 0.5]}
+      dimension: {choice: [50, 100]}
+      margin: 0.2                        # a fixed value
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+from pbg_ray.errors import did_you_mean
+
+# Sampler name -> number of arguments (None: a non-empty list of values).
+SAMPLERS: Dict[str, Optional[int]] = {
+    "uniform": 2, "loguniform": 2, "quniform": 3, "randint": 2, "lograndint": 2,
+    "choice": None, "grid_search": None,
+}
+SCHEDULERS = ("asha", "fifo")
+MODES = ("max", "min")
+# What a trial reports after each epoch: PBG's sampled metrics on eval_edge_paths,
+# and the epoch's mean training loss.
+TRIAL_METRICS = ("mrr", "r1", "r10", "r50", "auc", "pos_rank", "loss")
+
+
+@dataclass
+class TuneConfig:
+    """`python -m pbg_ray.tune`: a Ray Tune search over config keys, one engine run per trial."""
+
+    # Config key -> sampling spec ({uniform|loguniform|randint|lograndint: [lo, hi]},
+    # {quniform: [lo, hi, q]}, {choice|grid_search: [values]}) or a fixed value.
+    search_space: Dict[str, Any] = field(default_factory=dict)
+    # Reported after every epoch and compared between trials (see TRIAL_METRICS).
+    metric: str = "mrr"
+    mode: str = "max"
+    # Trials sampled (each grid_search value is crossed with every sample).
+    num_samples: int = 1
+    # Trials running at once; null: as many as the cluster's resources fit.
+    max_concurrent: Optional[int] = None
+    # "asha" stops poor trials early (asynchronous successive halving over epochs);
+    # "fifo" runs every trial to num_epochs.
+    scheduler: str = "asha"
+    # ASHA: epochs every trial runs before it may be stopped; the fraction of trials
+    # kept at each rung is 1 / reduction_factor.
+    grace_period: int = 1
+    reduction_factor: float = 2.0
+    # CPUs of each trial's driver (it only orchestrates: its train tasks take
+    # ray.cpus_per_trainer / ray.gpus_per_trainer each, ray.num_trainers of them).
+    driver_cpus: float = 0.0
+    # Ray Tune's experiment directory is <storage_path>/<name> (null storage_path:
+    # <checkpoint_path>/tune); rerunning with the same one resumes the experiment.
+    # Each trial's engine checkpoints go to <checkpoint_path>/<trial id>.
+    storage_path: Optional[str] = None
+    name: str = "pbg_ray_tune"
+    # Times a failed trial is restarted from its last checkpoint.
+    max_failures: int = 0
+
+    def validate(self, fail: Callable[[str, str, str], None]) -> None:
+        """Rules of this section; `fail(key, problem, fix)` raises."""
+        for key, value, choices in (("tune.metric", self.metric, TRIAL_METRICS),
+                                    ("tune.mode", self.mode, MODES),
+                                    ("tune.scheduler", self.scheduler, SCHEDULERS)):
+            if value not in choices:
+                fail(key, f"unknown value {value!r}{did_you_mean(value, choices)}",
+                     f"Valid values: {', '.join(choices)}.")
+        for key in ("num_samples", "grace_period"):
+            if getattr(self, key) < 1:
+                fail(f"tune.{key}", f"must be at least 1, got {getattr(self, key)}",
+                     f"Set tune.{key} to 1 or more.")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            fail("tune.max_concurrent", f"must be at least 1, got {self.max_concurrent}",
+                 "Set it to 1 or more, or null for no limit.")
+        if self.reduction_factor <= 1:
+            fail("tune.reduction_factor", f"must be above 1, got {self.reduction_factor}",
+                 "Use e.g. 2 (half the trials go on at each rung) or 4.")
+        if self.driver_cpus < 0 or self.max_failures < 0:
+            key = "tune.driver_cpus" if self.driver_cpus < 0 else "tune.max_failures"
+            fail(key, "must not be negative", "Set it to 0 or more.")
+        for key, spec in flat_search_space(self.search_space).items():
+            if key.split(".")[0] in ("ray", "tune"):
+                fail(f"tune.search_space.{key}", "ray and tune settings can't be searched: "
+                     "every trial gets the same resources and search",
+                     "Set them outside the search space, e.g. ray.num_trainers=2.")
+            check_spec(key, spec, fail)
+
+
+def is_spec(value: Any) -> bool:
+    """A sampling spec is a mapping with exactly one key, a sampler's name."""
+    return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SAMPLERS
+
+
+def flat_search_space(space: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """{dotted config key: spec or fixed value}; nested mappings that are not specs
+    (`ray: {num_trainers: {choice: [1, 2]}}`) name sub-keys."""
+    flat: Dict[str, Any] = {}
+    for key, value in space.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and not is_spec(value):
+            flat.update(flat_search_space(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def check_spec(key: str, spec: Any, fail: Callable[[str, str, str], None]) -> None:
+    """Refuse a malformed sampling spec (fixed values are checked with the trial's config)."""
+    if not is_spec(spec):
+        return
+    (sampler, args), = spec.items()
+    where = f"tune.search_space.{key}"
+    arity = SAMPLERS[sampler]
+    if arity is None:
+        if not isinstance(args, list) or not args:
+            fail(where, f"{sampler} needs a non-empty list of values, got {args!r}",
+                 f"Write {{{sampler}: [value, ...]}}.")
+        return
+    if (not isinstance(args, list) or len(args) != arity
+            or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)):
+        fail(where, f"{sampler} needs {arity} numbers, got {args!r}",
+             f"Write {{{sampler}: [low, high{', q' if arity == 3 else ''}]}}.")
+    if args[0] >= args[1]:
+        fail(where, f"{sampler}'s low bound {args[0]} is not below its high bound {args[1]}",
+             "Swap or widen the bounds.")
+    if sampler.startswith("log") and args[0] <= 0:
+        fail(where, f"{sampler} needs positive bounds, got {args!r}", "Use bounds above 0.")

@@ -1,0 +1,90 @@
+"""Ray Tune over the engine, for real, in the shared 2-CPU Ray."""
+
+import json
+import re
+
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.tuner import run_tune, search_space, trial_config, trial_resources
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
+
+from conftest import assert_valid_checkpoint, config_dict, write_random_graph
+
+
+def tune_config(tmp_path, **tune) -> ConfigSchema:
+    data = config_dict(tmp_path, num_epochs=2, dimension=8, eval_fraction=0.0,
+                       eval_edge_paths=[str(tmp_path / "valid")], eval_num_batch_negs=10,
+                       eval_num_uniform_negs=10, comparator="dot", loss_fn="softmax")
+    data["tune"] = dict({"search_space": {"lr": {"grid_search": [0.02, 0.3]}}, "num_samples": 1,
+                         "grace_period": 1}, **tune)
+    return ConfigSchema.from_dict(data)
+
+
+def test_search_space_and_resources_come_from_the_config(tmp_path):
+    config = tune_config(tmp_path, search_space={
+        "lr": {"loguniform": [0.01, 0.5]}, "margin": 0.3,
+        "relations": {"1": {"operator": {"choice": ["diagonal", "none"]}}}}, driver_cpus=0.5)
+    space = search_space(config.tune)
+    assert set(space) == {"lr", "relations.1.operator", "margin"}
+    assert 0.01 <= space["lr"].sample() <= 0.5 and space["margin"] == 0.3
+    assert space["relations.1.operator"].categories == ["diagonal", "none"]
+    trial = trial_config(config.to_dict(), {"lr": 0.2, "relations.1.operator": "none"}, "t1")
+    assert trial.lr == 0.2 and trial.relations[1].operator == "none"
+    assert trial.checkpoint_path == str(tmp_path / "checkpoints" / "t1")
+    config = ConfigSchema.from_dict(dict(config.to_dict(), ray={"num_trainers": 3,
+                                                                "cpus_per_trainer": 2}))
+    assert trial_resources(config).bundles == [{"CPU": 0.5}] + [{"CPU": 2.0}] * 3
+
+
+@pytest.mark.parametrize("tune, message", [
+    ({"search_space": {"lrr": {"uniform": [0.1, 0.2]}}}, "unknown key 'lrr' (did you mean 'lr'?)"),
+    ({"search_space": {"lr": {"uniform": [0.2, 0.1]}}}, "low bound 0.2 is not below"),
+    ({"search_space": {"ray": {"num_trainers": {"choice": [1, 2]}}}}, "can't be searched"),
+    ({"metric": "mmr"}, "unknown value 'mmr' (did you mean 'mrr'?)"),
+    ({"reduction_factor": 1}, "tune.reduction_factor: must be above 1"),
+])
+def test_bad_tune_settings_are_refused_naming_the_key(tmp_path, tune, message):
+    with pytest.raises(PbgRayError, match=re.escape(message)):
+        tune_config(tmp_path, **tune)
+
+
+def test_tune_without_held_out_edges_is_refused(tmp_path):
+    config = ConfigSchema.from_dict(dict(tune_config(tmp_path).to_dict(), eval_edge_paths=[]))
+    with pytest.raises(PbgRayError, match="eval_edge_paths, which is empty"):
+        run_tune(config)
+
+
+def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_session, tmp_path):
+    config = tune_config(tmp_path)
+    write_random_graph(config, num_edges=200)
+    write_random_graph(ConfigSchema.from_dict(
+        dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=40, seed=1)
+    best = run_tune(config)
+
+    trial_dirs = sorted((tmp_path / "checkpoints" / "tune" / "pbg_ray_tune").glob("run_trial_*"))
+    assert len(trial_dirs) == 2
+    epochs_reported = []
+    for trial_dir in trial_dirs:
+        results = [json.loads(line) for line in (trial_dir / "result.json").read_text().splitlines()]
+        # One report per epoch, each with held-out MRR and a checkpoint; ASHA may stop
+        # the worse trial after its first epoch.
+        assert [r["epoch"] for r in results] == list(range(1, len(results) + 1))
+        assert all(0 < r["mrr"] <= 1 and r["loss"] > 0 for r in results)
+        assert all(r["checkpoint_dir_name"] for r in results)
+        epochs_reported.append(len(results))
+    assert max(epochs_reported) == 2
+
+    assert best["config"]["lr"] in (0.02, 0.3)
+    assert best["checkpoint_path"] == str(tmp_path / "checkpoints" / best["trial_id"])
+    best_config = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=best["checkpoint_path"],
+                                              lr=best["config"]["lr"]))
+    assert_valid_checkpoint(best_config, best["version"])
+    assert json.loads((tmp_path / "checkpoints" / best["trial_id"] / "config.json").read_text())[
+        "lr"] == best["config"]["lr"]
+
+    # The same command again resumes the finished experiment: nothing is retrained.
+    again = run_tune(config)
+    assert again["checkpoint_path"] == best["checkpoint_path"]
+    assert CheckpointStorage(best["checkpoint_path"]).load_version() == best["version"]
