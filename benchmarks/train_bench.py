@@ -82,29 +82,45 @@ def config_dict(root: Path, nparts: int, checkpoint: Path, epochs: int) -> dict:
         checkpoint_path=str(checkpoint))
 
 
+def role(proc: psutil.Process) -> str:
+    """What a process of the run is, for the memory breakdown."""
+    name = " ".join(proc.cmdline())
+    for role_name, marker in (("train tasks", "train_bucket_task"), ("partition stores", "PartitionStore"),
+                              ("parameter server", "ParameterServer"), ("idle workers", "ray::IDLE")):
+        if marker in name:
+            return role_name
+    return "other (Ray's own processes, Hogwild workers)"
+
+
 class PeakMemory:
-    """Peak of the summed PSS of a process and all its descendants, sampled every 0.2 s."""
+    """Peak of the summed PSS of a process and all its descendants, sampled every 0.2 s;
+    `breakdown` holds the PSS per role at that peak."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
         self.peak = 0
+        self.breakdown: dict = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            total = 0
+            roles: dict = {}
             try:
                 procs = [self.root] + self.root.children(recursive=True)
             except psutil.Error:
                 break
             for proc in procs:
                 try:
-                    total += proc.memory_full_info().pss
+                    pss = proc.memory_full_info().pss
+                    key = "driver" if proc.pid == self.root.pid else role(proc)
                 except psutil.Error:
-                    pass
-            self.peak = max(self.peak, total)
+                    continue
+                roles[key] = roles.get(key, 0) + pss
+            total = sum(roles.values())
+            if total > self.peak:
+                self.peak, self.breakdown = total, roles
             time.sleep(0.2)
 
     def stop(self) -> int:
@@ -161,7 +177,7 @@ def run(script: str, config: dict, env: dict) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"run failed:\n{out[-4000:]}")
     seconds = float(re.search(r"TRAIN_SECONDS (\S+)", out).group(1))
-    result = {"seconds": seconds, "peak_pss_bytes": peak}
+    result = {"seconds": seconds, "peak_pss_bytes": peak, "peak_pss_by_role": memory.breakdown}
     timing = re.search(r"TIMING (.*)", out)
     if timing:
         buckets = json.loads(timing.group(1))
@@ -225,6 +241,10 @@ def main() -> None:
     disk_share = figures["8p_disk"]["pbg_ray"]["peak_pss_bytes"] / figures["1p_memory"]["pbg_ray"]["peak_pss_bytes"]
     figures["disk_8p_peak_vs_memory_1p"] = disk_share
     print(f"disk mode, 8 partitions: peak memory {100 * disk_share:.0f}% of the all-in-memory run")
+    for name in ("1p_memory", "8p_disk"):
+        roles = figures[name]["pbg_ray"]["peak_pss_by_role"]
+        print(f"  pbg_ray {name} at its peak: " + ", ".join(
+            f"{r} {b / 2**20:,.0f} MiB" for r, b in sorted(roles.items(), key=lambda kv: -kv[1])))
     print(json.dumps(figures))
 
 
