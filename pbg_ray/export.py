@@ -4,16 +4,22 @@ Writes a checkpoint's embeddings (global embeddings added, as PBG does) and
 relation parameters as TSV in torchbiggraph_export_to_tsv's layout or as
 Parquet, one partition at a time. Settings under `export.`: format (tsv,
 parquet), version (null: the newest), output (null: <checkpoint_path>/export).
+
+export.format=bundle writes <output>/bundle.zip (pbg_ray.bundle): a tag per checkpoint
+version of export.versions and per precision of export.variants (fp32, fp16, int8), and
+prints each tag's size beside the fp32 one's.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 
+from pbg_ray.bundle import BUNDLE_FILE, write_checkpoint_bundle
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
@@ -23,9 +29,26 @@ from pbg_ray.io.entities import load_entity_names, load_relation_names
 from pbg_ray.model.params import global_emb_key, param_layout
 
 
+def export_bundle(config: ConfigSchema) -> Dict[str, Any]:
+    """Write `config.export.versions` of config's checkpoint as a model bundle."""
+    settings = config.export
+    wanted = sorted(set(settings.versions)) if settings.versions else [settings.version]
+    located = [locate_version(config, v, "export.versions") for v in wanted]
+    output = Path(settings.output) if settings.output else located[-1][0].path / "export"
+    path = output / BUNDLE_FILE
+    tags = write_checkpoint_bundle(path, config, located, settings.variants)
+    return {"checkpoint_path": str(located[-1][0].path), "versions": [v for _, v in located],
+            "format": "bundle", "file": str(path), "file_bytes": os.path.getsize(path), "tags": tags}
+
+
 def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     """Export `config.export.version` of config's checkpoint; returns what was written."""
     settings = config.export
+    if settings.format == "bundle":
+        return export_bundle(config)
+    if settings.versions is not None or settings.variants != ["fp32"]:
+        raise PbgRayError("export.versions and export.variants apply to export.format=bundle; "
+                          f"with format={settings.format} use export.version.")
     storage, version = locate_version(config, settings.version, "export.version")
     output = Path(settings.output) if settings.output else storage.path / "export"
     stored, _ = storage.load_model(version)
@@ -65,8 +88,23 @@ def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
             "entities": num_entities, "files": [str(p) for p in tables.files]}
 
 
+def print_sizes(tags: List[Dict[str, Any]]) -> None:
+    """Each bundle tag's bytes of parameters, reduced ones beside their version's fp32 tag."""
+    full = {t["version"]: t for t in tags if t["precision"] == "fp32"}
+    for tag in tags:
+        line = f"tag {tag['tag']}: {tag['bytes']:,} bytes of parameters"
+        ref = full.get(tag["version"])
+        if ref is not None and ref is not tag:
+            line += (f", {ref['bytes'] / tag['bytes']:.2f}x smaller than {ref['tag']} "
+                     f"({ref['bytes']:,} bytes)")
+        print(line)
+
+
 def run(config: ConfigSchema) -> None:
-    print(json.dumps(export_checkpoint(config)))  # Hydra has set up logging: warnings reach stderr
+    result = export_checkpoint(config)
+    if result["format"] == "bundle":
+        print_sizes(result["tags"])
+    print(json.dumps(result))  # Hydra has set up logging: warnings reach stderr
 
 
 main = hydra_entry(run)

@@ -2,6 +2,7 @@
 
     from pbg_ray.predict import Predictor
     model = Predictor.load("model/checkpoints")          # the newest version
+    model = Predictor.load("export/bundle.zip", tag="v10-int8")  # or a model bundle's tag
     model.score([("alice", "follows", "bob")])            # -> float32 [1]
     model.top_rhs("alice", "follows", k=10, exclude=["data/edges/train"])
     model.top_lhs("follows", "bob", k=10)
@@ -13,7 +14,7 @@ Scores are the model's (pbg_ray.scoring): `score` and `top_rhs` rank by the rhs 
 score, `top_lhs` by the lhs side's (the same in per-relation mode; dynamic relations
 score the sides with different operators). Neighbours are compared by the comparator
 on the entities' prepared vectors (global embedding added, no relation operator).
-The whole checkpoint is loaded into memory.
+The whole checkpoint (or bundle tag) is loaded into memory.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pbg_ray import bundle
 from pbg_ray.cli import report_errors
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
@@ -43,35 +45,50 @@ Ranked = List[Tuple[str, float]]  # (entity name, score), best first
 
 
 class Predictor:
-    """A checkpoint version with its entity and relation names."""
+    """A checkpoint version (or a bundle's tag) with its entity and relation names."""
 
-    def __init__(self, config: ConfigSchema, storage: CheckpointStorage, version: int) -> None:
+    def __init__(self, config: ConfigSchema, arrays: Dict[str, np.ndarray],
+                 tables: Dict[str, List[np.ndarray]], source: str) -> None:
+        """arrays: the model's parameters by public name; tables: per entity type the
+        embeddings [N, D] of each partition; source: what they were loaded from."""
         check_rankable(config)
         self.config = config
-        self.version = version
+        self.source = source
         num_rel = num_relation_ids(config)
-        arrays, optim_state = storage.load_model(version)
-        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, optim_state).arrays)
+        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, None).arrays)
         self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
                                else [r.name for r in config.relations])
         self.tables: Dict[str, List[Tensor]] = {
-            entity: [torch.from_numpy(storage.load_entity_partition(version, entity, p)[0])
-                     for p in range(econf.num_partitions)]
-            for entity, econf in config.entities.items()}
+            entity: [torch.from_numpy(t) for t in parts] for entity, parts in tables.items()}
         self._names: Dict[str, List[List[str]]] = {}
         self._index: Dict[str, Dict[str, Tuple[int, int]]] = {}
 
     @classmethod
     def load(cls, checkpoint_path: str, version: Optional[int] = None,
-             entity_path: Optional[str] = None) -> "Predictor":
-        """The checkpoint in checkpoint_path (its config.json says the rest); version None:
-        the newest; entity_path: where the names are, if not where training found them."""
+             entity_path: Optional[str] = None, tag: Optional[str] = None) -> "Predictor":
+        """The checkpoint in checkpoint_path (its config.json says the rest), or a model
+        bundle file (pbg_ray.bundle); version None: the newest; tag (bundles) None: the
+        newest; entity_path: where the names are, if not where training found them."""
+        if bundle.is_bundle(checkpoint_path):
+            if version is not None:
+                raise PbgRayError(f"{checkpoint_path!r} is a model bundle: pick one of its tags "
+                                  "(tag / --tag), not a version.")
+            with bundle.load(checkpoint_path, tag) as model:
+                config = model.config
+                if entity_path is not None:
+                    config = dataclasses.replace(config, entity_path=entity_path)
+                tables = {e: [model.embeddings(e, p) for p in range(c.num_partitions)]
+                          for e, c in config.entities.items()}
+                return cls(config, model.model_arrays(), tables,
+                           f"tag {model.tag!r} of {checkpoint_path!r}")
         storage = CheckpointStorage(checkpoint_path)
         config = dataclasses.replace(storage.load_config(), checkpoint_path=str(storage.path))
         if entity_path is not None:
             config = dataclasses.replace(config, entity_path=entity_path)
         storage, version = locate_version(config, version, "version")
-        return cls(config, storage, version)
+        tables = {e: [storage.load_entity_partition(version, e, p)[0] for p in range(c.num_partitions)]
+                  for e, c in config.entities.items()}
+        return cls(config, storage.load_model(version)[0], tables, f"version {version}")
 
     # --- names ------------------------------------------------------------
 
@@ -84,8 +101,8 @@ class Predictor:
                 if len(names) != len(table):
                     raise PbgRayError(
                         f"entity type {entity!r} partition {part}: {len(names)} names in "
-                        f"{self.config.entity_path!r} but {len(table)} embeddings in version "
-                        f"{self.version}. Pass the entity_path the checkpoint was trained on.")
+                        f"{self.config.entity_path!r} but {len(table)} embeddings in "
+                        f"{self.source}. Pass the entity_path the checkpoint was trained on.")
         return self._names[entity]
 
     def _name_index(self, entity: str) -> Dict[str, Tuple[int, int]]:
@@ -200,8 +217,9 @@ class Predictor:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m pbg_ray.predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint_path")
+    parser.add_argument("checkpoint_path", help="a checkpoint directory or a model bundle file")
     parser.add_argument("--version", type=int, default=None, help="checkpoint version (default: newest)")
+    parser.add_argument("--tag", default=None, help="a model bundle's tag (default: newest)")
     parser.add_argument("--entity-path", default=None, help="where the entity names are "
                         "(default: the checkpoint config's entity_path)")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -227,7 +245,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Prints the answer as one JSON line."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    model = Predictor.load(args.checkpoint_path, args.version, args.entity_path)
+    model = Predictor.load(args.checkpoint_path, args.version, args.entity_path, args.tag)
     if args.command == "score":
         result = {"score": float(model.score([(args.lhs, args.relation, args.rhs)])[0])}
     elif args.command == "neighbors":

@@ -33,6 +33,7 @@ from pbg_ray.evaluation.metrics import ALL, stats_mean
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
+from pbg_ray.io.legacy import resolve_init_path
 from pbg_ray.types import Bucket
 
 logger = logging.getLogger("pbg_ray")
@@ -91,7 +92,8 @@ class Trainer:
         init: Optional[CheckpointStorage] = None
         init_version = 0
         if self.version == 0 and config.init_path:
-            init = CheckpointStorage(config.init_path)
+            # A pre-1.0 run or a model bundle is converted into a v1 checkpoint first.
+            init = CheckpointStorage(resolve_init_path(config.init_path, self.storage.path / ".init"))
             init_version = init.load_version()
         sources = {}
         for entity, econf in config.entities.items():

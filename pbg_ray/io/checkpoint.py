@@ -50,20 +50,36 @@ LOCK_FILE = ".pbg_ray.lock"
 _VERSIONED_FILE = re.compile(r".*\.v(\d+)\.h5")
 
 # Public dataset names <-> PBG's model state dict keys ("private" names).
-_PUBLIC_TO_PRIVATE = [
-    (re.compile(r"relations/(?P<idx>[^./]+)/operator/(?P<side>[^./]+)/(?P<param>[^./]+)"),
-     "{side}_operators.{idx}.{param}"),
-    (re.compile(r"entities/(?P<type>[^./]+)/global_embedding"), "global_embs.emb_{type}"),
+_NAME_TEMPLATES = [
+    ("relations/{idx}/operator/{side}/{param}", "{side}_operators.{idx}.{param}"),
+    ("entities/{type}/global_embedding", "global_embs.emb_{type}"),
 ]
+
+
+def _rename(name: str, source: int, target: int) -> Optional[str]:
+    """`name` matched against the templates at index `source`, written with those at `target`."""
+    for templates in _NAME_TEMPLATES:
+        pieces = re.split(r"\{(\w+)\}", templates[source])
+        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^./]+)"
+                        for i, p in enumerate(pieces))
+        match = re.fullmatch(regex, name)
+        if match:
+            return templates[target].format(**match.groupdict())
+    return None
 
 
 def state_dict_key(public_name: str) -> str:
     """The torchbiggraph model state dict key of a public parameter name."""
-    for pattern, private in _PUBLIC_TO_PRIVATE:
-        match = pattern.fullmatch(public_name)
-        if match:
-            return private.format(**match.groupdict())
-    raise ValueError(f"not a model parameter name: {public_name!r}")
+    key = _rename(public_name, 0, 1)
+    if key is None:
+        raise ValueError(f"not a model parameter name: {public_name!r}")
+    return key
+
+
+def public_name(private_key: str) -> Optional[str]:
+    """The public parameter name of a torchbiggraph model state dict key (None if it is
+    not one, e.g. an entity embedding)."""
+    return _rename(private_key, 1, 0)
 
 
 def serialize_optim_state(state: Optional[Mapping[str, Any]]) -> Optional[bytes]:

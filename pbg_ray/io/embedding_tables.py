@@ -16,7 +16,7 @@ config, so config.py can embed `ExportConfig`.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -27,17 +27,26 @@ import pyarrow.parquet as pq
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.files import atomic_path
 
-EXPORT_FORMATS = ("tsv", "parquet")
+# "bundle" is written by pbg_ray.bundle (export.py picks it before any table is opened).
+EXPORT_FORMATS = ("tsv", "parquet", "bundle")
 TSV_ROWS_PER_WRITE = 4096
 
 
 @dataclass
 class ExportConfig:
-    """`python -m pbg_ray.export`: a checkpoint's embeddings as TSV or Parquet."""
+    """`python -m pbg_ray.export`: a checkpoint's embeddings as TSV or Parquet, or a
+    model bundle (pbg_ray.bundle)."""
 
-    format: str = "tsv"  # tsv (torchbiggraph_export_to_tsv's layout) or parquet
+    # tsv (torchbiggraph_export_to_tsv's layout), parquet, or bundle (<output>/bundle.zip)
+    format: str = "tsv"
     version: Optional[int] = None  # checkpoint version; null: the newest
     output: Optional[str] = None  # directory; null: <checkpoint_path>/export
+    # format=bundle: the checkpoint versions written as tags v{N}; null: `version` alone.
+    versions: Optional[List[int]] = None
+    # format=bundle: the precisions of each version's tags: fp32 (tag v{N}, with the
+    # optimizer state), fp16 and int8 (scale per row) (tags v{N}-fp16, v{N}-int8: entity
+    # embeddings reduced, relation parameters shared with the other tags).
+    variants: List[str] = field(default_factory=lambda: ["fp32"])
 
 
 class EmbeddingTables(contextlib.ExitStack):

@@ -1,9 +1,10 @@
-"""Atomic file writes: a reader sees the old file or the complete new one."""
+"""Atomic file and directory writes: a reader sees the old one or the complete new one."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator, Union
 
@@ -35,3 +36,20 @@ def write_text_atomic(path: PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
+
+
+@contextlib.contextmanager
+def atomic_directory(path: PathLike) -> Iterator[Path]:
+    """Yield an empty staging directory next to `path`; on success it is renamed to `path`
+    (which must be absent or an empty directory), on failure removed. Readers never see
+    a half-written `path`."""
+    path = Path(path)
+    stage = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)  # left by a crashed earlier attempt of this pid
+    stage.mkdir(parents=True)
+    try:
+        yield stage
+        os.rename(stage, path)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
