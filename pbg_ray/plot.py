@@ -30,13 +30,14 @@ def _pyplot():
                           "pip install \"pbg-ray[plot]\" (or pip install matplotlib).") from None
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    return plt
+    return plt, MaxNLocator
 
 
 def plot_stats(lines: List[Dict[str, Any]], output: str, title: str) -> None:
     """Write the PNG of training_stats.json's `lines` to `output`."""
-    plt = _pyplot()
+    plt, MaxNLocator = _pyplot()
     fig, ((loss_epoch, held_epoch), (loss_bucket, held_bucket)) = plt.subplots(
         2, 2, figsize=(12, 8), constrained_layout=True)
     fig.suptitle(title)
@@ -47,6 +48,8 @@ def plot_stats(lines: List[Dict[str, Any]], output: str, title: str) -> None:
     loss_epoch.set(title="training loss per epoch", xlabel="epoch", ylabel="loss per edge")
     _metric_lines(held_epoch, [e + 1 for e in held_out], list(held_out.values()), "o-")
     held_epoch.set(title="held-out metrics per epoch", xlabel="epoch")
+    for axis in (loss_epoch, held_epoch):
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
 
     buckets = bucket_means(lines, TRAIN)
     loss_bucket.plot([i for i, _ in buckets], [m.get("loss") for _, m in buckets], ".-", lw=0.8)

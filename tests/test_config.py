@@ -156,6 +156,8 @@ def test_split_overrides_skips_hydra_flags():
     ("relations.x.operator=none", "address its items by index"),
     ("lr.x=1", "plain value"),
     ("lr=(", "command line"),
+    ("tune.search_space.lr={uniform:[0.1,0.2]}", "a sampling spec is replaced, not overridden"),
+    ("tune.num_sample=4", "did you mean 'tune.num_samples'"),
 ])
 def test_bad_command_line_override(override, message):
     with pytest.raises(PbgRayError) as info:
@@ -166,7 +168,9 @@ def test_bad_command_line_override(override, message):
 def test_good_command_line_overrides_pass():
     check_overrides(["lr=0.1,0.2", "entities.user.num_partitions=4", "relations.0.operator=linear",
                      "ray.address=auto", "model=complex", "+foo=1", "hydra.run.dir=/x",
-                     "edge_paths=[a,b]", "init_path=null"])
+                     "edge_paths=[a,b]", "init_path=null", "hydra/launcher=basic",
+                     "tune=asha", "tune.num_samples=4", "+tune.search_space.margin={choice:[0.1,0.2]}",
+                     "~tune.search_space.lr", "tensorboard_dir=/tb"])
 
 
 def test_hydra_composition_gives_validated_config(tmp_path, monkeypatch):
