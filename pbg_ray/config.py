@@ -198,7 +198,8 @@ class ConfigSchema:
             eval=dataclasses.replace(
                 self.eval, edge_paths=[absolute(p) for p in self.eval.edge_paths],
                 filter_paths=None if self.eval.filter_paths is None
-                else [absolute(p) for p in self.eval.filter_paths]))
+                else [absolute(p) for p in self.eval.filter_paths]),
+            tune=dataclasses.replace(self.tune, storage_path=absolute(self.tune.storage_path)))
 
     def entity_dimension(self, entity: str) -> int:
         dim = self.entities[entity].dimension

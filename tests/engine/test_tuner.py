@@ -22,7 +22,7 @@ def tune_config(tmp_path, **tune) -> ConfigSchema:
     return ConfigSchema.from_dict(data)
 
 
-def test_search_space_and_resources_come_from_the_config(tmp_path):
+def test_search_space_and_resources_come_from_the_config(tmp_path, monkeypatch):
     config = tune_config(tmp_path, search_space={
         "lr": {"loguniform": [0.01, 0.5]}, "margin": 0.3,
         "relations": {"1": {"operator": {"choice": ["diagonal", "none"]}}}}, driver_cpus=0.5)
@@ -33,6 +33,10 @@ def test_search_space_and_resources_come_from_the_config(tmp_path):
     trial = trial_config(config.to_dict(), {"lr": 0.2, "relations.1.operator": "none"}, "t1")
     assert trial.lr == 0.2 and trial.relations[1].operator == "none"
     assert trial.checkpoint_path == str(tmp_path / "checkpoints" / "t1")
+    # Ray Tune refuses a relative storage_path: made absolute like the other paths.
+    monkeypatch.chdir(tmp_path)
+    relative = tune_config(tmp_path, storage_path="tune-runs").with_absolute_paths()
+    assert relative.tune.storage_path == str(tmp_path / "tune-runs")
     config = ConfigSchema.from_dict(dict(config.to_dict(), ray={"num_trainers": 3,
                                                                 "cpus_per_trainer": 2}))
     assert trial_resources(config).bundles == [{"CPU": 0.5}] + [{"CPU": 2.0}] * 3
