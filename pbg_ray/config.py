@@ -25,6 +25,7 @@ from omegaconf import MISSING
 
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.evaluation.settings import EvalConfig
+from pbg_ray.incremental.settings import NEW_ROWS_INITS, IncrementalConfig
 from pbg_ray.io.embedding_tables import ExportConfig
 from pbg_ray.io.raw import ImportConfig
 from pbg_ray.tuning import TuneConfig, flat_search_space
@@ -161,6 +162,8 @@ class ConfigSchema:
     eval: EvalConfig = field(default_factory=EvalConfig)
     # python -m pbg_ray.tune
     tune: TuneConfig = field(default_factory=TuneConfig)
+    # training a grown graph from init_path (pbg_ray/incremental)
+    incremental: IncrementalConfig = field(default_factory=IncrementalConfig)
 
     # ------------------------------------------------------------------
 
@@ -319,6 +322,18 @@ class ConfigSchema:
         if self.ray.gpus_per_trainer < 0:
             fail("ray.gpus_per_trainer", f"must not be negative, got {self.ray.gpus_per_trainer}",
                  "Use 0 for CPU training.")
+        inc = self.incremental
+        _choice(inc.new_rows_init, NEW_ROWS_INITS, "incremental.new_rows_init", fail)
+        if not 0 <= inc.known_lr_scale <= 1:
+            fail("incremental.known_lr_scale", f"must be in [0, 1], got {inc.known_lr_scale}",
+                 "Use 0 to freeze what init_path trained, e.g. 0.1 to move it slowly, 1 for no change.")
+        if self.init_path is None:
+            for key, value, default in (("new_rows_init", inc.new_rows_init, "random"),
+                                        ("known_lr_scale", inc.known_lr_scale, 1.0),
+                                        ("new_entity_edges_only", inc.new_entity_edges_only, False)):
+                if value != default:
+                    fail(f"incremental.{key}", "needs init_path: the checkpoint whose rows are known",
+                         "Set init_path to the previous run's checkpoint_path.")
         self.tune.validate(fail)
         for key in flat_search_space(self.tune.search_space):
             schema_type(key, f"{source}: tune.search_space")

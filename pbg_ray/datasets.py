@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -35,6 +36,52 @@ DEMO_TEST_FRACTION = 0.05
 
 def cache_dir() -> Path:
     return Path(os.environ.get("PBG_RAY_CACHE", Path.home() / ".cache" / "pbg_ray"))
+
+
+def planted_targets(src_community: np.ndarray, community: np.ndarray, num_communities: int,
+                    shift: int, noise: float, rng: np.random.Generator) -> np.ndarray:
+    """rhs ids [E] of edges whose lhs entities are in communities src_community [E]: a
+    uniform member of community (c + shift) % num_communities among the rhs candidates
+    (community [N]: the community of each), or, with probability `noise`, any candidate."""
+    n = len(src_community)
+    by_comm = np.argsort(community, kind="stable")
+    starts = np.searchsorted(community[by_comm], np.arange(num_communities + 1))
+    target_comm = (src_community + shift) % num_communities
+    sizes = starts[target_comm + 1] - starts[target_comm]
+    dst = by_comm[starts[target_comm] + (rng.random(n) * sizes).astype(np.int64)]
+    is_noise = rng.random(n) < noise
+    dst[is_noise] = rng.integers(len(community), size=int(is_noise.sum()))
+    return dst
+
+
+def grown_graph(num_nodes: int, num_edges: int, *, growth: float = 0.1,
+                num_communities: int = 20, noise: float = 0.1, test_fraction: float = 0.05,
+                seed: int = 0) -> Dict[str, List[Tuple[str, str, str]]]:
+    """Raw edges (lhs name, "link", rhs name) of a one-type graph with planted communities
+    (nodes link inside their community), and of its growth by `growth` x num_nodes new
+    nodes with growth x num_edges new edges, each touching a new node on one side and
+    any node of its community on the other. Splits: old_train, old_test, new_train,
+    new_test (test_fraction of each held out). Nodes are named n0, n1, ...; new nodes
+    come after the old ones. Requires num_communities <= num_nodes."""
+    rng = np.random.default_rng(seed)
+    num_new = max(1, int(round(num_nodes * growth)))
+    community = np.concatenate([np.arange(num_communities),  # no community left empty
+                                rng.integers(num_communities, size=num_nodes - num_communities),
+                                rng.integers(num_communities, size=num_new)])
+    src = rng.integers(num_nodes, size=num_edges)
+    dst = planted_targets(community[src], community[:num_nodes], num_communities, 0, noise, rng)
+    num_grown = max(1, int(round(num_edges * growth)))
+    new_src = num_nodes + rng.integers(num_new, size=num_grown)
+    new_dst = planted_targets(community[new_src], community, num_communities, 0, noise, rng)
+    flip = rng.random(num_grown) < 0.5  # new nodes on both sides
+    new_src[flip], new_dst[flip] = new_dst[flip], new_src[flip]
+    splits = {}
+    for name, (lhs, rhs) in (("old", (src, dst)), ("new", (new_src, new_dst))):
+        rows = [(f"n{l}", "link", f"n{r}") for l, r in zip(lhs.tolist(), rhs.tolist())]
+        is_test = rng.random(len(rows)) < test_fraction
+        splits[f"{name}_train"] = [row for row, t in zip(rows, is_test) if not t]
+        splits[f"{name}_test"] = [row for row, t in zip(rows, is_test) if t]
+    return splits
 
 
 def build_demo_graph(out: Path, *, num_communities: int = 100, noise: float = 0.1,
@@ -62,14 +109,8 @@ def build_demo_graph(out: Path, *, num_communities: int = 100, noise: float = 0.
     for rel_id, (_, lhs_type, rhs_type, shift, num_train) in enumerate(DEMO_RELATIONS):
         n = int(round(num_train / (1 - DEMO_TEST_FRACTION)))
         src = rng.integers(DEMO_ENTITIES[lhs_type], size=n)
-        # Members of each community of the rhs type, to draw targets from.
-        by_comm = np.argsort(community[rhs_type], kind="stable")
-        starts = np.searchsorted(community[rhs_type][by_comm], np.arange(num_communities + 1))
-        target_comm = (community[lhs_type][src] + shift) % num_communities
-        sizes = starts[target_comm + 1] - starts[target_comm]
-        dst = by_comm[starts[target_comm] + (rng.random(n) * sizes).astype(np.int64)]
-        is_noise = rng.random(n) < noise
-        dst[is_noise] = rng.integers(DEMO_ENTITIES[rhs_type], size=int(is_noise.sum()))
+        dst = planted_targets(community[lhs_type][src], community[rhs_type], num_communities,
+                              shift, noise, rng)
         lhs.append((lhs_type, src))
         rhs.append((rhs_type, dst))
         rel.append(np.full(n, rel_id, np.int64))

@@ -14,13 +14,15 @@ import ray
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.scheduler import BucketScheduler
+from pbg_ray.incremental.growth import grow_partition
 from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.model import ModelParams, init_params, init_partition, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]
 # Where a partition's first values come from: ("checkpoint", path, version),
-# ("init", path, version) or ("random", count, seed).
+# ("init", path, version, count, new rows [count - init's rows, dim] or None: the
+# partition grown to count rows, see incremental.growth) or ("random", count, seed).
 Source = Tuple[Any, ...]
 
 
@@ -29,11 +31,15 @@ def _load_or_init(config: ConfigSchema, key: PartitionKey, source: Source) -> Tu
     if source[0] == "random":
         _, count, seed = source
         return init_partition(config, entity, count, np.random.default_rng([seed, part, zlib.crc32(entity.encode())]))
-    _, path, version = source
+    _, path, version = source[:3]
     embs, state = CheckpointStorage(path).load_entity_partition(version, entity, part)
     where = str(CheckpointStorage(path).partition_file(version, entity, part))
     sums = row_adagrad_sums(state, len(embs), where)
-    return embs, np.zeros(len(embs), np.float32) if sums is None else sums
+    sums = np.zeros(len(embs), np.float32) if sums is None else sums
+    if source[0] == "init":
+        count, new_rows = source[3:]
+        return grow_partition(config, key, embs, sums, count, new_rows, where)
+    return embs, sums
 
 
 @ray.remote(num_cpus=0)
@@ -139,7 +145,8 @@ class ParameterServer:
         else:
             _, path, version = source
             arrays, optim_state = CheckpointStorage(path).load_model(version)
-            self.params = params_from_checkpoint(config, num_relation_ids, arrays, optim_state)
+            self.params = params_from_checkpoint(config, num_relation_ids, arrays, optim_state,
+                                                 grow=source[0] == "init")
 
     def get(self) -> ModelParams:
         return self.params

@@ -10,7 +10,7 @@ task that dies is simply trained again, with no update lost or applied twice.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import ray
@@ -18,8 +18,9 @@ import torch
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.metrics import sampled_stats
+from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import EdgeList, check_edges, read_edges
-from pbg_ray.model import ModelParams, evaluate_bucket, train_bucket
+from pbg_ray.model import KnownRows, ModelParams, evaluate_bucket, train_bucket
 from pbg_ray.model.kernel import KERNEL_ENV, partition_key
 from pbg_ray.types import Bucket
 
@@ -68,14 +69,18 @@ def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[E
 def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                num_chunks: int, iteration: int, num_relation_ids: int, keys: List[PartitionKey],
                params: ModelParams, partitions: List[Tuple[np.ndarray, np.ndarray]],
-               shared: List[bool], num_threads: int, device: str) -> Tuple[Any, ...]:
+               shared: List[bool], num_threads: int, device: str,
+               known: Optional[KnownRows] = None) -> Tuple[Any, ...]:
     """The pure part of the task. Returns (stats, params delta, one result per key):
-    new (embeddings, sums) for keys held exclusively, deltas for shared ones."""
+    new (embeddings, sums) for keys held exclusively, deltas for shared ones. `known`:
+    what init_path trained (incremental runs), trained at its own learning rate."""
     t_start = time.perf_counter()
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
     counts = partition_counts(keys, partitions)
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
+    if known is not None and config.incremental.new_entity_edges_only:
+        edges = edges[np.flatnonzero(touches_new(config, bucket, edges, known))]
     held_out, train_edges = split_held_out(
         edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx])
     arrays = {key: (np.array(embs), np.array(sums)) for key, (embs, sums) in zip(keys, partitions)}
@@ -87,7 +92,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     if len(held_out):
         stats["eval_stats_before"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
     train_stats = train_bucket(config, bucket, train_edges, arrays, local,
-                               num_threads=num_threads, device=device, seed=iteration)
+                               num_threads=num_threads, device=device, seed=iteration,
+                               known=known)
     if len(held_out):
         stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
     t_trained = time.perf_counter()
@@ -123,7 +129,8 @@ def start_trainer_worker() -> None:
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], shared: List[bool], params: ModelParams,
-                      *partitions: Tuple[np.ndarray, np.ndarray]) -> Tuple[Any, ...]:
+                      *partitions: Tuple[np.ndarray, np.ndarray],
+                      known: Optional[KnownRows] = None) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy)."""
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
@@ -131,7 +138,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     start = time.time()
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), shared,
-                                 num_threads, device)
+                                 num_threads, device, known)
     stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(),
                        "start": start, "end": time.time()}
     return (stats, *results)

@@ -30,6 +30,7 @@ from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, stats_mean
+from pbg_ray.incremental.growth import known_rows, neighbor_means
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
@@ -75,6 +76,8 @@ class Trainer:
             for path in config.edge_paths}
         self.num_chunks = config.num_edge_chunks or max(1, math.ceil(
             max(max(c.values()) for c in self.edge_counts.values()) / config.max_edges_per_chunk))
+        # What init_path trained, when it trains apart from the new rows (incremental runs).
+        self.known = known_rows(config)
 
     def _check_resumable(self, previous: ConfigSchema) -> None:
         for key in RESUME_KEYS:
@@ -95,13 +98,19 @@ class Trainer:
             # A pre-1.0 run or a model bundle is converted into a v1 checkpoint first.
             init = CheckpointStorage(resolve_init_path(config.init_path, self.storage.path / ".init"))
             init_version = init.load_version()
+        new_rows = (neighbor_means(config, init, init_version, self.entity_counts)
+                    if init is not None and init_version > 0
+                    and config.incremental.new_rows_init == "neighbors" else {})
         sources = {}
         for entity, econf in config.entities.items():
             for part in range(econf.num_partitions):
                 if self.version > 0:
                     sources[entity, part] = ("checkpoint", str(self.storage.path), self.version)
                 elif init is not None and init.partition_file(init_version, entity, part).is_file():
-                    sources[entity, part] = ("init", str(init.path), init_version)
+                    # A grown graph keeps init's rows first; the new rows start fresh.
+                    sources[entity, part] = ("init", str(init.path), init_version,
+                                             self.entity_counts[entity][part],
+                                             new_rows.get((entity, part)))
                 else:
                     sources[entity, part] = ("random", self.entity_counts[entity][part], 0)
         if self.version > 0:
@@ -266,7 +275,8 @@ class Trainer:
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
-                 self.num_relation_ids, keys, shared, self.params.get.remote(), *part_refs)
+                 self.num_relation_ids, keys, shared, self.params.get.remote(), *part_refs,
+                 known=self.known)
 
     def _commit(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
                 pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:

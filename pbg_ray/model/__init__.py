@@ -5,6 +5,7 @@ Never imports Ray: the engine calls these functions from its tasks, tests call t
 
 from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 from pbg_ray.model.params import (
+    KnownRows,
     ModelParams,
     PartitionKey,
     init_params,
@@ -14,6 +15,6 @@ from pbg_ray.model.params import (
 )
 
 __all__ = [
-    "ModelParams", "PartitionKey", "evaluate_bucket", "init_params", "init_partition",
+    "KnownRows", "ModelParams", "PartitionKey", "evaluate_bucket", "init_params", "init_partition",
     "params_from_checkpoint", "params_to_checkpoint", "train_bucket",
 ]

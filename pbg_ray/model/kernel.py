@@ -25,7 +25,7 @@ from pbg_ray.io.edges import EdgeList
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
 from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
 from pbg_ray.model.optim import adagrad_, row_adagrad_
-from pbg_ray.model.params import ModelParams, PartitionKey, relation_lr
+from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, relation_lr
 from pbg_ray.types import Bucket
 
 
@@ -122,7 +122,7 @@ class KernelState:
     """Torch views of the caller's arrays (copies on a GPU) and the optimizers' settings."""
 
     def __init__(self, config: ConfigSchema, partitions, params: ModelParams,
-                 device: torch.device, writable: bool) -> None:
+                 device: torch.device, writable: bool, known: Optional[KnownRows] = None) -> None:
         def view(a: np.ndarray) -> Tensor:
             with warnings.catch_warnings():  # read-only arrays are fine when nothing writes
                 warnings.simplefilter("ignore", UserWarning)
@@ -132,7 +132,18 @@ class KernelState:
         self.sums = {k: view(s) for k, (_, s) in partitions.items()} if writable else {}
         self.params = {k: view(a) for k, a in params.arrays.items()}
         self.param_sums = {k: view(a) for k, a in params.sums.items()} if writable else {}
-        self.embedder = Embedder(config, self.tables, self.params, renorm_in_place=writable)
+        # Rows and parameters init_path trained step at lr * known_scale (incremental runs).
+        self.known_rows = {k: known.partitions.get(k, 0) for k in partitions} if known else {}
+        self.known_scale = known.lr_scale if known else 1.0
+        self.param_scale: Dict[str, Tensor] = {}
+        if known and known.lr_scale != 1:
+            for name, rows in known.params.items():
+                if rows and name in self.params:
+                    scale = torch.ones(self.params[name].shape[0], device=device)
+                    scale[:rows] = known.lr_scale
+                    self.param_scale[name] = scale
+        self.embedder = Embedder(config, self.tables, self.params, renorm_in_place=writable,
+                                 frozen_rows=self.known_rows if self.known_scale == 0 else None)
         self.lr = config.lr
         self.relation_lr = relation_lr(config)
 
@@ -152,9 +163,11 @@ def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Ten
     """Forward, backward and optimizer steps of one batch: (loss, reg, violators lhs, rhs)."""
     grads = state.embedder.backward(batch, state.embedder.forward(batch))
     for key, (ids, g) in grads.rows.items():
-        row_adagrad_(state.tables[key], state.sums[key], ids, g, state.lr, owners[key])
+        row_adagrad_(state.tables[key], state.sums[key], ids, g, state.lr, owners[key],
+                     state.known_rows.get(key, 0), state.known_scale)
     for name, g in grads.params.items():
-        adagrad_(state.params[name], state.param_sums[name], g, state.relation_lr)
+        adagrad_(state.params[name], state.param_sums[name], g, state.relation_lr,
+                 state.param_scale.get(name))
     return grads.loss, grads.reg, grads.violators["lhs"], grads.violators["rhs"]
 
 
@@ -195,9 +208,10 @@ def _run_workers(num_workers: int, batches: List[np.ndarray], work) -> List[Any]
 def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                  partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
                  params: ModelParams, *, num_threads: int = 1, device: str = "cpu",
-                 seed: int = 0) -> Dict[str, Any]:
+                 seed: int = 0, known: Optional[KnownRows] = None) -> Dict[str, Any]:
     """Train one pass over `edges` in batches of config.batch_size, updating the partitions'
-    embeddings and row-Adagrad sums and the shared params in place.
+    embeddings and row-Adagrad sums and the shared params in place (what `known` names
+    at its scaled learning rate).
 
     Returns PBG's stats layout, metrics summed over batches:
     {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.
@@ -207,7 +221,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     num_workers = max(1, num_threads) if dev.type == "cpu" else 1
     rng = np.random.default_rng(seed)
     batches = edge_batches(config, edges.rel, config.batch_size, rng)
-    state = KernelState(config, partitions, params, dev, writable=True)
+    state = KernelState(config, partitions, params, dev, writable=True, known=known)
     tensors = EdgeTensors(edges, dev)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
 

@@ -7,6 +7,8 @@ re-implementations of those steps, so training matches PBG update for update.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -15,14 +17,18 @@ EPS = 1e-10
 
 
 def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: float,
-                 owner: Tensor) -> None:
+                 owner: Tensor, known: int = 0, known_scale: float = 1.0) -> None:
     """One RowAdagrad step on the rows `ids` [n] (duplicates allowed) of table [N, D]
-    with gradients grads [n, D] (overwritten), accumulators sums [N].
+    with gradients grads [n, D] (overwritten), accumulators sums [N]. Rows below `known`
+    step at lr * known_scale; known_scale 0 leaves them and their accumulators untouched.
 
     Duplicate rows are folded without sort/unique: every position writes its index into
     `owner` (scratch, int64 [N], one per worker) and reads back the winner (whichever
     write landed), so all occurrences of a row agree on one representative position.
     """
+    if known and known_scale == 0:
+        new = (ids >= known).nonzero().squeeze(1)
+        ids, grads = ids.index_select(0, new), grads.index_select(0, new)
     if ids.numel() == 0:
         return
     position = torch.arange(ids.numel(), device=ids.device)
@@ -36,10 +42,21 @@ def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: fl
         grads.index_fill_(0, dup, 0)
     sums.index_add_(0, ids, torch.linalg.vector_norm(grads, dim=1).square_().div_(grads.shape[1]))
     step = sums.index_select(0, ids).sqrt_().add_(EPS).reciprocal_().mul_(-lr)
+    if known and known_scale != 1:
+        step.mul_(torch.where(ids < known, known_scale, 1.0))
     table.index_add_(0, ids, grads.mul_(step.unsqueeze(1)))
 
 
-def adagrad_(param: Tensor, sums: Tensor, grad: Tensor, lr: float) -> None:
-    """One torch.optim.Adagrad step (lr_decay=0, weight_decay=0, eps=1e-10)."""
+def adagrad_(param: Tensor, sums: Tensor, grad: Tensor, lr: float,
+             row_scale: Optional[Tensor] = None) -> None:
+    """One torch.optim.Adagrad step (lr_decay=0, weight_decay=0, eps=1e-10). row_scale:
+    a multiplier of lr per index of the first dimension [param.shape[0]]; where it is 0,
+    the entries and their accumulators are left untouched."""
+    if row_scale is not None:
+        scale = row_scale.view((-1,) + (1,) * (grad.dim() - 1))
+        grad = torch.where(scale > 0, grad, 0.0)  # +0.0: x - lr * 0 / d is exactly x
+        sums.addcmul_(grad, grad)
+        param.addcdiv_(grad * scale, sums.sqrt().add_(EPS), value=-lr)
+        return
     sums.addcmul_(grad, grad)
     param.addcdiv_(grad, sums.sqrt().add_(EPS), value=-lr)

@@ -90,28 +90,54 @@ def params_to_checkpoint(config: ConfigSchema, params: ModelParams
     return dict(params.arrays), optimizer.state_dict()
 
 
+@dataclasses.dataclass
+class KnownRows:
+    """What init_path trained, in an incremental run (pbg_ray.incremental): the leading
+    rows of each entity partition, and of each shared parameter's first dimension, that
+    are known. Their learning rate is multiplied by `lr_scale`; 0 freezes them."""
+
+    partitions: Dict[PartitionKey, int]
+    params: Dict[str, int]
+    lr_scale: float
+
+
+def _fitted(config: ConfigSchema, name: str, value: Any, initial: np.ndarray, grow: bool,
+            what: str) -> np.ndarray:
+    """`value` as float32 of initial's shape. With `grow`, a dynamic relation parameter
+    with fewer relation ids fills the first rows; the new ids keep `initial`'s rows."""
+    shape, expected = np.shape(value), initial.shape
+    if shape == expected:
+        return np.array(value, np.float32)
+    if (grow and config.dynamic_relations and name.startswith("relations/")
+            and len(shape) == len(expected) and shape[1:] == expected[1:] and shape[0] < expected[0]):
+        grown = initial.copy()
+        grown[:shape[0]] = value
+        return grown
+    raise PbgRayError(f"{what} {name!r} has shape {shape}, the config needs {expected}. Check "
+                      "dimension and the relation count.")
+
+
 def params_from_checkpoint(config: ConfigSchema, num_relation_ids: int,
-                           arrays: Dict[str, np.ndarray], optim_state: Optional[dict]
-                           ) -> ModelParams:
-    """Parameters from a checkpoint (missing ones at their initial values)."""
+                           arrays: Dict[str, np.ndarray], optim_state: Optional[dict],
+                           grow: bool = False) -> ModelParams:
+    """Parameters from a checkpoint (missing ones at their initial values). `grow`: the
+    checkpoint is an init_path of a grown graph, whose relation ids (dynamic mode) are a
+    prefix of this config's; its optimizer state covers only the parameters it has."""
     params = init_params(config, num_relation_ids)
     for name, value in arrays.items():
         if name not in params.arrays:
             raise PbgRayError(f"checkpoint parameter {name!r} does not belong to this config's "
                               f"model (expected {sorted(params.arrays)}). Check the operator, "
                               "dynamic_relations and global_emb settings.")
-        expected = params.arrays[name].shape
-        if np.shape(value) != expected:
-            raise PbgRayError(f"checkpoint parameter {name!r} has shape {np.shape(value)}, the "
-                              f"config needs {expected}. Check dimension and the relation count.")
-        params.arrays[name] = np.array(value, np.float32)
+        params.arrays[name] = _fitted(config, name, value, params.arrays[name], grow,
+                                      "checkpoint parameter")
     state: Dict[Any, Any] = (optim_state or {}).get("state", {})
-    for idx, name in enumerate(params.arrays):
+    # The state is indexed by the position of each parameter in the writer's layout: ours,
+    # less the parameters a grown graph added (relations and entity types only append).
+    names = [n for n in params.arrays if n in arrays] if grow else list(params.arrays)
+    for idx, name in enumerate(names):
         entry = state.get(idx)
         if entry is not None and "sum" in entry:
-            sums = np.asarray(entry["sum"], np.float32)
-            if sums.shape != params.arrays[name].shape:
-                raise PbgRayError(f"optimizer state for {name!r} has shape {sums.shape}, "
-                                  f"expected {params.arrays[name].shape}.")
-            params.sums[name] = sums.copy()
+            params.sums[name] = _fitted(config, name, np.asarray(entry["sum"], np.float32),
+                                        params.sums[name], grow, "optimizer state for")
     return params

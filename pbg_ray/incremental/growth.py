@@ -1,0 +1,155 @@
+"""A grown graph trained from init_path: what init_path knows, and the new rows.
+
+An incremental import (importer.previous_entity_path) keeps every known entity at its
+(partition, offset) and appends new ones at the ends of partitions, and in dynamic
+mode appends new relation ids. So init_path's partition of N rows is the first N rows
+of the grown partition, and its relation parameters are the first rows of the grown
+ones: everything past them is new.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.edges import EdgeList, count_edges, read_edges
+from pbg_ray.model.kernel import partition_key
+from pbg_ray.model.params import KnownRows, PartitionKey, init_partition
+from pbg_ray.types import Bucket
+
+NEIGHBOR_CHUNK = 1 << 22  # edges read at a time when averaging neighbours
+
+
+def init_checkpoint(config: ConfigSchema) -> Tuple[CheckpointStorage, int]:
+    """init_path's storage and newest version; refuses one that holds no checkpoint."""
+    storage = CheckpointStorage(config.init_path)
+    version = storage.load_version()
+    if version == 0:
+        raise PbgRayError(f"init_path {config.init_path!r} holds no checkpoint, but the "
+                          "incremental settings need its trained rows. Point init_path at the "
+                          "previous run's checkpoint_path.")
+    return storage, version
+
+
+def init_rows(config: ConfigSchema, storage: CheckpointStorage, version: int
+              ) -> Dict[PartitionKey, int]:
+    """Rows of each of the config's partitions in init_path (0 where it has none: a new type)."""
+    rows = {}
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            rows[entity, part] = (len(storage.load_entity_partition(version, entity, part)[0])
+                                  if storage.partition_file(version, entity, part).is_file() else 0)
+    return rows
+
+
+def known_rows(config: ConfigSchema) -> Optional[KnownRows]:
+    """What init_path trained, when the run treats it apart from the new rows (a scaled
+    learning rate, or training only edges with new entities); None otherwise."""
+    inc = config.incremental
+    if config.init_path is None or (inc.known_lr_scale == 1 and not inc.new_entity_edges_only):
+        return None
+    storage, version = init_checkpoint(config)
+    params: Dict[str, int] = {}
+    if storage.model_file(version).is_file():
+        arrays, _ = storage.load_model(version)
+        params = {name: int(np.shape(value)[0]) if np.ndim(value) else 1
+                  for name, value in arrays.items()}
+    return KnownRows(init_rows(config, storage, version), params, inc.known_lr_scale)
+
+
+def grow_partition(config: ConfigSchema, key: PartitionKey, embs: np.ndarray, sums: np.ndarray,
+                   count: int, new_rows: Optional[np.ndarray], where: str
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+    """init_path's partition (embeddings [N, dim], row-Adagrad sums [N]) grown to `count`
+    rows: the first N kept, the new ones from `new_rows` [count - N, dim] where given
+    and finite, else N(0, init_scale); their sums start at 0."""
+    entity, part = key
+    if len(embs) > count:
+        raise PbgRayError(
+            f"{where} holds {len(embs)} entities of type {entity!r}, partition {part}, but "
+            f"entity_path counts only {count}. init_path must be a checkpoint of this graph or "
+            "of the graph it grew from (importer.previous_entity_path keeps known entities).")
+    if len(embs) == count:
+        return embs, sums
+    rng = np.random.default_rng([count, part, zlib.crc32(entity.encode())])
+    fresh, fresh_sums = init_partition(config, entity, count - len(embs), rng)
+    if new_rows is not None:
+        given = np.isfinite(new_rows).all(axis=1)
+        fresh[given] = new_rows[given]
+    return np.concatenate([embs, fresh]), np.concatenate([sums, fresh_sums])
+
+
+def _edge_chunks(edge_path: str, bucket: Bucket) -> Iterator[EdgeList]:
+    num_chunks = max(1, -(-count_edges(edge_path, bucket) // NEIGHBOR_CHUNK))
+    for chunk in range(num_chunks):
+        yield read_edges(edge_path, bucket, chunk, num_chunks)
+
+
+def neighbor_means(config: ConfigSchema, storage: CheckpointStorage, version: int,
+                   counts: Dict[str, List[int]]) -> Dict[PartitionKey, np.ndarray]:
+    """For each partition that grew: float32 [new rows, dim], the mean of each new
+    entity's known neighbours' embeddings in init_path (version `version`) over the edges
+    of edge_paths, NaN rows for new entities without a known neighbour. Raw embeddings:
+    operators are not applied."""
+    known = init_rows(config, storage, version)
+    grown = {k: counts[k[0]][k[1]] - n for k, n in known.items()
+             if counts[k[0]][k[1]] > n and not config.entities[k[0]].featurized}
+    sums = {k: np.zeros((n, config.entity_dimension(k[0])), np.float64) for k, n in grown.items()}
+    seen = {k: np.zeros(n, np.int64) for k, n in grown.items()}
+    cache: Dict[PartitionKey, np.ndarray] = {}
+
+    def embeddings(key: PartitionKey) -> np.ndarray:
+        if key not in cache:
+            cache[key] = storage.load_entity_partition(version, *key)[0]
+        return cache[key]
+
+    rel_types = [config.relations[0]] if config.dynamic_relations else config.relations
+    nparts = {side: max(config.entities[getattr(r, side)].num_partitions for r in config.relations)
+              for side in ("lhs", "rhs")}
+    for edge_path in config.edge_paths:
+        for lhs_part in range(nparts["lhs"]):
+            for rhs_part in range(nparts["rhs"]):
+                bucket = Bucket(lhs_part, rhs_part)
+                needed = {partition_key(config, getattr(r, s), p) for r in rel_types
+                          for s, p in (("lhs", lhs_part), ("rhs", rhs_part))}
+                for key in set(cache) - needed:  # the whole model never sits in memory
+                    del cache[key]
+                for edges in _edge_chunks(edge_path, bucket):
+                    type_of = (np.zeros(len(edges), np.int64) if config.dynamic_relations
+                               else edges.rel)
+                    for idx, rel in enumerate(rel_types):
+                        mask = type_of == idx
+                        keys = {"lhs": partition_key(config, rel.lhs, lhs_part),
+                                "rhs": partition_key(config, rel.rhs, rhs_part)}
+                        for side, other in (("lhs", "rhs"), ("rhs", "lhs")):
+                            key, other_key = keys[side], keys[other]
+                            if key not in grown or config.entities[other_key[0]].featurized:
+                                continue
+                            ids, other_ids = getattr(edges, side)[mask], getattr(edges, other)[mask]
+                            pick = (ids >= known[key]) & (other_ids < known[other_key])
+                            rows = ids[pick] - known[key]
+                            np.add.at(sums[key], rows, embeddings(other_key)[other_ids[pick]])
+                            seen[key] += np.bincount(rows, minlength=len(seen[key]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return {k: (sums[k] / seen[k][:, None]).astype(np.float32) for k in grown}
+
+
+def touches_new(config: ConfigSchema, bucket: Bucket, edges: EdgeList, known: KnownRows
+                ) -> np.ndarray:
+    """bool [E]: the edges with at least one entity past init_path's rows (featurized
+    sides never count: their rows are features)."""
+    rel_types = [config.relations[0]] if config.dynamic_relations else config.relations
+    type_of = np.zeros(len(edges), np.int64) if config.dynamic_relations else edges.rel
+    new = np.zeros(len(edges), bool)
+    for side, part in (("lhs", bucket.lhs), ("rhs", bucket.rhs)):
+        limit = np.array([
+            np.iinfo(np.int64).max if config.entities[getattr(r, side)].featurized
+            else known.partitions.get(partition_key(config, getattr(r, side), part), 0)
+            for r in rel_types], np.int64)
+        new |= getattr(edges, side) >= limit[type_of]
+    return new
