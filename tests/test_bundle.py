@@ -190,7 +190,10 @@ def test_a_bundle_is_an_init_path(two_versions, tmp_path):
     """init_path=<bundle>: its newest tag becomes a v1 checkpoint the trainer starts from
     (the trainer's side of resolve_init_path: tests/io/test_legacy.py)."""
     path = export(two_versions, ["int8", "fp32"])["file"]
+    stale = tmp_path / "run" / "..init.staging-1"  # what a killed conversion left
+    stale.mkdir(parents=True)
     resolved = CheckpointStorage(resolve_init_path(path, tmp_path / "run" / ".init"))
+    assert not stale.exists()
     assert resolved.path == tmp_path / "run" / ".init" and resolved.load_version() == 1
     embs, state = resolved.load_entity_partition(1, "item", 1)
     ours, our_state = CheckpointStorage(two_versions.checkpoint_path).load_entity_partition(2, "item", 1)

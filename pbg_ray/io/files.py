@@ -44,8 +44,9 @@ def atomic_directory(path: PathLike) -> Iterator[Path]:
     (which must be absent or an empty directory), on failure removed. Readers never see
     a half-written `path`."""
     path = Path(path)
-    stage = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(stage, ignore_errors=True)  # left by a crashed earlier attempt of this pid
+    # Not ".tmp-": cleaners of leftover temporary *files* (CheckpointStorage) skip it.
+    stage = path.with_name(f".{path.name}.staging-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)  # left by a killed earlier attempt of this pid
     stage.mkdir(parents=True)
     try:
         yield stage

@@ -297,7 +297,8 @@ def resolve_init_path(init_path: str, scratch_dir: PathLike) -> str:
             is_bundle or is_legacy_checkpoint(path)):
         return init_path
     scratch = Path(scratch_dir)
-    shutil.rmtree(scratch, ignore_errors=True)
+    for stale in [scratch, *scratch.parent.glob(f".{scratch.name}.staging-*")]:  # earlier runs'
+        shutil.rmtree(stale, ignore_errors=True)
     with atomic_directory(scratch) as stage:
         if is_bundle:
             with bundle.load(path) as model:

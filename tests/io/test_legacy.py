@@ -85,7 +85,7 @@ def test_migrate_writes_a_v1_run_torchbiggraph_loads(tmp_path, capsys, base):
     for name, value in params.arrays.items():
         np.testing.assert_array_equal(model[name], value)
     assert len(optim_state["state"]) == len(params.arrays)
-    assert not list(tmp_path.glob(".new.tmp-*"))
+    assert not list(tmp_path.glob(".new.*"))
 
 
 def test_migrate_refuses_bad_runs_and_leaves_nothing(tmp_path, capsys):
@@ -97,7 +97,7 @@ def test_migrate_refuses_bad_runs_and_leaves_nothing(tmp_path, capsys):
             migrate_main([str(old), str(new), *extra])
         assert exit_info.value.code == 2
         assert re.search(match, capsys.readouterr().err)
-        assert not new.exists() and not list(tmp_path.glob(".new.tmp-*"))
+        assert not new.exists() and not list(tmp_path.glob(".new.*"))
 
     (tmp_path / "counts").mkdir()
     torch.save(99, tmp_path / "counts" / "entity_count_item_2.pt")
