@@ -132,6 +132,8 @@ def neighbor_means(config: ConfigSchema, storage: CheckpointStorage, version: in
                                 continue
                             ids, other_ids = getattr(edges, side)[mask], getattr(edges, other)[mask]
                             pick = (ids >= known[key]) & (other_ids < known[other_key])
+                            if not pick.any():  # also: the other side is a new type
+                                continue
                             rows = ids[pick] - known[key]
                             np.add.at(sums[key], rows, embeddings(other_key)[other_ids[pick]])
                             seen[key] += np.bincount(rows, minlength=len(seen[key]))
