@@ -9,6 +9,12 @@ That is a remap of ids, applied while the spill is routed into buckets with a
 stable radix sort. Later inputs (valid/test) look names up in the first
 input's dictionaries; edges with unseen names are counted and reported.
 
+An incremental import (importer.previous_entity_path) seeds each dictionary
+with a previous import's names: they keep their partition and offset, and the
+new names are appended to the ends of partitions, the smallest partitions
+first; with importer.previous_edge_paths, the previous edges go into the output
+buckets ahead of the new ones.
+
 Everything is written into staging directories and moved into place at the
 end, buckets first, entity files next, the manifest last: a failed import
 leaves the output directories as they were.
@@ -33,8 +39,10 @@ from tqdm import tqdm
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.io.edges import FORMAT_VERSION, FORMAT_VERSION_ATTR, edges_file
+from pbg_ray.io.edges import (
+    FORMAT_VERSION, FORMAT_VERSION_ATTR, count_edges, edges_file, read_edges)
 from pbg_ray.io.entities import (
+    dynamic_rel_names_file, entity_count_file, load_entity_names, load_relation_names,
     save_dynamic_rel_count, save_entity_count, save_entity_names, save_relation_names)
 from pbg_ray.io.files import write_text_atomic
 from pbg_ray.io.name_index import NameIndex
@@ -64,13 +72,17 @@ class Dictionary:
     names: List[List[str]]  # per partition
 
 
+def _shuffled(index: NameIndex, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`ids` in a canonical order (by key, independent of row order), then shuffled."""
+    canonical = ids[np.argsort(index.keys()[ids], kind="stable")]
+    return canonical[rng.permutation(len(canonical))]
+
+
 def partition_names(index: NameIndex, num_partitions: int, min_count: int,
                     rng: np.random.Generator) -> Dictionary:
     """PBG's dictionary: frequent-enough names, shuffled, cut into contiguous ranges
     (partition p holds positions ceil(p n / P) .. ceil((p + 1) n / P) - 1)."""
-    kept = np.flatnonzero(index.counts >= min_count)
-    canonical = kept[np.argsort(index.keys()[kept], kind="stable")]
-    order = canonical[rng.permutation(len(canonical))]
+    order = _shuffled(index, np.flatnonzero(index.counts >= min_count), rng)
     n, parts = len(order), num_partitions
     position = np.arange(n, dtype=np.int64)
     part_of_position = position * parts // max(n, 1)
@@ -81,6 +93,45 @@ def partition_names(index: NameIndex, num_partitions: int, min_count: int,
     offset[order] = position - starts[part_of_position]
     ordered = index.names().take(pa.array(order))
     names = [ordered.slice(starts[p], starts[p + 1] - starts[p]).to_pylist() for p in range(parts)]
+    return Dictionary(part, offset, names)
+
+
+def fill_smallest(counts: np.ndarray, n: int) -> np.ndarray:
+    """How many of `n` new entities each partition of `counts` [P] gets, the smallest
+    filled first: all partitions below a level are raised to it, and what is left goes
+    one each to the partitions at the level, lowest index first."""
+    lo, hi = int(counts.min()), int(counts.min()) + n
+    while lo < hi:  # the highest level reachable with n entities
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if np.maximum(mid - counts, 0).sum() <= n else (lo, mid - 1)
+    added = np.maximum(lo - counts, 0)
+    at_level = np.flatnonzero(counts + added == lo)
+    added[at_level[:n - int(added.sum())]] += 1
+    return added
+
+
+def extend_names(index: NameIndex, previous: List[List[str]], min_count: int,
+                 rng: np.random.Generator) -> Dictionary:
+    """A previous dictionary grown by the new names of `index`, whose first ids are the
+    previous names partition by partition (seeded before parsing). Known names keep
+    their (partition, offset) whatever their count; new names seen min_count times are
+    shuffled and appended to the ends of partitions (fill_smallest)."""
+    counts = np.array([len(names) for names in previous], np.int64)
+    known = int(counts.sum())
+    new_ids = np.arange(known, len(index), dtype=np.int64)
+    order = _shuffled(index, new_ids[index.counts[known:] >= min_count], rng)
+    added = fill_smallest(counts, len(order))
+    part = np.full(len(index), -1, np.int64)
+    offset = np.full(len(index), -1, np.int64)
+    part[:known] = np.repeat(np.arange(len(counts)), counts)
+    offset[:known] = np.arange(known) - np.repeat(np.cumsum(counts) - counts, counts)
+    starts = np.concatenate([[0], np.cumsum(added)])
+    ordered = index.names().take(pa.array(order))
+    names = []
+    for p, old in enumerate(previous):
+        ids = order[starts[p]:starts[p + 1]]
+        part[ids], offset[ids] = p, counts[p] + np.arange(len(ids))
+        names.append(old + ordered.slice(starts[p], added[p]).to_pylist())
     return Dictionary(part, offset, names)
 
 
@@ -102,6 +153,7 @@ class GraphImport:
         self.relation_index = NameIndex("relation names")
         if not config.dynamic_relations:
             self.relation_index.add(pa.array([r.name for r in self.relations], pa.string()))
+        self.previous_names, self.previous_relations = self._load_previous()
         self.weighted = self.settings.weight_col is not None
         self.spill_dtype = _spill_dtype(self.weighted)
         self.num_parts = {side: max(config.entities[getattr(r, side)].num_partitions
@@ -127,6 +179,83 @@ class GraphImport:
         if config.dynamic_relations and s.rel_col is None:
             raise PbgRayError("dynamic_relations=true needs importer.rel_col: the column that "
                               "names each edge's relation.")
+        if s.previous_entity_path is None:
+            if s.previous_edge_paths:
+                raise PbgRayError("importer.previous_edge_paths needs importer.previous_entity_path: "
+                                  "the entity dictionary those edges were imported with.")
+            return
+        previous = Path(s.previous_entity_path).resolve()
+        if not previous.is_dir():
+            raise PbgRayError(f"importer.previous_entity_path {str(previous)!r} is not a "
+                              "directory. Give a previous import's entity_path.")
+        if previous == self.entity_path.resolve():
+            raise PbgRayError(f"importer.previous_entity_path is entity_path ({str(previous)!r}); "
+                              "the previous import is never modified in place. Point entity_path "
+                              "at a new directory.")
+        if len(s.previous_edge_paths) > len(self.outputs):
+            raise PbgRayError(f"importer.previous_edge_paths lists {len(s.previous_edge_paths)} "
+                              f"path(s) for {len(self.outputs)} output edge path(s). Give at most "
+                              "one per output (edge_paths then eval_edge_paths).")
+        outputs = {p.resolve() for p in self.outputs}
+        for path in s.previous_edge_paths:
+            if Path(path).resolve() in outputs:
+                raise PbgRayError(f"importer.previous_edge_paths names {path!r}, an output edge "
+                                  "path; the previous import is never modified in place. Write "
+                                  "the grown graph's edges to new directories.")
+
+    def _load_previous(self) -> tuple:
+        """({entity type: names per partition}, relation names or None) of the previous
+        import, seeded into the name indexes so that their ids come first."""
+        path = self.settings.previous_entity_path
+        if path is None:
+            return {}, None
+        names: Dict[str, List[List[str]]] = {}
+        for name in self.types:
+            parts = self.config.entities[name].num_partitions
+            present = [entity_count_file(path, name, p).is_file() for p in range(parts + 1)]
+            if not any(present):
+                continue  # a new entity type: all its names are new
+            if not all(present[:parts]) or present[parts]:
+                found = sum(1 for _ in Path(path).glob(f"entity_count_{name}_*.txt"))
+                raise PbgRayError(
+                    f"importer.previous_entity_path {path!r} has {found} partition(s) of entity "
+                    f"type {name!r}, the config {parts}. Known entities keep their partitions: "
+                    f"set entities.{name}.num_partitions={found}.")
+            names[name] = [load_entity_names(path, name, p) for p in range(parts)]
+            self._seed(self.entity_index[name], [n for ns in names[name] for n in ns],
+                       f"entity type {name!r}")
+        if not self.config.dynamic_relations:
+            self._check_previous_relations(Path(path))
+            return names, None
+        if not dynamic_rel_names_file(path).is_file():
+            raise PbgRayError(f"importer.previous_entity_path {path!r} has no "
+                              "dynamic_rel_names.json, so it wasn't imported with "
+                              "dynamic_relations=true. Import both the same way.")
+        relations = load_relation_names(path)
+        self._seed(self.relation_index, relations, "relations")
+        return names, relations
+
+    def _seed(self, index: NameIndex, names: List[str], what: str) -> None:
+        """Known names get the first ids, in the previous import's order."""
+        index.add(pa.array(names, pa.string()))
+        if len(index) != len(names):
+            raise PbgRayError(f"importer.previous_entity_path {self.settings.previous_entity_path!r}"
+                              f": {what} lists a name twice, so its ids are ambiguous. Fix the "
+                              "previous import's entity files.")
+
+    def _check_previous_relations(self, previous: Path) -> None:
+        """Relation ids are positions in `relations`: the previous import's must come first."""
+        try:
+            identity = json.loads((previous / MANIFEST).read_text())["identity"]
+            before = [r["name"] for r in identity["relations"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not imported by pbg_ray: nothing to compare with
+        now = [r.name for r in self.relations]
+        if now[:len(before)] != before:
+            raise PbgRayError(f"the config's relations {now} don't start with those of the "
+                              f"previous import {before} ({str(previous / MANIFEST)!r}); relation "
+                              "ids would change. Keep the old relations first, in their order, "
+                              "and add new ones at the end.")
 
     # --- parsing -------------------------------------------------------------
 
@@ -206,12 +335,17 @@ class GraphImport:
 
     def _build_dictionaries(self) -> None:
         self.dictionaries = {
-            name: partition_names(self.entity_index[name], self.config.entities[name].num_partitions,
-                                  self.settings.entity_min_count, self._rng(f"entity {name}"))
+            name: extend_names(self.entity_index[name], self.previous_names[name],
+                               self.settings.entity_min_count, self._rng(f"entity {name}"))
+            if name in self.previous_names else
+            partition_names(self.entity_index[name], self.config.entities[name].num_partitions,
+                            self.settings.entity_min_count, self._rng(f"entity {name}"))
             for name in self.types}
         if self.config.dynamic_relations:
-            relations = partition_names(self.relation_index, 1,
-                                        self.settings.relation_type_min_count, self._rng("relations"))
+            min_count, rng = self.settings.relation_type_min_count, self._rng("relations")
+            relations = (partition_names(self.relation_index, 1, min_count, rng)
+                         if self.previous_relations is None else
+                         extend_names(self.relation_index, [self.previous_relations], min_count, rng))
             self.relation_remap = relations.offset  # -1: too rare
             self.relation_names = relations.names[0]
             if not self.relation_names:
@@ -256,18 +390,29 @@ class GraphImport:
 
     # --- buckets -------------------------------------------------------------
 
-    def _write_buckets(self, spill_path: Path, stage: Path) -> Dict[str, int]:
+    def _bucket(self, index: int) -> Bucket:
+        return Bucket(index // self.num_parts["rhs"], index % self.num_parts["rhs"])
+
+    def _write_buckets(self, spill_path: Path, stage: Path,
+                       previous: Optional[str]) -> Dict[str, int]:
         num_buckets = self.num_parts["lhs"] * self.num_parts["rhs"]
         sizes = np.zeros(num_buckets, np.int64)
         for bucket, *_ in self._routed(spill_path):
             sizes += np.bincount(bucket, minlength=num_buckets)
         total = int(spill_path.stat().st_size // self.spill_dtype.itemsize)
+        new_edges = int(sizes.sum())
+        old = np.array([count_edges(previous, self._bucket(b)) if previous else 0
+                        for b in range(num_buckets)], np.int64)
+        sizes += old
         sort_dtype = np.uint16 if num_buckets <= 1 << 16 else np.int64  # radix sort below 2^16
         for group in range(0, num_buckets, MAX_OPEN_BUCKETS):
             ids = range(group, min(group + MAX_OPEN_BUCKETS, num_buckets))
             files = {b: self._create_bucket(stage, b, int(sizes[b])) for b in ids}
-            filled = {b: 0 for b in ids}
+            filled = {b: int(old[b]) for b in ids}
             try:
+                for b in ids:
+                    if old[b]:
+                        self._copy_previous(previous, self._bucket(b), files[b])
                 for bucket, lhs, rhs, rel, weight in self._routed(spill_path):
                     order = np.argsort(bucket.astype(sort_dtype), kind="stable")
                     bounds = np.searchsorted(bucket[order], [ids.start, ids.stop])
@@ -286,12 +431,29 @@ class GraphImport:
             finally:
                 for hf in files.values():
                     hf.close()
-        return {"edges": int(sizes.sum()), "dropped_rare": total - int(sizes.sum())}
+        stats = {"edges": int(sizes.sum()), "dropped_rare": total - new_edges}
+        return {**stats, "previous_edges": int(old.sum())} if previous else stats
+
+    def _copy_previous(self, previous: str, bucket: Bucket, hf: h5py.File) -> None:
+        """The previous import's edges of `bucket` into the first rows of hf's datasets."""
+        num_chunks = max(1, -(-count_edges(previous, bucket) // SPILL_CHUNK))
+        at = 0
+        for chunk in range(num_chunks):
+            edges = read_edges(previous, bucket, chunk, num_chunks)
+            if edges.weight is not None and not self.weighted:
+                raise PbgRayError(f"{str(edges_file(previous, bucket))!r} (importer."
+                                  "previous_edge_paths) holds edge weights; set importer.weight_col "
+                                  "so that the grown graph keeps them.")
+            end = at + len(edges)
+            for name in ("lhs", "rhs", "rel"):
+                hf[name][at:end] = getattr(edges, name)
+            if self.weighted:
+                hf["weight"][at:end] = 1.0 if edges.weight is None else edges.weight
+            at = end
 
     def _create_bucket(self, stage: Path, index: int, size: int) -> h5py.File:
         """An edge file with contiguous datasets of the bucket's final size."""
-        bucket = Bucket(index // self.num_parts["rhs"], index % self.num_parts["rhs"])
-        hf = h5py.File(edges_file(stage, bucket), "w")
+        hf = h5py.File(edges_file(stage, self._bucket(index)), "w")
         hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
         for name in ("lhs", "rhs", "rel"):
             hf.create_dataset(name, shape=(size,), dtype=np.int64)
@@ -377,7 +539,8 @@ class GraphImport:
                 self._parse(number, spill, stats)
                 if number == 0:
                     self._build_dictionaries()
-                stats.update(self._write_buckets(spill, stage))
+                previous = self.settings.previous_edge_paths[number:number + 1]
+                stats.update(self._write_buckets(spill, stage, previous[0] if previous else None))
                 spill.unlink()
                 per_input.append(stats)
             self._write_entities(entity_stage)
@@ -386,6 +549,10 @@ class GraphImport:
             result = {
                 "inputs": per_input,
                 "entities": {t: sum(map(len, self.dictionaries[t].names)) for t in self.types},
+                **({"new_entities": {t: sum(map(len, self.dictionaries[t].names))
+                                     - sum(map(len, self.previous_names.get(t, [])))
+                                     for t in self.types}}
+                   if self.settings.previous_entity_path else {}),
                 "relations": len(self.relation_names),
                 "seconds": round(seconds, 3),
                 "rows_per_second": round(rows / seconds) if seconds else None,

@@ -63,6 +63,15 @@ class ImportConfig:
     seed: int = 0
     # Replace a different graph already in the output directories.
     overwrite: bool = False
+    # Incremental import: a previous import's entity_path (never modified). Its entities
+    # keep their partition and offset (and, with dynamic_relations, its relations their
+    # ids); new names are appended to the ends of partitions, the smallest first. Known
+    # names are kept whatever their count here.
+    previous_entity_path: Optional[str] = None
+    # With previous_entity_path: edge paths of that import, paired in order with this
+    # import's outputs (edge_paths then eval_edge_paths); each output bucket then holds
+    # the previous path's edges followed by the new ones. Empty: the new edges only.
+    previous_edge_paths: List[str] = field(default_factory=list)
 
 
 @dataclass
