@@ -34,7 +34,8 @@ import torch
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.files import PathLike, atomic_path, write_text_atomic
+from pbg_ray.io.files import (
+    PathLike, reading, write_bytes_atomic, write_failed, write_text_atomic)
 from pbg_ray.types import EntityName, Partition
 
 FORMAT_VERSION_ATTR = "format_version"
@@ -209,6 +210,9 @@ class CheckpointStorage:
             text = self.version_file().read_text().strip()
         except FileNotFoundError:
             return 0
+        except (OSError, ValueError) as err:
+            raise PbgRayError(f"{str(self.version_file())!r} can't be read ({err}). Write the "
+                              "newest complete version number into it.") from None
         if not text:
             return 0
         try:
@@ -251,8 +255,11 @@ class CheckpointStorage:
         return ConfigSchema.from_dict(data, source=str(path))
 
     def append_stats(self, stats: List[Dict[str, Any]]) -> None:
-        with open(self.stats_file(), "at") as f:
-            f.write("".join(json.dumps(s) + "\n" for s in stats))
+        try:
+            with open(self.stats_file(), "at") as f:
+                f.write("".join(json.dumps(s) + "\n" for s in stats))
+        except OSError as err:
+            raise write_failed(self.stats_file(), err) from None
 
     def keep_stats(self, keep: Callable[[Dict[str, Any]], bool]) -> None:
         """Rewrite training_stats.json with only the lines `keep` accepts."""
@@ -260,27 +267,40 @@ class CheckpointStorage:
         write_text_atomic(self.stats_file(), "".join(json.dumps(s) + "\n" for s in kept))
 
     def load_stats(self) -> Iterator[Dict[str, Any]]:
+        """The lines of training_stats.json. A last line without its newline is what a run
+        killed while appending left (its pass never became current): it is left out."""
+        path = self.stats_file()
         try:
-            with open(self.stats_file(), "rt") as f:
-                for line in f:
-                    yield json.loads(line)
+            with reading(path, "training stats"):
+                text = path.read_text()
         except FileNotFoundError:
             return
+        for number, line in enumerate(text.split("\n")[:-1], 1):
+            try:
+                stats = json.loads(line)
+            except ValueError as err:
+                raise PbgRayError(f"{str(path)!r}, line {number}: not a JSON object ({err}). "
+                                  "Delete that line (the file only holds statistics).") from None
+            yield stats
 
     # --- HDF5 files -----------------------------------------------------
 
     @staticmethod
     def _write_h5(path: Path, metadata: Mapping[str, Any], optim_state, fill) -> None:
-        with atomic_path(path) as tmp:
-            with h5py.File(tmp, "w") as hf:
-                hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
-                for key, value in metadata.items():
-                    hf.attrs[key] = value
-                fill(hf)
-                blob = serialize_optim_state(optim_state)
-                if blob is not None:
-                    hf.create_dataset(OPTIMIZER_STATE_DICT_DATASET,
-                                      data=np.frombuffer(blob, dtype=np.dtype("V1")))
+        # Built in memory, then written with plain writes: a failed write inside the HDF5
+        # library (disk full) leaves the file impossible to close and h5py then crashes
+        # the process, while a plain write just raises. Costs one copy of the file in memory.
+        image = io.BytesIO()
+        with h5py.File(image, "w") as hf:
+            hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
+            for key, value in metadata.items():
+                hf.attrs[key] = value
+            fill(hf)
+            blob = serialize_optim_state(optim_state)
+            if blob is not None:
+                hf.create_dataset(OPTIMIZER_STATE_DICT_DATASET,
+                                  data=np.frombuffer(blob, dtype=np.dtype("V1")))
+        write_bytes_atomic(path, image.getbuffer())
 
     @staticmethod
     def _open_h5(path: Path, what: str) -> h5py.File:
@@ -316,7 +336,7 @@ class CheckpointStorage:
                               ) -> Tuple[np.ndarray, Optional[Dict[str, Any]]]:
         """(float32 embeddings [N, dim], optimizer state dict or None)."""
         path = self.partition_file(version, entity, part)
-        with self._open_h5(path, "embeddings") as hf:
+        with reading(path, "embeddings"), self._open_h5(path, "embeddings") as hf:
             ds = hf.get(EMBEDDING_DATASET)
             if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or ds.dtype.kind != "f":
                 found = "nothing" if ds is None else f"shape {getattr(ds, 'shape', '?')} dtype {getattr(ds, 'dtype', '?')}"
@@ -343,7 +363,8 @@ class CheckpointStorage:
     def load_model(self, version: int) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Any]]]:
         """(public name -> array, optimizer state dict or None)."""
         params: Dict[str, np.ndarray] = {}
-        with self._open_h5(self.model_file(version), "model") as hf:
+        path = self.model_file(version)
+        with reading(path, "model"), self._open_h5(path, "model") as hf:
             if MODEL_STATE_DICT_GROUP in hf:
                 def visit(name: str, obj) -> None:
                     if isinstance(obj, h5py.Dataset):

@@ -22,7 +22,7 @@ import numpy as np
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.files import PathLike, atomic_path
+from pbg_ray.io.files import PathLike, atomic_path, reading
 from pbg_ray.types import Bucket
 
 FORMAT_VERSION_ATTR = "format_version"
@@ -159,7 +159,8 @@ def _num_edges(hf: h5py.File) -> int:
 
 
 def count_edges(edge_path: PathLike, bucket: Bucket) -> int:
-    with _open(edges_file(edge_path, bucket)) as hf:
+    path = edges_file(edge_path, bucket)
+    with reading(path, "edge"), _open(path) as hf:
         return _num_edges(hf)
 
 
@@ -180,7 +181,8 @@ def _read_features(hf: h5py.File, side: str, begin: int, end: int) -> Optional[F
 def read_edges(edge_path: PathLike, bucket: Bucket, chunk_idx: int = 0,
                num_chunks: int = 1) -> EdgeList:
     """Read edge chunk `chunk_idx` of `num_chunks` of a bucket (only that slice)."""
-    with _open(edges_file(edge_path, bucket)) as hf:
+    path = edges_file(edge_path, bucket)
+    with reading(path, "edge"), _open(path) as hf:
         begin, end = chunk_bounds(_num_edges(hf), chunk_idx, num_chunks)
 
         def ids(name: str) -> np.ndarray:

@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 from typing import Iterator, Union
 
+from pbg_ray.errors import PbgRayError
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -32,10 +34,46 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
         raise
 
 
+# What h5py and json raise for a file whose bytes are damaged (cut short, overwritten):
+# reported as a PbgRayError by `reading`.
+DAMAGED_FILE_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
+
+
+@contextlib.contextmanager
+def reading(path: PathLike, what: str) -> Iterator[None]:
+    """Report a library's error while reading `path` (its bytes are damaged) as a
+    PbgRayError naming the file; the project's own errors and a missing file (which
+    callers report in their words) pass unchanged."""
+    try:
+        yield
+    except (PbgRayError, FileNotFoundError):
+        raise
+    except DAMAGED_FILE_ERRORS as err:
+        raise PbgRayError(f"{what} file {str(path)!r} is damaged and can't be read "
+                          f"({type(err).__name__}: {err}). Restore it from a copy or write it "
+                          "again.") from None
+
+
+def write_failed(path: PathLike, err: OSError) -> PbgRayError:
+    """The error for a write of `path` that failed (disk full, quota, file size limit,
+    permissions)."""
+    return PbgRayError(f"writing {str(path)!r} failed: {err.strerror or err}. Its previous "
+                       "content (if any) is unchanged; free disk space or fix the cause and rerun.")
+
+
+def write_bytes_atomic(path: PathLike, data) -> None:
+    """Write `data` (bytes or a buffer) as `path`, atomically; a failed write raises
+    `write_failed`'s PbgRayError and leaves `path` as it was."""
+    try:
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                f.write(data)
+    except OSError as err:
+        raise write_failed(path, err) from None
+
+
 def write_text_atomic(path: PathLike, text: str) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import queue
 import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -195,7 +196,7 @@ class RawTable:
                     line = line.rstrip("\r\n")
                     if line:
                         return line
-        except (OSError, UnicodeDecodeError, EOFError) as err:
+        except (OSError, UnicodeDecodeError, EOFError, zlib.error) as err:
             raise PbgRayError(f"input file {str(self.path)!r} can't be read as "
                               f"{'gzip-compressed ' if self.gzip else ''}UTF-8 text: {err}") from None
         return None
@@ -252,6 +253,9 @@ class RawTable:
                     "importer.skip_bad_rows=true to leave such rows out.") from None
             raise PbgRayError(f"input file {str(self.path)!r} can't be parsed as "
                               f"{self.format.upper()}: {err}") from None
+        except OSError as err:  # e.g. a gzip stream cut short
+            raise PbgRayError(f"input file {str(self.path)!r}: reading failed: {err}. "
+                              "Check the file (a download or copy cut short?).") from None
 
     def _parquet_batches(self) -> Iterator[pa.RecordBatch]:
         names = self._parquet.schema_arrow.names

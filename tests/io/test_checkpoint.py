@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import h5py
 import numpy as np
 import pytest
@@ -148,3 +151,51 @@ def test_config_and_stats(storage):
     (storage.path / "config.json").write_text("{oops")
     with pytest.raises(PbgRayError, match="config.json' is not valid JSON"):
         storage.load_config()
+
+
+# Run in a child process whose writes past 1 KiB fail with EFBIG, as on a full disk.
+FULL_DISK_WRITES = """
+import resource, sys
+import numpy as np
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
+storage = CheckpointStorage(sys.argv[1])
+config = storage.load_config()
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
+for write in (lambda: storage.save_entity_partition(1, "user", 0, np.zeros((500, 8), np.float32), None),
+              lambda: storage.save_config(config),
+              lambda: storage.append_stats([{"epoch_idx": 1, "padding": "x" * 2000}])):
+    try:
+        write()
+        print("written")
+    except PbgRayError as err:
+        print(err)
+"""
+
+
+def test_writes_on_a_full_disk_fail_naming_the_file_and_change_nothing(storage):
+    config, storage = storage
+    storage.save_config(config)
+    storage.save_entity_partition(1, "user", 0, np.ones((3, 8), np.float32), None)
+    storage.append_stats([{"epoch_idx": 0}])
+    before = {p.name: p.read_bytes() for p in storage.path.iterdir() if p.name != "training_stats.json"}
+    child = subprocess.run([sys.executable, "-c", FULL_DISK_WRITES, str(storage.path)],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-2000:]
+    lines = child.stdout.strip().splitlines()
+    assert len(lines) == 3
+    for line, name in zip(lines, ["embeddings_user_0.v1.h5", "config.json", "training_stats.json"]):
+        assert f"{name}' failed: File too large" in line, line
+    after = {p.name: p.read_bytes() for p in storage.path.iterdir() if p.name != "training_stats.json"}
+    assert after == before  # nothing replaced, no temporary file left
+    # The append was cut short: the torn last line is what a killed run leaves, and is left out.
+    assert not storage.stats_file().read_text().endswith("\n")
+    assert list(storage.load_stats()) == [{"epoch_idx": 0}]
+
+
+def test_a_damaged_stats_line_is_named(storage):
+    _, storage = storage
+    storage.stats_file().write_text('{"epoch_idx": 0}\n{oops\n{"epoch_idx": 1}\n')
+    with pytest.raises(PbgRayError, match=r"training_stats.json', line 2: not a JSON object"):
+        list(storage.load_stats())
