@@ -1,0 +1,3 @@
+# Bad: an entity type needs at least one partition.
+def get_torchbiggraph_config():
+    return dict(entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 0}}, relations=[{"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}, {"name": "likes", "lhs": "user", "rhs": "item"}], dimension=16, entity_path="data/entities", edge_paths=["data/edges"], checkpoint_path="model")
