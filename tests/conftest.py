@@ -91,13 +91,16 @@ def ray_session():
     ray.shutdown()
 
 
-def assert_valid_checkpoint(config: ConfigSchema, version: int):
-    """Version `version` is complete, alone, finite, and torchbiggraph 1.0.0 loads it."""
+def assert_valid_checkpoint(config: ConfigSchema, version: int, clean: bool = True):
+    """Version `version` is current, complete, finite, and torchbiggraph 1.0.0 loads it;
+    `clean`: alone as well, no older version or temporary file beside it (a killed run
+    leaves those for the next run to remove)."""
     storage = CheckpointStorage(config.checkpoint_path)
     assert storage.load_version() == version
     storage.check_version(version, config)
-    assert not list(storage.path.glob(f"*.v{version - 1}.h5")), "old version not dropped"
-    assert not list(storage.path.glob(".*tmp*")), "temporary files left behind"
+    if clean:
+        assert not list(storage.path.glob(f"*.v{version - 1}.h5")), "old version not dropped"
+        assert not list(storage.path.glob(".*tmp*")), "temporary files left behind"
     counts = load_entity_counts(config)
     manager = CheckpointManager(config.checkpoint_path)  # torchbiggraph reads it
     for entity, parts in counts.items():

@@ -10,6 +10,7 @@ a rerun of the same command resumes where the last complete version ends.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -18,7 +19,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import ray
-from ray.exceptions import NodeDiedError, ObjectLostError, RayTaskError, WorkerCrashedError
+from ray.exceptions import (
+    NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError)
 from tqdm import tqdm
 
 from pbg_ray.config import ConfigSchema
@@ -43,9 +45,19 @@ logger = logging.getLogger("pbg_ray")
 MAX_BUCKET_ATTEMPTS = 3
 # Failures of the machinery, not of the bucket: its trainer process or node died.
 TRAINER_DIED = (WorkerCrashedError, NodeDiedError, ObjectLostError)
+# A pass whose actors die this often stops the run.
+MAX_PASS_ATTEMPTS = 3
 
 # Keys that must match between a run and the checkpoint it resumes.
 RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
+
+
+def get_all(refs: List[ray.ObjectRef]) -> List[Any]:
+    """ray.get(refs) once every one has finished: when one fails, the others' writes
+    (checkpoint files, swap files) are not left going on behind the error, where the
+    next run on this checkpoint_path could meet them."""
+    ray.wait(refs, num_returns=len(refs))
+    return ray.get(refs)
 
 
 @dataclasses.dataclass
@@ -53,6 +65,7 @@ class TrainResult:
     checkpoint_path: str
     version: int
     bucket_stats: List[Dict[str, Any]]  # this run's, in training_stats.json's layout
+    actor_restarts: int = 0  # passes trained again because an actor died
 
 
 class Trainer:
@@ -176,14 +189,14 @@ class Trainer:
             self.storage.save_config(config)
             self._start_actors()
             all_stats: List[Dict[str, Any]] = []
+            self.actor_restarts = 0
             bucket_index = sum(1 for _ in self.storage.load_stats())
             for iteration in range(self.version, total):
                 epoch_idx, rest = divmod(iteration, passes_per_epoch)
                 path_idx, chunk_idx = divmod(rest, self.num_chunks)
-                pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
+                pass_stats = self._train_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index,
+                                              last_of_epoch=(rest == passes_per_epoch - 1))
                 bucket_index += len(pass_stats)
-                self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats,
-                             last_of_epoch=(rest == passes_per_epoch - 1))
                 all_stats += pass_stats
                 tensorboard.log_buckets(pass_stats)
                 if rest == passes_per_epoch - 1:
@@ -192,7 +205,41 @@ class Trainer:
                                                       if s["epoch_idx"] == epoch_idx])
                     if on_epoch_end is not None:
                         on_epoch_end(epoch_idx)
-        return TrainResult(str(self.storage.path), self.version, all_stats)
+        return TrainResult(str(self.storage.path), self.version, all_stats, self.actor_restarts)
+
+    def _train_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
+                    bucket_index: int, last_of_epoch: bool) -> List[Dict[str, Any]]:
+        """Train one pass and commit it as the next version.
+
+        An actor that dies (its process killed, its node lost) takes the pass with it:
+        every actor is replaced by a fresh one loaded from the newest complete version
+        and the pass is trained again. The surviving actors hold some of the pass's
+        bucket updates, so keeping them would apply those twice. In disk placement the
+        pass's swap files are dropped for the same reason: a swap file holds its
+        partition after some of the pass's buckets, whose share of the unpartitioned
+        types and relation parameters died in memory. At most one pass is lost.
+        """
+        for attempt in itertools.count(1):
+            try:
+                pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
+                self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats, last_of_epoch)
+                return pass_stats
+            except RayActorError as err:
+                if attempt == MAX_PASS_ATTEMPTS:
+                    raise RuntimeError(f"actors of the run died {attempt} times in epoch "
+                                       f"{epoch_idx + 1}; giving up") from err
+                logger.warning("an actor died (%s) in epoch %d; restarting the actors from "
+                               "checkpoint version %d and training the pass again",
+                               type(err).__name__, epoch_idx + 1, self.version)
+                self.actor_restarts += 1
+                for actor in [*self.stores, self.params, self.scheduler]:
+                    ray.kill(actor)
+                self.storage.remove_leftovers(self.version)
+                self._start_actors()
+            except RayTaskError as err:  # an actor's method failed, e.g. a checkpoint write
+                if isinstance(err.cause, PbgRayError):
+                    raise err.cause from None
+                raise
 
     def _run_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
                   bucket_index: int) -> List[Dict[str, Any]]:
@@ -249,7 +296,7 @@ class Trainer:
                     f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
                     "current. Lower lr or init_scale, or set max_norm.")
             _, delta_ref, *result_refs = refs
-            ray.get([self.store_of[k].update.remote(k, [r]) for k, r in zip(keys, result_refs)]
+            get_all([self.store_of[k].update.remote(k, [r]) for k, r in zip(keys, result_refs)]
                     + [self.params.apply_delta.remote(delta_ref)])
             ray.get(self.scheduler.release.remote(bucket))
             stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
@@ -290,7 +337,7 @@ class Trainer:
             "iteration/edge_path": config.edge_paths[path_idx],
             "iteration/num_edge_chunks": self.num_chunks, "iteration/edge_chunk_idx": chunk_idx,
         }
-        ray.get([s.save.remote(version, metadata) for s in self.stores]
+        get_all([s.save.remote(version, metadata) for s in self.stores]
                 + [self.params.save.remote(version, metadata)])
         self.storage.append_stats(pass_stats)
         self.storage.save_version(version)
