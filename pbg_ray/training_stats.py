@@ -20,6 +20,11 @@ TRAIN = "stats"
 HELD_OUT = "eval_stats_after"  # the held-out edges, scored after the bucket trained
 
 
+def as_sums(count: int, means: Dict[str, float]) -> Stats:
+    """Per-edge means over `count` edges as PBG stats of sums (pbg_ray's layout)."""
+    return {"count": count, "metrics": {k: v * count for k, v in means.items()}}
+
+
 def summed(line: Dict[str, Any], key: str) -> Optional[Stats]:
     """The line's `key` stats as sums over edges (pbg_ray's layout); None if absent or empty."""
     stats = line.get(key)
@@ -27,8 +32,7 @@ def summed(line: Dict[str, Any], key: str) -> Optional[Stats]:
         return None
     if "timing" in line:  # written by pbg_ray: already sums
         return stats
-    count = stats["count"]
-    return {"count": count, "metrics": {k: v * count for k, v in stats["metrics"].items()}}
+    return as_sums(stats["count"], stats["metrics"])
 
 
 def bucket_means(lines: Iterable[Dict[str, Any]], key: str) -> List[Tuple[int, Dict[str, float]]]:

@@ -27,7 +27,7 @@ from pbg_ray.engine.bucket_task import gpus_per_trainer
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
-from pbg_ray.training_stats import TRAIN, epoch_means
+from pbg_ray.training_stats import TRAIN, as_sums, epoch_means
 from pbg_ray.tuning import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
 
 logger = logging.getLogger("pbg_ray")
@@ -70,13 +70,17 @@ def trial_config(base: Dict[str, Any], sampled: Mapping[str, Any], trial_id: str
 def held_out_metrics(trainer: Trainer, epoch_idx: int) -> Dict[str, float]:
     """What a trial reports after an epoch: the epoch's mean training loss and PBG's
     sampled metrics over all of eval_edge_paths, with the current embeddings."""
-    metrics = {"epoch": epoch_idx + 1, "version": trainer.version,
-               **{k: v for k, v in epoch_means(trainer.storage.load_stats(), TRAIN)
-                  .get(epoch_idx, {}).items() if k == "loss"}}
-    evaluated = [trainer.evaluate(path) for path in trainer.config.eval_edge_paths]
-    summed = [{"count": e["count"], "metrics": {k: v * e["count"] for k, v in e.items()
-                                                if k != "count"}} for e in evaluated if e["count"]]
-    return {**metrics, **stats_mean(summed)}
+    metrics = {"epoch": epoch_idx + 1, "version": trainer.version}
+    train = epoch_means(trainer.storage.load_stats(), TRAIN).get(epoch_idx, {})
+    if "loss" in train:
+        metrics["loss"] = train["loss"]
+    held_out = []  # {"count", mean metrics} per path -> one edge-weighted mean
+    for path in trainer.config.eval_edge_paths:
+        means = trainer.evaluate(path)
+        count = means.pop("count")
+        if count:
+            held_out.append(as_sums(count, means))
+    return {**metrics, **stats_mean(held_out)}
 
 
 def run_trial(sampled: Dict[str, Any], base: Dict[str, Any]) -> None:
