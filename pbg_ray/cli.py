@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pbg_ray.config import ConfigSchema, check_value, load_pbg_config_dict
 from pbg_ray.errors import PbgRayError
+from pbg_ray.io.storage import join
 from pbg_ray import datasets  # noqa: F401  registers the ${demo_graph:} resolver
 
 logger = logging.getLogger("pbg_ray")
@@ -52,7 +53,10 @@ def check_overrides(overrides: List[str]) -> None:
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as err:
-        raise PbgRayError(f"command line: {err}") from None
+        hint = (" Quote values that hold '=' or '&', such as storage URIs: "
+                "\"checkpoint_path='s3://bucket/dir?endpoint_override=host:9000&scheme=http'\"."
+                if any("://" in o for o in overrides) else "")
+        raise PbgRayError(f"command line: {err}{hint}") from None
     for override in parsed:
         key = override.key_or_group
         # hydra.* settings and hydra/* group choices (hydra/launcher=ray) are Hydra's.
@@ -105,7 +109,7 @@ def per_job_paths(config: ConfigSchema) -> ConfigSchema:
     def own(path: Optional[str]) -> Optional[str]:
         if path is None or path == output_dir or path.startswith(output_dir + os.sep):
             return path
-        return path.rstrip("/") + "/" + subdir
+        return join(path, subdir)
 
     return dataclasses.replace(config, checkpoint_path=own(config.checkpoint_path),
                                tensorboard_dir=own(config.tensorboard_dir))

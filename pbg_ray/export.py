@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any, Dict, List
 
 import numpy as np
@@ -26,6 +25,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.io.checkpoint import locate_version
 from pbg_ray.io.embedding_tables import EmbeddingTables
 from pbg_ray.io.entities import load_entity_names, load_relation_names
+from pbg_ray.io.storage import storage_path
 from pbg_ray.model.params import global_emb_key, param_layout
 
 
@@ -34,7 +34,7 @@ def export_bundle(config: ConfigSchema) -> Dict[str, Any]:
     settings = config.export
     wanted = sorted(set(settings.versions)) if settings.versions else [settings.version]
     located = [locate_version(config, v, "export.versions") for v in wanted]
-    output = Path(settings.output) if settings.output else located[-1][0].path / "export"
+    output = storage_path(settings.output) if settings.output else located[-1][0].path / "export"
     path = output / BUNDLE_FILE
     tags = write_checkpoint_bundle(path, config, located, settings.variants)
     return {"checkpoint_path": str(located[-1][0].path), "versions": [v for _, v in located],
@@ -50,7 +50,7 @@ def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
         raise PbgRayError("export.versions and export.variants apply to export.format=bundle; "
                           f"with format={settings.format} use export.version.")
     storage, version = locate_version(config, settings.version, "export.version")
-    output = Path(settings.output) if settings.output else storage.path / "export"
+    output = storage_path(settings.output) if settings.output else storage.path / "export"
     stored, _ = storage.load_model(version)
     relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
                       else [r.name for r in config.relations])

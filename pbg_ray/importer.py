@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -46,6 +47,7 @@ from pbg_ray.io.entities import (
     save_dynamic_rel_count, save_entity_count, save_entity_names, save_relation_names)
 from pbg_ray.io.files import write_text_atomic
 from pbg_ray.io.name_index import NameIndex
+from pbg_ray.io.storage import StoragePath, move_into, storage_path
 from pbg_ray.io.raw import RawBatch, RawTable
 from pbg_ray.types import Bucket
 
@@ -141,8 +143,8 @@ class GraphImport:
     def __init__(self, config: ConfigSchema) -> None:
         self.config = config
         self.settings = config.importer
-        self.outputs = [Path(p) for p in config.edge_paths + config.eval_edge_paths]
-        self.entity_path = Path(config.entity_path)
+        self.outputs = [storage_path(p) for p in config.edge_paths + config.eval_edge_paths]
+        self.entity_path = storage_path(config.entity_path)
         self._check_settings()
         # Relation id -> index of its lhs / rhs entity type in `self.types`.
         self.relations = config.relations
@@ -184,7 +186,7 @@ class GraphImport:
                 raise PbgRayError("importer.previous_edge_paths needs importer.previous_entity_path: "
                                   "the entity dictionary those edges were imported with.")
             return
-        previous = Path(s.previous_entity_path).resolve()
+        previous = storage_path(s.previous_entity_path).resolve()
         if not previous.is_dir():
             raise PbgRayError(f"importer.previous_entity_path {str(previous)!r} is not a "
                               "directory. Give a previous import's entity_path.")
@@ -198,7 +200,7 @@ class GraphImport:
                               "one per output (edge_paths then eval_edge_paths).")
         outputs = {p.resolve() for p in self.outputs}
         for path in s.previous_edge_paths:
-            if Path(path).resolve() in outputs:
+            if storage_path(path).resolve() in outputs:
                 raise PbgRayError(f"importer.previous_edge_paths names {path!r}, an output edge "
                                   "path; the previous import is never modified in place. Write "
                                   "the grown graph's edges to new directories.")
@@ -216,7 +218,7 @@ class GraphImport:
             if not any(present):
                 continue  # a new entity type: all its names are new
             if not all(present[:parts]) or present[parts]:
-                found = sum(1 for _ in Path(path).glob(f"entity_count_{name}_*.txt"))
+                found = sum(1 for _ in storage_path(path).glob(f"entity_count_{name}_*.txt"))
                 raise PbgRayError(
                     f"importer.previous_entity_path {path!r} has {found} partition(s) of entity "
                     f"type {name!r}, the config {parts}. Known entities keep their partitions: "
@@ -225,7 +227,7 @@ class GraphImport:
             self._seed(self.entity_index[name], [n for ns in names[name] for n in ns],
                        f"entity type {name!r}")
         if not self.config.dynamic_relations:
-            self._check_previous_relations(Path(path))
+            self._check_previous_relations(storage_path(path))
             return names, None
         if not dynamic_rel_names_file(path).is_file():
             raise PbgRayError(f"importer.previous_entity_path {path!r} has no "
@@ -243,7 +245,7 @@ class GraphImport:
                               f": {what} lists a name twice, so its ids are ambiguous. Fix the "
                               "previous import's entity files.")
 
-    def _check_previous_relations(self, previous: Path) -> None:
+    def _check_previous_relations(self, previous: StoragePath) -> None:
         """Relation ids are positions in `relations`: the previous import's must come first."""
         try:
             identity = json.loads((previous / MANIFEST).read_text())["identity"]
@@ -502,7 +504,8 @@ class GraphImport:
             "importer.overwrite=true to replace it, or point entity_path and edge_paths elsewhere.")
 
     def _commit(self, entity_stage: Path, edge_stages: List[Path], stats: Dict[str, Any]) -> None:
-        """Move the staged files into place: buckets, entity files, manifest last."""
+        """Move the staged files into place (rename, or upload to object storage):
+        buckets, entity files, manifest last."""
         for path in self._graph_files():
             if path.name == MANIFEST:
                 path.unlink()  # first: a half-replaced graph must not look complete
@@ -510,14 +513,20 @@ class GraphImport:
             path.unlink()
         for stage, output in zip(edge_stages, self.outputs):
             for path in sorted(stage.glob("edges_*_*.h5")):
-                os.replace(path, output / path.name)
+                move_into(path, output / path.name)
         for path in sorted(entity_stage.iterdir()):
             if path.name != MANIFEST:
-                os.replace(path, self.entity_path / path.name)
+                move_into(path, self.entity_path / path.name)
         write_text_atomic(self.entity_path / MANIFEST,
                           json.dumps({"identity": self._identity(), "stats": stats}, indent=1))
 
     # --- the whole import ----------------------------------------------------
+
+    @staticmethod
+    def _stage_dir(output: StoragePath, scratch: Path) -> Path:
+        """Where files for `output` are written first: inside it when it is local (then
+        renamed into place), in local scratch space for object storage (then uploaded)."""
+        return output if isinstance(output, Path) else scratch
 
     def run(self) -> Dict[str, Any]:
         previous = self._previous_import()
@@ -526,9 +535,11 @@ class GraphImport:
             return previous
         started = time.perf_counter()
         tag = f".import-{os.getpid()}"
-        entity_stage = self.entity_path / f"{tag}-entities"
-        edge_stages = [out / f"{tag}-edges{i}" for i, out in enumerate(self.outputs)]
-        stages = [entity_stage] + edge_stages
+        scratch = Path(tempfile.mkdtemp(prefix="pbg_ray-import-"))
+        entity_stage = self._stage_dir(self.entity_path, scratch) / f"{tag}-entities"
+        edge_stages = [self._stage_dir(out, scratch) / f"{tag}-edges{i}"
+                       for i, out in enumerate(self.outputs)]
+        stages = [entity_stage] + edge_stages + [scratch]
         try:
             for stage in stages:
                 stage.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any, Dict
 
@@ -20,6 +26,12 @@ from pbg_ray.io.entities import (
     save_entity_names, save_relation_names)
 from pbg_ray.model.params import param_layout
 from pbg_ray.types import Bucket
+
+# Fake credentials for the S3 server the storage tests start (moto), set before the shared
+# Ray starts so that its workers inherit them, as a local Ray inherits a user's; no test
+# can reach a real cloud account.
+os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                  AWS_EC2_METADATA_DISABLED="true")
 
 
 def config_dict(root: Path, **overrides: Any) -> Dict[str, Any]:
@@ -145,3 +157,38 @@ def random_checkpoint(config: ConfigSchema, version: int = 1, seed: int = 0,
     layout = param_layout(config, num_relation_ids(config))
     storage.save_model(version, {k: (v if integer else v + draw(v.shape)) for k, v in layout}, None)
     storage.save_version(version)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """host:port of a real S3-compatible server (moto in server mode) for the session."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeError(f"moto server did not start on port {port}")
+            time.sleep(0.1)
+    yield f"127.0.0.1:{port}"
+    server.terminate()
+    server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_root(s3_endpoint) -> str:
+    """The URI of an empty bucket of its own on the test S3 server, with the endpoint
+    settings in its query as a user would give them."""
+    import pyarrow.fs as pafs
+
+    bucket = f"test-{uuid.uuid4().hex[:12]}"
+    pafs.S3FileSystem(endpoint_override=s3_endpoint, scheme="http",
+                      allow_bucket_creation=True).create_dir(bucket)
+    return f"s3://{bucket}?endpoint_override={s3_endpoint}&scheme=http"

@@ -29,6 +29,7 @@ from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats,
 from pbg_ray.io.checkpoint import CheckpointStorage, locate_version
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
+from pbg_ray.io.storage import append_text
 from pbg_ray.model import ModelParams, params_from_checkpoint
 from pbg_ray.model.kernel import partition_key
 from pbg_ray.scoring import SIDES, Scorer
@@ -234,8 +235,8 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     report = {"checkpoint_path": str(storage.path), "version": version, "edge_paths": edge_paths,
               "filter_paths": filter_paths if settings.filtered else None,
               "metrics": metrics, "time_s": round(time.perf_counter() - start, 3)}
-    with open(CheckpointStorage(config.checkpoint_path).path / EVAL_STATS_FILE, "at") as f:
-        f.write(json.dumps(report) + "\n")
+    append_text(CheckpointStorage(config.checkpoint_path).path / EVAL_STATS_FILE,
+                json.dumps(report) + "\n")
     return report
 
 

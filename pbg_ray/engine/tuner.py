@@ -27,6 +27,7 @@ from pbg_ray.engine.bucket_task import gpus_per_trainer
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
+from pbg_ray.io.storage import join
 from pbg_ray.training_stats import TRAIN, as_sums, epoch_means
 from pbg_ray.tuning import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
 
@@ -61,9 +62,9 @@ def trial_config(base: Dict[str, Any], sampled: Mapping[str, Any], trial_id: str
     for key, value in sampled.items():
         OmegaConf.update(cfg, key, value, merge=False)
     data = OmegaConf.to_container(cfg)
-    data["checkpoint_path"] = f"{base['checkpoint_path'].rstrip('/')}/{trial_id}"
+    data["checkpoint_path"] = join(base["checkpoint_path"], trial_id)
     if base.get("tensorboard_dir"):
-        data["tensorboard_dir"] = f"{base['tensorboard_dir'].rstrip('/')}/{trial_id}"
+        data["tensorboard_dir"] = join(base["tensorboard_dir"], trial_id)
     return ConfigSchema.from_dict(data, source=f"trial {trial_id}")
 
 
@@ -121,8 +122,8 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
     base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=base),
                                     trial_resources(config))
-    storage_path = settings.storage_path or f"{config.checkpoint_path.rstrip('/')}/tune"
-    experiment_path = f"{storage_path.rstrip('/')}/{settings.name}"
+    storage_path = settings.storage_path or join(config.checkpoint_path, "tune")
+    experiment_path = join(storage_path, settings.name)
     if tune.Tuner.can_restore(experiment_path):
         logger.warning("resuming the Ray Tune experiment in %s", experiment_path)
         tuner = tune.Tuner.restore(experiment_path, trainable, resume_errored=True)

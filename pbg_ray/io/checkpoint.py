@@ -24,7 +24,6 @@ import io
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
@@ -36,6 +35,8 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import (
     PathLike, reading, write_bytes_atomic, write_failed, write_text_atomic)
+from pbg_ray.io.storage import (
+    ObjectLock, ObjectPath, StoragePath, append_text, link_or_copy, open_h5, storage_path)
 from pbg_ray.types import EntityName, Partition
 
 FORMAT_VERSION_ATTR = "format_version"
@@ -128,36 +129,33 @@ def row_adagrad_sums(state: Optional[Mapping[str, Any]], num_rows: int, where: s
 
 
 class CheckpointStorage:
-    """Reads and writes one checkpoint directory (local path)."""
+    """Reads and writes one checkpoint directory (a local path or a URI, see io/storage.py)."""
 
     def __init__(self, path: PathLike) -> None:
-        path = os.fspath(path)
-        if path.startswith("file://"):
-            path = path[len("file://"):]
-        self.path = Path(path).absolute()
+        self.path = storage_path(path).absolute()
 
     # --- file names -----------------------------------------------------
 
-    def version_file(self, path: Optional[Path] = None) -> Path:
+    def version_file(self, path: Optional[StoragePath] = None) -> StoragePath:
         return (path or self.path) / VERSION_FILE
 
-    def config_file(self, path: Optional[Path] = None) -> Path:
+    def config_file(self, path: Optional[StoragePath] = None) -> StoragePath:
         return (path or self.path) / CONFIG_FILE
 
-    def stats_file(self) -> Path:
+    def stats_file(self) -> StoragePath:
         return self.path / STATS_FILE
 
-    def model_file(self, version: int, path: Optional[Path] = None) -> Path:
+    def model_file(self, version: int, path: Optional[StoragePath] = None) -> StoragePath:
         return (path or self.path) / f"model.v{version}.h5"
 
     def partition_file(self, version: int, entity: EntityName, part: Partition,
-                       path: Optional[Path] = None) -> Path:
+                       path: Optional[StoragePath] = None) -> StoragePath:
         return (path or self.path) / f"embeddings_{entity}_{part}.v{version}.h5"
 
-    def snapshot_path(self, epoch_idx: int) -> Path:
+    def snapshot_path(self, epoch_idx: int) -> StoragePath:
         return self.path / f"epoch_{epoch_idx}"
 
-    def version_files(self, version: int, config: ConfigSchema) -> List[Path]:
+    def version_files(self, version: int, config: ConfigSchema) -> List[StoragePath]:
         """Every file that version `version` of this config consists of."""
         files = [self.model_file(version)]
         for entity, econf in config.entities.items():
@@ -169,21 +167,34 @@ class CheckpointStorage:
     def prepare(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
 
+    def _refuse_lock(self, holder: str) -> None:
+        raise PbgRayError(
+            f"checkpoint_path {str(self.path)!r} is in use by another training run "
+            f"({holder}). Wait for it to finish, or use another checkpoint_path.") from None
+
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Hold this directory for one training run. The lock is an flock, which
         the kernel drops when its process dies, so a crashed run's leftover lock
-        file never blocks the next run."""
+        file never blocks the next run. On object storage it is an ObjectLock,
+        which a crashed run's heartbeat stops renewing."""
         self.prepare()
+        if isinstance(self.path, ObjectPath):
+            lock = ObjectLock(self.path / LOCK_FILE)
+            holder = lock.acquire()
+            if holder is not None:
+                self._refuse_lock(holder)
+            try:
+                yield
+            finally:
+                lock.release()
+            return
         with open(self.path / LOCK_FILE, "a+") as f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 f.seek(0)
-                holder = f.read().strip() or "another process"
-                raise PbgRayError(
-                    f"checkpoint_path {str(self.path)!r} is in use by another training run "
-                    f"({holder}). Wait for it to finish, or use another checkpoint_path.") from None
+                self._refuse_lock(f.read().strip() or "another process")
             f.seek(0)
             f.truncate()
             f.write(f"pid {os.getpid()} on {os.uname().nodename}\n")
@@ -224,7 +235,7 @@ class CheckpointStorage:
             raise PbgRayError(f"{str(self.version_file())!r} holds a negative version ({version}).")
         return version
 
-    def save_version(self, version: int, directory: Optional[Path] = None) -> None:
+    def save_version(self, version: int, directory: Optional[StoragePath] = None) -> None:
         """Make `version` current. Call only once all of its files are written."""
         write_text_atomic(self.version_file(directory), f"{version}\n")
 
@@ -240,7 +251,7 @@ class CheckpointStorage:
 
     # --- config and stats -----------------------------------------------
 
-    def save_config(self, config: ConfigSchema, directory: Optional[Path] = None) -> None:
+    def save_config(self, config: ConfigSchema, directory: Optional[StoragePath] = None) -> None:
         write_text_atomic(self.config_file(directory), json.dumps(config.to_dict(), indent=4))
 
     def load_config(self) -> ConfigSchema:
@@ -256,8 +267,7 @@ class CheckpointStorage:
 
     def append_stats(self, stats: List[Dict[str, Any]]) -> None:
         try:
-            with open(self.stats_file(), "at") as f:
-                f.write("".join(json.dumps(s) + "\n" for s in stats))
+            append_text(self.stats_file(), "".join(json.dumps(s) + "\n" for s in stats))
         except OSError as err:
             raise write_failed(self.stats_file(), err) from None
 
@@ -286,7 +296,7 @@ class CheckpointStorage:
     # --- HDF5 files -----------------------------------------------------
 
     @staticmethod
-    def _write_h5(path: Path, metadata: Mapping[str, Any], optim_state, fill) -> None:
+    def _write_h5(path: StoragePath, metadata: Mapping[str, Any], optim_state, fill) -> None:
         # Built in memory, then written with plain writes: a failed write inside the HDF5
         # library (disk full) leaves the file impossible to close and h5py then crashes
         # the process, while a plain write just raises. Costs one copy of the file in memory.
@@ -303,12 +313,12 @@ class CheckpointStorage:
         write_bytes_atomic(path, image.getbuffer())
 
     @staticmethod
-    def _open_h5(path: Path, what: str) -> h5py.File:
+    def _open_h5(path: StoragePath, what: str) -> h5py.File:
         if not path.is_file():
             raise PbgRayError(f"{what} file {str(path)!r} is missing. Check checkpoint_path "
                               "(or init_path) and checkpoint_version.txt.")
         try:
-            hf = h5py.File(path, "r")
+            hf = open_h5(path)
         except OSError as err:
             raise PbgRayError(f"{what} file {str(path)!r} is not a readable HDF5 file: {err}") from None
         version = hf.attrs.get(FORMAT_VERSION_ATTR)
@@ -384,12 +394,7 @@ class CheckpointStorage:
         snapshot = self.snapshot_path(epoch_idx)
         snapshot.mkdir(parents=True, exist_ok=True)
         for src in self.version_files(version, config):
-            dst = snapshot / src.name
-            dst.unlink(missing_ok=True)
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
+            link_or_copy(src, snapshot / src.name)
         self.save_config(config, snapshot)
         self.save_version(version, snapshot)
 

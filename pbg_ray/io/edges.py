@@ -14,7 +14,6 @@ every dataset to 50 MiB); streamed writes use 1 MiB HDF5 chunks.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import h5py
@@ -23,6 +22,7 @@ import numpy as np
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import PathLike, atomic_path, reading
+from pbg_ray.io.storage import StoragePath, open_h5, storage_path
 from pbg_ray.types import Bucket
 
 FORMAT_VERSION_ATTR = "format_version"
@@ -108,8 +108,8 @@ class EdgeList:
             cat_features("lhs_features"), cat_features("rhs_features"))
 
 
-def edges_file(edge_path: PathLike, bucket: Bucket) -> Path:
-    return Path(edge_path) / f"edges_{bucket.lhs}_{bucket.rhs}.h5"
+def edges_file(edge_path: PathLike, bucket: Bucket) -> StoragePath:
+    return storage_path(edge_path) / f"edges_{bucket.lhs}_{bucket.rhs}.h5"
 
 
 def chunk_bounds(num_edges: int, chunk_idx: int, num_chunks: int) -> tuple:
@@ -117,12 +117,12 @@ def chunk_bounds(num_edges: int, chunk_idx: int, num_chunks: int) -> tuple:
     return chunk_idx * num_edges // num_chunks, (chunk_idx + 1) * num_edges // num_chunks
 
 
-def _open(path: Path) -> h5py.File:
+def _open(path: StoragePath) -> h5py.File:
     if not path.is_file():
         raise PbgRayError(f"edge file {str(path)!r} is missing. Every bucket needs a file, "
                           "even an empty one; run the importer or check edge_paths.")
     try:
-        hf = h5py.File(path, "r")
+        hf = open_h5(path)
     except OSError as err:
         raise PbgRayError(f"edge file {str(path)!r} is not a readable HDF5 file: {err}") from None
     version = hf.attrs.get(FORMAT_VERSION_ATTR)

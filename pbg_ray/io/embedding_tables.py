@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.io.files import atomic_path
+from pbg_ray.io.files import PathLike, atomic_path
+from pbg_ray.io.storage import StoragePath, storage_path
 
 # "bundle" is written by pbg_ray.bundle (export.py picks it before any table is opened).
 EXPORT_FORMATS = ("tsv", "parquet", "bundle")
@@ -52,14 +53,14 @@ class ExportConfig:
 class EmbeddingTables(contextlib.ExitStack):
     """Writes the export's files into `directory`; use as a context manager."""
 
-    def __init__(self, directory: Path, fmt: str) -> None:
+    def __init__(self, directory: PathLike, fmt: str) -> None:
         super().__init__()
         if fmt not in EXPORT_FORMATS:
             raise PbgRayError(f"export.format: unknown format {fmt!r}{did_you_mean(fmt, EXPORT_FORMATS)}. "
                               f"Valid values: {', '.join(EXPORT_FORMATS)}.")
-        self.directory = Path(directory)
+        self.directory = storage_path(directory)
         self.format = fmt
-        self.files: List[Path] = []
+        self.files: List[StoragePath] = []
         self._entity_writers: Dict[int, pq.ParquetWriter] = {}
         self._relation_rows: List[tuple] = []
         self._dims: Optional[set] = None

@@ -10,38 +10,38 @@ Layout (PBG v1), all inside `entity_path`:
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Dict, List
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import PathLike, write_text_atomic
+from pbg_ray.io.storage import StoragePath, storage_path
 from pbg_ray.types import EntityName, Partition
 
 
-def entity_count_file(entity_path: PathLike, entity: EntityName, part: Partition) -> Path:
-    return Path(entity_path) / f"entity_count_{entity}_{part}.txt"
+def entity_count_file(entity_path: PathLike, entity: EntityName, part: Partition) -> StoragePath:
+    return storage_path(entity_path) / f"entity_count_{entity}_{part}.txt"
 
 
-def entity_names_file(entity_path: PathLike, entity: EntityName, part: Partition) -> Path:
-    return Path(entity_path) / f"entity_names_{entity}_{part}.json"
+def entity_names_file(entity_path: PathLike, entity: EntityName, part: Partition) -> StoragePath:
+    return storage_path(entity_path) / f"entity_names_{entity}_{part}.json"
 
 
-def dynamic_rel_count_file(entity_path: PathLike) -> Path:
-    return Path(entity_path) / "dynamic_rel_count.txt"
+def dynamic_rel_count_file(entity_path: PathLike) -> StoragePath:
+    return storage_path(entity_path) / "dynamic_rel_count.txt"
 
 
-def dynamic_rel_names_file(entity_path: PathLike) -> Path:
-    return Path(entity_path) / "dynamic_rel_names.json"
+def dynamic_rel_names_file(entity_path: PathLike) -> StoragePath:
+    return storage_path(entity_path) / "dynamic_rel_names.json"
 
 
-def _save_count(path: Path, count: int) -> None:
+def _save_count(path: StoragePath, count: int) -> None:
     if count < 0:
         raise ValueError(f"count must not be negative, got {count}")
     write_text_atomic(path, f"{count}\n")
 
 
-def _load_count(path: Path, what: str) -> int:
+def _load_count(path: StoragePath, what: str) -> int:
     try:
         text = path.read_text().strip()
     except FileNotFoundError:
@@ -60,15 +60,14 @@ def _load_count(path: Path, what: str) -> int:
     return count
 
 
-def _save_names(path: Path, names: List[str]) -> None:
+def _save_names(path: StoragePath, names: List[str]) -> None:
     # json.dumps then one write: ~10x faster than json.dump for millions of names.
     write_text_atomic(path, json.dumps(names))
 
 
-def _load_names(path: Path, what: str) -> List[str]:
+def _load_names(path: StoragePath, what: str) -> List[str]:
     try:
-        with open(path, "rt", encoding="utf-8") as f:
-            names = json.load(f)
+        names = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PbgRayError(f"{what} file {str(path)!r} is missing. The importer writes it; "
                           "check entity_path.") from None

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Iterator, Union
 
 from pbg_ray.errors import PbgRayError
+from pbg_ray.io.storage import ObjectPath, storage_path, uploading
 
-PathLike = Union[str, os.PathLike]
+# A local path or a URI that pyarrow.fs understands (see io/storage.py).
+PathLike = Union[str, os.PathLike, ObjectPath]
 
 
 @contextlib.contextmanager
@@ -19,9 +21,14 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 
     The parent directory is created if needed. The data is fsync'ed before the rename, so after a crash `path` holds
     either its previous content or the complete new one. On failure the
-    temporary file is removed and nothing at `path` changes.
+    temporary file is removed and nothing at `path` changes. On object storage the
+    temporary file is local and uploaded whole on success.
     """
-    path = Path(path)
+    path = storage_path(path)
+    if isinstance(path, ObjectPath):
+        with uploading(path) as tmp:
+            yield tmp
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
