@@ -10,7 +10,6 @@ training order, with the epochs' boundaries. Default output:
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any, Dict, List, Optional
 
 from pbg_ray.cli import report_errors
@@ -97,7 +96,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not lines:
         raise PbgRayError(f"{str(storage.stats_file())!r} is missing or holds no bucket stats: "
                           "nothing to plot. Point at the checkpoint_path of a run that trained.")
-    output = args.output or os.path.join(str(storage.path), "training_stats.png")
+    output = args.output or str(storage.path / "training_stats.png")
     plot_stats(lines, output, f"{storage.path}")
     print(output)
 

@@ -22,6 +22,7 @@ from pbg_ray.importer import import_graph
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
+from pbg_ray.plot import main as plot_main
 from pbg_ray.predict import Predictor
 
 NAMES = [f"n{i}" for i in range(40)]
@@ -79,6 +80,8 @@ def test_import_train_resume_eval_export_predict(ray_session, root, tmp_path):
     assert [s["epoch_idx"] for s in storage.load_stats()] == [0] * 4 + [1] * 4
     if isinstance(storage.path, ObjectPath):  # the run's lock object is gone with the run
         assert not (storage.path / ".pbg_ray.lock").exists()
+    plot_main([config.checkpoint_path])
+    assert (storage.path / "training_stats.png").read_bytes()[:4] == b"\x89PNG"
 
     report = evaluate_checkpoint(config)
     assert report["version"] == 2 and report["metrics"]["all"]["count"] > 0
