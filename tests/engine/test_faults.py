@@ -50,15 +50,18 @@ def test_a_killed_partition_store_comes_back_from_the_checkpoint(ray_session, tm
 
     write_random_graph(config("reference"), num_edges=2000)
     reference = Trainer(config("reference")).run()
-    for placement in ("memory", "disk"):
-        killed = config(placement, placement)
+    # One of the two stores dies in the third pass (the other one survives it); then
+    # the parameter server, whose state the same rule restores.
+    store, params = (lambda trainer: trainer.stores[0]), (lambda trainer: trainer.params)
+    for name, placement, victim in (("store", "memory", store), ("store-disk", "disk", store),
+                                    ("params", "memory", params)):
+        killed = config(name, placement)
         storage = CheckpointStorage(killed.checkpoint_path)
         trainer = Trainer(killed)
-        # One of the two stores dies in the third pass (the other one survives it).
-        with Fault(lambda: kill_actor(trainer.stores[0]),
+        with Fault(lambda: kill_actor(victim(trainer)),
                    when=lambda: storage.load_version() >= 2) as fault:
             result = trainer.run()
-        assert fault.done and result.actor_restarts == 1, placement
+        assert fault.done and result.actor_restarts == 1, name
         assert result.version == 4
         assert_valid_checkpoint(killed, 4)
         assert edges_lost_or_doubled(killed) == 0
