@@ -4,9 +4,9 @@ One line per bucket and pass: epoch_idx, edge_path_idx, edge_chunk_idx, lhs_part
 rhs_partition, index (the bucket's position in the whole run) and PBG stats
 ({"count", "metrics"}) under "stats" (training: loss, reg, violators_lhs/rhs) and
 "eval_stats_before" / "eval_stats_after" (the bucket's held-out edges, eval_fraction:
-pos_rank, mrr, r1, r10, r50, auc). torchbiggraph writes per-edge means; pbg_ray writes
-sums over the bucket's edges (its lines also carry "timing"). Both are read here, so the
-plots and logs work for checkpoints of either program, or of a run one resumed from the other.
+pos_rank, mrr, r1, r10, r50, auc), as per-edge means with the edge count, in both
+torchbiggraph's and pbg_ray's files (pbg_ray's lines also carry "timing"), so the plots
+and logs work for checkpoints of either program, or of a run one resumed from the other.
 """
 
 from __future__ import annotations
@@ -21,17 +21,15 @@ HELD_OUT = "eval_stats_after"  # the held-out edges, scored after the bucket tra
 
 
 def as_sums(count: int, means: Dict[str, float]) -> Stats:
-    """Per-edge means over `count` edges as PBG stats of sums (pbg_ray's layout)."""
+    """Per-edge means over `count` edges as summed stats (what stats_mean weighs)."""
     return {"count": count, "metrics": {k: v * count for k, v in means.items()}}
 
 
 def summed(line: Dict[str, Any], key: str) -> Optional[Stats]:
-    """The line's `key` stats as sums over edges (pbg_ray's layout); None if absent or empty."""
+    """The line's `key` stats as sums over edges; None if absent or empty."""
     stats = line.get(key)
     if not stats or not stats.get("count"):
         return None
-    if "timing" in line:  # written by pbg_ray: already sums
-        return stats
     return as_sums(stats["count"], stats["metrics"])
 
 

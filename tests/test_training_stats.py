@@ -1,25 +1,19 @@
-"""training_stats.json lines of torchbiggraph (per-edge means) and pbg_ray (sums) read alike."""
+"""training_stats.json lines (per-edge means with counts, torchbiggraph's and pbg_ray's) into figures."""
 
 import pytest
 
 from pbg_ray.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 
 
-def line(epoch, index, count, loss, mrr, summed):
-    scale = count if summed else 1  # pbg_ray writes sums, torchbiggraph per-edge means
-    data = {"epoch_idx": epoch, "edge_path_idx": 0, "edge_chunk_idx": 0, "lhs_partition": 0,
+def line(epoch, index, count, loss, mrr):
+    return {"epoch_idx": epoch, "edge_path_idx": 0, "edge_chunk_idx": 0, "lhs_partition": 0,
             "rhs_partition": index % 2, "index": index,
-            "stats": {"count": count, "metrics": {"loss": loss * scale, "reg": 0.0}},
-            HELD_OUT: {"count": count // 10, "metrics": {"mrr": mrr * (count // 10 if summed else 1)}}}
-    if summed:
-        data["timing"] = {"total_s": 1.0}
-    return data
+            "stats": {"count": count, "metrics": {"loss": loss, "reg": 0.0}},
+            HELD_OUT: {"count": count // 10, "metrics": {"mrr": mrr}}}
 
 
-@pytest.mark.parametrize("summed", [False, True])
-def test_bucket_and_epoch_means_are_per_edge_in_both_layouts(summed):
-    lines = [line(0, 0, 100, 2.0, 0.5, summed), line(0, 1, 300, 1.0, 0.1, summed),
-             line(1, 2, 100, 0.5, 0.9, summed)]
+def test_bucket_and_epoch_means_are_per_edge():
+    lines = [line(0, 0, 100, 2.0, 0.5), line(0, 1, 300, 1.0, 0.1), line(1, 2, 100, 0.5, 0.9)]
     assert bucket_means(lines, TRAIN) == [(0, {"loss": 2.0, "reg": 0.0}),
                                           (1, {"loss": 1.0, "reg": 0.0}),
                                           (2, {"loss": 0.5, "reg": 0.0})]
@@ -30,6 +24,6 @@ def test_bucket_and_epoch_means_are_per_edge_in_both_layouts(summed):
 
 
 def test_lines_without_stats_are_left_out():
-    lines = [line(0, 0, 100, 2.0, 0.5, True), {"epoch_idx": 0, "index": 1, "stats": {"count": 0, "metrics": {}}}]
+    lines = [line(0, 0, 100, 2.0, 0.5), {"epoch_idx": 0, "index": 1, "stats": {"count": 0, "metrics": {}}}]
     assert [i for i, _ in bucket_means(lines, TRAIN)] == [0]
     assert epoch_means([{"epoch_idx": 0, "index": 0}], HELD_OUT) == {}

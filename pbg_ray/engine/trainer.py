@@ -31,7 +31,7 @@ from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
-from pbg_ray.evaluation.metrics import ALL, stats_mean
+from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
 from pbg_ray.incremental.growth import known_rows, neighbor_means
 from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import count_edges
@@ -45,6 +45,8 @@ logger = logging.getLogger("pbg_ray")
 MAX_BUCKET_ATTEMPTS = 3
 # Failures of the machinery, not of the bucket: its trainer process or node died.
 TRAINER_DIED = (WorkerCrashedError, NodeDiedError, ObjectLostError)
+# The stats of a bucket line (training, held-out before and after).
+STATS_KEYS = frozenset({"stats", "eval_stats_before", "eval_stats_after"})
 # A pass whose actors die this often stops the run.
 MAX_PASS_ATTEMPTS = 3
 
@@ -254,7 +256,7 @@ class Trainer:
                 f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
         bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
         t_pass = time.perf_counter()
-        edges_done = 0
+        pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
         while True:
             while len(running) < max_trainers:
@@ -300,13 +302,16 @@ class Trainer:
                     + [self.params.apply_delta.remote(delta_ref)])
             ray.get(self.scheduler.release.remote(bucket))
             stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
+            pass_sums = add_stats(pass_sums, stats["stats"])
+            # training_stats.json holds per-edge means, as PBG writes them.
+            for key in STATS_KEYS.intersection(stats):
+                stats[key] = average(stats[key])
             pass_stats.append({
                 "epoch_idx": epoch_idx, "edge_path_idx": path_idx, "edge_chunk_idx": chunk_idx,
                 "lhs_partition": bucket.lhs, "rhs_partition": bucket.rhs,
                 "index": bucket_index + len(pass_stats), **stats})
-            edges_done += stats["stats"]["count"]
-            mean = stats_mean([s["stats"] for s in pass_stats])
-            bar.set_postfix(edges_per_s=f"{edges_done / (time.perf_counter() - t_pass):.3g}",
+            mean = stats_mean([pass_sums])
+            bar.set_postfix(edges_per_s=f"{pass_sums['count'] / (time.perf_counter() - t_pass):.3g}",
                             loss=f"{mean.get('loss', float('nan')):.4g}")
             bar.update(1)
         bar.close()

@@ -47,6 +47,14 @@ def add_stats(a: Optional[Stats], b: Stats) -> Stats:
             "metrics": {k: a["metrics"][k] + b["metrics"][k] for k in a["metrics"]}}
 
 
+def average(stats: Stats) -> Stats:
+    """Summed stats as PBG writes them to training_stats.json (its Stats.average()): the
+    count and the per-edge means."""
+    count = stats["count"]
+    return {"count": count,
+            "metrics": {k: v / count for k, v in stats["metrics"].items()} if count else dict(stats["metrics"])}
+
+
 def stats_mean(stats: List[Dict[str, Any]]) -> Dict[str, float]:
     """Edge-weighted means of summed PBG stats ({"count", "metrics"})."""
     count = sum(s["count"] for s in stats)

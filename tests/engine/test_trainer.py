@@ -32,6 +32,8 @@ def test_train_writes_valid_checkpoints_and_resumes(ray_session, tmp_path):
     assert len(lines) == 2 * 4
     assert {(l["lhs_partition"], l["rhs_partition"]) for l in lines} == {(0, 0), (0, 1), (1, 0), (1, 1)}
     assert all(l["stats"]["count"] > 0 and "mrr" in l["eval_stats_after"]["metrics"] for l in lines)
+    # Per-edge means with their counts, as torchbiggraph writes them (sums would exceed 1).
+    assert all(0 < l["eval_stats_after"]["metrics"]["mrr"] <= 1 for l in lines)
     assert (tmp_path / "checkpoints" / "epoch_1" / "model.v1.h5").is_file()
     before = CheckpointStorage(config.checkpoint_path).load_entity_partition(2, "user", 1)[0]
 
