@@ -1,6 +1,5 @@
 """python -m pbg_ray.plot draws a real run's training_stats.json into a PNG."""
 
-import json
 import subprocess
 import sys
 

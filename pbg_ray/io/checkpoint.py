@@ -24,7 +24,6 @@ import io
 import json
 import os
 import re
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import h5py
@@ -36,11 +35,10 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import (
     PathLike, reading, write_bytes_atomic, write_failed, write_text_atomic)
 from pbg_ray.io.storage import (
-    ObjectLock, ObjectPath, StoragePath, append_text, link_or_copy, open_h5, storage_path)
+    FORMAT_VERSION, FORMAT_VERSION_ATTR, ObjectLock, ObjectPath, StoragePath, append_text, link_or_copy,
+    open_v1_h5, storage_path)
 from pbg_ray.types import EntityName, Partition
 
-FORMAT_VERSION_ATTR = "format_version"
-FORMAT_VERSION = 1
 STATE_DICT_KEY_ATTR = "state_dict_key"
 EMBEDDING_DATASET = "embeddings"
 MODEL_STATE_DICT_GROUP = "model"
@@ -314,19 +312,8 @@ class CheckpointStorage:
 
     @staticmethod
     def _open_h5(path: StoragePath, what: str) -> h5py.File:
-        if not path.is_file():
-            raise PbgRayError(f"{what} file {str(path)!r} is missing. Check checkpoint_path "
-                              "(or init_path) and checkpoint_version.txt.")
-        try:
-            hf = open_h5(path)
-        except OSError as err:
-            raise PbgRayError(f"{what} file {str(path)!r} is not a readable HDF5 file: {err}") from None
-        version = hf.attrs.get(FORMAT_VERSION_ATTR)
-        if version is None or np.ndim(version) != 0 or version != FORMAT_VERSION:
-            hf.close()
-            raise PbgRayError(f"{what} file {str(path)!r} has format_version={None if version is None else np.asarray(version).tolist()!r}; only "
-                              f"version {FORMAT_VERSION} is supported.")
-        return hf
+        return open_v1_h5(path, what, "Check checkpoint_path (or init_path) and "
+                          "checkpoint_version.txt.", "A pre-1.0 PBG run converts with python -m pbg_ray.migrate.")
 
     @staticmethod
     def _read_optim(hf: h5py.File) -> Optional[Dict[str, Any]]:

@@ -22,11 +22,10 @@ import numpy as np
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import PathLike, atomic_path, reading
-from pbg_ray.io.storage import StoragePath, open_h5, storage_path
+from pbg_ray.io.storage import (
+    FORMAT_VERSION, FORMAT_VERSION_ATTR, StoragePath, open_v1_h5, storage_path)
 from pbg_ray.types import Bucket
 
-FORMAT_VERSION_ATTR = "format_version"
-FORMAT_VERSION = 1
 ID_DATASETS = ("lhs", "rhs", "rel")
 FEATURE_SIDES = ("lhsd", "rhsd")
 STREAM_CHUNK = 1 << 17  # elements per HDF5 chunk when appending (1 MiB of int64)
@@ -118,21 +117,8 @@ def chunk_bounds(num_edges: int, chunk_idx: int, num_chunks: int) -> tuple:
 
 
 def _open(path: StoragePath) -> h5py.File:
-    if not path.is_file():
-        raise PbgRayError(f"edge file {str(path)!r} is missing. Every bucket needs a file, "
-                          "even an empty one; run the importer or check edge_paths.")
-    try:
-        hf = open_h5(path)
-    except OSError as err:
-        raise PbgRayError(f"edge file {str(path)!r} is not a readable HDF5 file: {err}") from None
-    version = hf.attrs.get(FORMAT_VERSION_ATTR)
-    if version is None or np.ndim(version) != 0 or version != FORMAT_VERSION:
-        hf.close()
-        found = ("no format_version attribute" if version is None
-                 else f"format_version={np.asarray(version).tolist()!r}")
-        raise PbgRayError(f"edge file {str(path)!r} has {found}; only format version "
-                          f"{FORMAT_VERSION} is supported. Re-import the edges with pbg_ray.")
-    return hf
+    return open_v1_h5(path, "edge", "Every bucket needs a file, even an empty one; run the "
+                      "importer or check edge_paths.", "Re-import the edges with pbg_ray.")
 
 
 def _dataset(hf: h5py.File, name: str, integer: bool) -> h5py.Dataset:

@@ -39,10 +39,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import h5py
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
@@ -300,6 +301,30 @@ def open_h5(path: StoragePath) -> h5py.File:
     if isinstance(path, ObjectPath):
         return _ObjectH5File(path)
     return h5py.File(path, "r")
+
+
+# PBG's I/O format v1: the attribute every edge and checkpoint HDF5 file carries.
+FORMAT_VERSION_ATTR = "format_version"
+FORMAT_VERSION = 1
+
+
+def open_v1_h5(path: StoragePath, what: str, if_missing: str, if_other_format: str) -> h5py.File:
+    """An edge or checkpoint HDF5 file of format v1, opened for reading. Refuses a missing,
+    unreadable or other-format file with an error naming it, ending with the given fix."""
+    if not path.is_file():
+        raise PbgRayError(f"{what} file {str(path)!r} is missing. {if_missing}")
+    try:
+        hf = open_h5(path)
+    except OSError as err:
+        raise PbgRayError(f"{what} file {str(path)!r} is not a readable HDF5 file: {err}") from None
+    version = hf.attrs.get(FORMAT_VERSION_ATTR)
+    if version is None or np.ndim(version) != 0 or version != FORMAT_VERSION:
+        hf.close()
+        found = ("no format_version attribute" if version is None
+                 else f"format_version={np.asarray(version).tolist()!r}")
+        raise PbgRayError(f"{what} file {str(path)!r} has {found}; only format version "
+                          f"{FORMAT_VERSION} is supported. {if_other_format}")
+    return hf
 
 
 class ObjectLock:
