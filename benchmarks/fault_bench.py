@@ -1,0 +1,250 @@
+"""Real faults injected into real runs, and bad input fed to the readers, at a larger
+count than the tests (tests/engine/test_faults.py, tests/io/test_bad_inputs.py) use.
+
+On a local Ray of 2 CPUs and the tests' small graph (tests/conftest.py):
+- the driver (`python -m pbg_ray.train`) SIGKILLed at random moments, while a checkpoint
+  version is being written and just after one became current, each time resumed by the
+  same command, in memory and in disk placement, then run to the end;
+- a train task's worker SIGKILLed in a random pass, the checkpoint compared bit for bit
+  with an undisturbed run's (one trainer at a time makes runs deterministic);
+- a partition-store actor SIGKILLed in a random pass (restored from the newest version);
+- a store's checkpoint writes failing (a file size limit, as on a full disk), then rerun;
+- the bad-input corpus (tests/bad_inputs/) and edge and checkpoint files damaged at random.
+
+Prints faults injected, runs finished, checkpoints found corrupt (must be 0), edges lost
+or doubled (must be 0), bad inputs tried and bad inputs refused cleanly; then one JSON line.
+
+    python benchmarks/fault_bench.py                      # 30 driver kills, 500 damaged files
+    python benchmarks/fault_bench.py --driver-kills 6 --damaged 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Dict
+
+import numpy as np
+import ray
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from bad_input import (  # noqa: E402
+    DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
+from conftest import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
+from fault_injection import (  # noqa: E402
+    Fault, checkpoint_arrays, driver_kill_trials, edges_lost_or_doubled, kill_actor, kill_first,
+    limit_file_size)
+from pbg_ray.config import ConfigSchema  # noqa: E402
+from pbg_ray.engine.trainer import Trainer  # noqa: E402
+from pbg_ray.errors import PbgRayError  # noqa: E402
+from pbg_ray.io.checkpoint import CheckpointStorage  # noqa: E402
+from pbg_ray.io.edges import edges_file  # noqa: E402
+from pbg_ray.types import Bucket  # noqa: E402
+
+SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
+EPOCHS = 4
+
+
+def config_at(root: Path, name: str, **overrides: Any) -> ConfigSchema:
+    return ConfigSchema.from_dict(config_dict(
+        root, checkpoint_path=str(root / name), **{**SETTINGS, "num_epochs": EPOCHS, **overrides}))
+
+
+def intact(config: ConfigSchema, version: int) -> bool:
+    try:
+        assert_valid_checkpoint(config, version)
+        return True
+    except Exception as err:  # noqa: BLE001  any way of failing counts
+        print(f"  corrupt: {config.checkpoint_path}: {type(err).__name__}: {err}")
+        return False
+
+
+def driver_kills(root: Path, trials: int, seed: int, address: str, figures: Counter,
+                 details: Dict[str, Any]) -> None:
+    for placement in ("memory", "disk"):
+        workdir = root / f"driver-{placement}"
+        workdir.mkdir()
+        data = config_dict(workdir, num_epochs=4 * trials, **SETTINGS,
+                           ray={"cpus_per_trainer": 1, "placement": placement})
+        write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
+        out = driver_kill_trials(data, workdir, trials, seed, address)
+        for problem in out["corrupt"]:
+            print(f"  corrupt: {problem}")
+        second = out["second_run"]
+        refused = second["rc"] == 2 and "in use by another training run" in second["log"]
+        figures["faults"] += out["faults"]
+        figures["finished"] += out["finished"]
+        figures["corrupt"] += len(out["corrupt"]) + (not out["finished"])
+        figures["lost_or_doubled"] += out.get("lost_or_doubled", 0)
+        details[f"driver_{placement}"] = {
+            "kills": out["faults"], "during_write": out["during_write"],
+            "ended_before_kill": out["ended_before_kill"], "orphans": out["orphans"],
+            "second_run_refused": refused, "finished": out["finished"]}
+        print(f"driver kills ({placement}): {out['faults']} ({out['during_write']} during a "
+              f"checkpoint write), finished: {out['finished']}, second run refused: {refused}")
+
+
+def worker_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
+                 details: Dict[str, Any]) -> None:
+    settings = dict(ray={"num_trainers": 1})
+    undisturbed = config_at(root, "worker-undisturbed", **settings)
+    write_random_graph(undisturbed, num_edges=3000)
+    Trainer(undisturbed).run()
+    expected = checkpoint_arrays(undisturbed)
+    differing = 0
+    for run in range(runs):
+        config = config_at(root, f"worker-{run}", **settings)
+        storage = CheckpointStorage(config.checkpoint_path)
+        pass_idx = rng.randrange(EPOCHS)
+        with Fault(lambda: kill_first("ray::train_bucket_task"),
+                   when=lambda: storage.load_version() >= pass_idx) as fault:
+            result = Trainer(config).run()
+        figures["faults"] += bool(fault.done)
+        figures["finished"] += result.version == EPOCHS
+        got = checkpoint_arrays(config)
+        same = all(np.array_equal(got[k], expected[k]) for k in expected)
+        differing += not same
+        figures["corrupt"] += (not intact(config, EPOCHS)) + (not same)
+        figures["lost_or_doubled"] += edges_lost_or_doubled(config)
+    details["worker"] = {"kills": runs, "differing_from_undisturbed": differing}
+    print(f"train task kills: {runs}, checkpoints differing from the undisturbed run: {differing}")
+
+
+def store_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
+                details: Dict[str, Any]) -> None:
+    settings = dict(ray={"num_partition_stores": 2})
+    reference = config_at(root, "store-reference", **settings)
+    write_random_graph(reference, num_edges=2000)
+    losses = [np.mean([s["stats"]["metrics"]["loss"] for s in Trainer(reference).run().bucket_stats
+                       if s["epoch_idx"] == e]) for e in range(EPOCHS)]
+    worst = 0.0
+    for run in range(runs):
+        placement = ("memory", "disk")[run % 2]
+        config = config_at(root, f"store-{run}", ray={"num_partition_stores": 2, "placement": placement})
+        storage = CheckpointStorage(config.checkpoint_path)
+        trainer = Trainer(config)
+        pass_idx, victim = rng.randrange(EPOCHS), rng.randrange(2)
+        with Fault(lambda: kill_actor(trainer.stores[victim]),
+                   when=lambda: hasattr(trainer, "stores") and storage.load_version() >= pass_idx
+                   ) as fault:
+            result = trainer.run()
+        figures["faults"] += bool(fault.done)
+        figures["finished"] += result.version == EPOCHS
+        figures["corrupt"] += not intact(config, EPOCHS)
+        figures["lost_or_doubled"] += edges_lost_or_doubled(config)
+        for e in range(EPOCHS):
+            loss = np.mean([s["stats"]["metrics"]["loss"] for s in result.bucket_stats
+                            if s["epoch_idx"] == e])
+            worst = max(worst, abs(loss - losses[e]) / losses[e])
+    details["store"] = {"kills": runs, "worst_loss_deviation": worst}
+    print(f"partition store kills: {runs}, worst epoch loss deviation from an undisturbed "
+          f"run: {worst:.2%}")
+
+
+def failing_writes(root: Path, figures: Counter, details: Dict[str, Any]) -> None:
+    clean = 0
+    for placement in ("memory", "disk"):
+        config = config_at(root, f"write-{placement}", num_epochs=2, ray={"placement": placement})
+        write_random_graph(config)
+        storage = CheckpointStorage(config.checkpoint_path)
+        trainer = Trainer(config)
+        with Fault(lambda: limit_file_size(trainer.stores, 1024),
+                   when=lambda: storage.load_version() >= 1) as fault:
+            try:
+                trainer.run()
+                message = ""
+            except PbgRayError as err:
+                message = str(err)
+        figures["faults"] += bool(fault.done)
+        ok = ".v2.h5' failed: File too large" in message and storage.load_version() == 1
+        figures["corrupt"] += not ok
+        clean += ok
+        figures["finished"] += Trainer(config).run().version == 2
+        figures["corrupt"] += not intact(config, 2)
+    details["failing_writes"] = {"runs": 2, "refused_cleanly": clean}
+    print(f"failing checkpoint writes: 2, stopped with the file named and the last version "
+          f"current: {clean}")
+
+
+def bad_inputs(root: Path, damaged: int, rng: random.Random, figures: Counter,
+               details: Dict[str, Any]) -> None:
+    cases = load_cases()
+    for i, case in enumerate(cases):
+        workdir = root / f"case-{i}"
+        workdir.mkdir()
+        try:
+            refusal(case, workdir)
+            figures["refused"] += 1
+        except Exception as err:  # noqa: BLE001  anything else is not a clean refusal
+            print(f"  not refused cleanly: {case['file']}: {type(err).__name__}: {err}")
+    graph = good_graph(root / "damage")
+    storage = CheckpointStorage(graph.checkpoint_path)
+    targets = ([(edges_file(graph.edge_paths[0], Bucket(l, r)), read_edges_as_training)
+                for l in range(2) for r in range(2)]
+               + [(storage.path / name, read_checkpoint) for name in (
+                   "checkpoint_version.txt", "config.json", "model.v1.h5",
+                   "embeddings_user_0.v1.h5", "embeddings_item_1.v1.h5", "embeddings_tag_0.v1.h5")])
+    outcome: Counter = Counter()
+    for _ in range(damaged):
+        path, read = rng.choice(targets)
+        good = path.read_bytes()
+        path.write_bytes(damage(good, rng.choice(DAMAGE), rng.random(),
+                                rng.randbytes(rng.randint(1, 64))))
+        try:
+            read(graph)
+            outcome["still_readable"] += 1
+        except PbgRayError:
+            outcome["refused"] += 1
+        except Exception as err:  # noqa: BLE001
+            outcome["escaped"] += 1
+            print(f"  escaped: {path.name}: {type(err).__name__}: {err}")
+        path.write_bytes(good)
+    figures["tried"] += len(cases) + damaged
+    figures["refused"] += outcome["refused"]
+    details["bad_inputs"] = {"corpus": len(cases), "damaged_files": damaged, **outcome}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--driver-kills", type=int, default=30, help="in all, half per placement")
+    parser.add_argument("--worker-kills", type=int, default=4)
+    parser.add_argument("--store-kills", type=int, default=4)
+    parser.add_argument("--damaged", type=int, default=500, help="randomly damaged files")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    figures: Counter = Counter()
+    details: Dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="fault_bench-") as tmp:
+        root = Path(tmp)
+        driver_kills(root, max(1, args.driver_kills // 2), args.seed,
+                     ray.get_runtime_context().gcs_address, figures, details)
+        worker_kills(root, args.worker_kills, rng, figures, details)
+        store_kills(root, args.store_kills, rng, figures, details)
+        failing_writes(root, figures, details)
+        bad_inputs(root, args.damaged, rng, figures, details)
+    ray.shutdown()
+    readable = details["bad_inputs"].get("still_readable", 0)
+    print(f"faults injected: {figures['faults']}")
+    print(f"runs finished: {figures['finished']}")
+    print(f"checkpoints found corrupt: {figures['corrupt']}")
+    print(f"edges lost or doubled: {figures['lost_or_doubled']}")
+    print(f"bad inputs tried: {figures['tried']}")
+    print(f"bad inputs refused cleanly: {figures['refused']} (the other {readable} damaged "
+          f"files stayed readable; {details['bad_inputs'].get('escaped', 0)} errors escaped)")
+    print(json.dumps({
+        "faults_injected": figures["faults"], "runs_finished": figures["finished"],
+        "checkpoints_corrupt": figures["corrupt"], "edges_lost_or_doubled": figures["lost_or_doubled"],
+        "bad_inputs_tried": figures["tried"], "bad_inputs_refused_cleanly": figures["refused"],
+        **details}))
+
+
+if __name__ == "__main__":
+    main()
