@@ -159,15 +159,22 @@ def checkpoint_arrays(config: ConfigSchema) -> Dict[str, np.ndarray]:
     return arrays
 
 
-def next_version_in_progress(storage: CheckpointStorage, version: int) -> bool:
-    """Whether files of version+1 (or temporary files) exist: a commit (or in disk
-    placement a partition's swap-out) is being written."""
+def next_version_in_progress(storage: CheckpointStorage, version: int, since: float) -> bool:
+    """Whether files of version+1 (whole or temporary) written since `since` exist: the
+    run started then is writing the next version (a commit, or in disk placement a
+    partition's swap-out). An earlier run's leftovers are older."""
     try:
-        names = os.listdir(storage.path)
+        entries = list(os.scandir(storage.path))
     except FileNotFoundError:
         return False
-    return any((n.startswith(".") and ".tmp-" in n) or n.endswith(f".v{version + 1}.h5")
-               for n in names)
+    for entry in entries:
+        if entry.name.endswith(f".v{version + 1}.h5") or f".v{version + 1}.h5.tmp-" in entry.name:
+            try:
+                if entry.stat().st_mtime >= since:
+                    return True
+            except FileNotFoundError:
+                pass  # renamed or removed meanwhile
+    return False
 
 
 KILL_MOMENTS = ("random", "write", "committed")
@@ -219,7 +226,7 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
             delay = rng.uniform(0.3, max_delay_s)
             wait_for(proc, lambda: time.monotonic() - t0 >= delay)
         elif moment == "write":
-            wait_for(proc, lambda: next_version_in_progress(storage, before))
+            wait_for(proc, lambda: next_version_in_progress(storage, before, started))
         else:
             wait_for(proc, lambda: storage.load_version() > before)
         if proc.poll() is not None:
@@ -228,7 +235,7 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
                 out["corrupt"].append(f"trial {trial}: the run failed by itself:\n"
                                       + (workdir / f"trial{trial}.log").read_text()[-3000:])
             continue
-        in_write = next_version_in_progress(storage, storage.load_version())
+        in_write = next_version_in_progress(storage, storage.load_version(), started)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         out["faults"] += 1

@@ -24,9 +24,10 @@ def test_driver_killed_at_random_moments_resumes_and_finishes(ray_session, tmp_p
     write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
     out = driver_kill_trials(data, tmp_path, trials=10, seed=0,
                              address=ray_session.get_runtime_context().gcs_address)
+    counts = {k: out[k] for k in ("faults", "ended_before_kill", "during_write", "orphans")}
     assert out["corrupt"] == []
-    assert out["faults"] >= 9 and out["faults"] + out["ended_before_kill"] == 10
-    assert out["during_write"] >= 3, "no kill hit a checkpoint write"
+    assert out["faults"] >= 9 and out["faults"] + out["ended_before_kill"] == 10, counts
+    assert out["during_write"] >= 3, counts  # every "write" trial, at least
     assert out["orphans"] == 0, "a killed driver's actors or tasks lived on"
     # A second run on the same checkpoint_path was refused while the first held it;
     # the lock of a killed run never blocked the next one.
