@@ -93,6 +93,10 @@ class Trainer:
             max(max(c.values()) for c in self.edge_counts.values()) / config.max_edges_per_chunk))
         # What init_path trained, when it trains apart from the new rows (incremental runs).
         self.known = known_rows(config)
+        # The run's actors; started on first use and again after one dies.
+        self.stores: List[Any] = []
+        self.params: Optional[Any] = None
+        self.scheduler: Optional[Any] = None
 
     def _check_resumable(self, previous: ConfigSchema) -> None:
         for key in RESUME_KEYS:
@@ -137,6 +141,8 @@ class Trainer:
         return sources, model_source
 
     def _start_actors(self) -> None:
+        if self.scheduler is not None:  # started, and none has died since
+            return
         sources, model_source = self._sources()
         keys = sorted(sources)
         num_stores = self.config.ray.num_partition_stores or min(
@@ -189,7 +195,6 @@ class Trainer:
                 s["epoch_idx"] * passes_per_epoch + s["edge_path_idx"] * self.num_chunks
                 + s["edge_chunk_idx"]) < self.version)
             self.storage.save_config(config)
-            self._start_actors()
             all_stats: List[Dict[str, Any]] = []
             self.actor_restarts = 0
             bucket_index = sum(1 for _ in self.storage.load_stats())
@@ -223,6 +228,7 @@ class Trainer:
         """
         for attempt in itertools.count(1):
             try:
+                self._start_actors()  # inside the try: an actor may die while starting too
                 pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
                 self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats, last_of_epoch)
                 return pass_stats
@@ -235,9 +241,10 @@ class Trainer:
                                type(err).__name__, epoch_idx + 1, self.version)
                 self.actor_restarts += 1
                 for actor in [*self.stores, self.params, self.scheduler]:
-                    ray.kill(actor)
+                    if actor is not None:
+                        ray.kill(actor)
+                self.stores, self.params, self.scheduler = [], None, None
                 self.storage.remove_leftovers(self.version)
-                self._start_actors()
             except RayTaskError as err:  # an actor's method failed, e.g. a checkpoint write
                 if isinstance(err.cause, PbgRayError):
                     raise err.cause from None
@@ -357,8 +364,7 @@ class Trainer:
     def evaluate(self, edge_path: str) -> Dict[str, float]:
         """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
         edges of `edge_path`, with the current embeddings; one task per bucket."""
-        if not hasattr(self, "stores"):
-            self._start_actors()
+        self._start_actors()
         keys = sorted(self.store_of)
         refs = ray.get([self.store_of[k].get.remote(k) for k in keys])
         evaluator = Evaluator(self.config, {k: r[0] for k, r in zip(keys, refs)},
