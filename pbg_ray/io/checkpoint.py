@@ -103,7 +103,8 @@ def deserialize_optim_state(blob: Optional[bytes], where: str) -> Optional[Dict[
 def row_adagrad_state(sums: np.ndarray, lr: float, step: int = 0) -> Dict[str, Any]:
     """PBG's RowAdagrad state dict for one partition: one accumulator per row. sums: [N]."""
     return {
-        "state": {0: {"step": step, "sum": torch.from_numpy(np.ascontiguousarray(sums, np.float32))}},
+        # A copy: sums may be a read-only view of the object store, which torch warns about.
+        "state": {0: {"step": step, "sum": torch.from_numpy(np.array(sums, np.float32))}},
         "param_groups": [{"lr": lr, "lr_decay": 0, "weight_decay": 0, "params": [0]}],
     }
 

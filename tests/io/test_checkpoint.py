@@ -51,6 +51,16 @@ def test_partition_round_trip(storage):
     assert state["param_groups"][0]["lr"] == 0.1
 
 
+def test_optimizer_state_from_a_read_only_array_is_a_writable_copy(recwarn):
+    # Partition stores hand over read-only views of Ray's object store.
+    sums = np.arange(4, dtype=np.float32)
+    sums.flags.writeable = False
+    tensor = row_adagrad_state(sums, 0.1)["state"][0]["sum"]
+    tensor.add_(1)
+    np.testing.assert_array_equal(sums, np.arange(4))
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
+
+
 def test_model_round_trip_keeps_order_and_keys(storage):
     config, storage = storage
     params = {"relations/1/operator/rhs/diagonal": np.ones(8, np.float32),
