@@ -112,9 +112,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
 
 
 # No automatic retries: the driver hands a dead trainer's bucket out again
-# through the scheduler, with the partitions' current refs. Train workers start
-# with the kernel's malloc settings.
-# Train tasks' workers start with the kernel's malloc settings (glibc reads them at start).
+# through the scheduler, with the partitions' current refs. Train tasks' workers
+# start with the kernel's malloc settings (glibc reads them at start).
 TRAINER_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
 
 
