@@ -46,17 +46,18 @@ def _load_or_init(config: ConfigSchema, key: PartitionKey, source: Source) -> Tu
 class PartitionStore:
     """Owns some entity partitions: embeddings float32 [N, dim] + row-Adagrad sums [N].
 
-    Partitions of partitioned types are trained by one bucket at a time (the
-    scheduler's locks), so a trained copy simply replaces the stored one: the
-    store keeps an ObjectRef to the newest (embeddings, sums) pair in Ray's
-    object store and hands it out, with no copy through this process.
-    Unpartitioned types are trained by concurrent buckets at once, so their
-    updates arrive as deltas and are summed here.
+    The store keeps an ObjectRef to each partition's newest (embeddings, sums)
+    pair in Ray's object store and hands it out, with no copy through this
+    process. A bucket's trained copy simply replaces it: partitions of
+    partitioned types are trained by one bucket at a time (the scheduler's
+    locks), and so is everything when only one trainer runs. Unpartitioned
+    types trained by concurrent buckets send deltas instead, added here to a
+    writable copy that is put in the object store again when next asked for.
 
     placement="disk": a partitioned type's partition stays in memory only
-    while a bucket holds it; afterwards it is swapped out to checkpoint
+    while buckets in flight use it; `swap_out` then writes it to checkpoint
     storage as the next version's file (as PBG does), so the tables can be
-    larger than RAM.
+    larger than RAM. A partition the next bucket uses again is not swapped.
     """
 
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
@@ -65,44 +66,52 @@ class PartitionStore:
         self.storage = CheckpointStorage(config.checkpoint_path)
         self.next_version = next_version
         self.refs: Dict[PartitionKey, ray.ObjectRef] = {}
-        self.shared: Dict[PartitionKey, List[np.ndarray]] = {}
+        # Writable copies that deltas are added to; a ref is put when next asked for.
+        self.summed: Dict[PartitionKey, List[np.ndarray]] = {}
         self.sources: Dict[PartitionKey, Source] = {}
+        self.trained: set = set()  # disk placement: in memory and changed since loaded
         self.swapped: set = set()  # written as next_version, not in memory
 
-    def is_shared(self, key: PartitionKey) -> bool:
-        return self.config.entities[key[0]].num_partitions == 1
+    def swaps(self, key: PartitionKey) -> bool:
+        return self.disk and self.config.entities[key[0]].num_partitions > 1
 
     def add(self, key: PartitionKey, source: Source) -> None:
         self.sources[key] = source
-        if self.is_shared(key):
-            self.shared[key] = list(_load_or_init(self.config, key, source))
-        elif not self.disk:
+        if not self.swaps(key):
             self.refs[key] = ray.put(_load_or_init(self.config, key, source))
 
     def get(self, key: PartitionKey) -> List[ray.ObjectRef]:
         """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the value)."""
-        if self.is_shared(key):
-            return [ray.put(tuple(self.shared[key]))]
+        if key in self.summed and key not in self.refs:
+            self.refs[key] = ray.put(tuple(self.summed[key]))
         if key not in self.refs:  # disk placement: swap in
-            if key in self.swapped:
-                source: Source = ("checkpoint", str(self.storage.path), self.next_version)
-            else:
-                source = self.sources[key]
+            source: Source = (("checkpoint", str(self.storage.path), self.next_version)
+                              if key in self.swapped else self.sources[key])
             self.refs[key] = ray.put(_load_or_init(self.config, key, source))
         return [self.refs[key]]
 
-    def update(self, key: PartitionKey, value: List[ray.ObjectRef]) -> None:
-        """Take back a bucket's result: the new (embeddings, sums), or deltas for shared types."""
-        if self.is_shared(key):
-            d_embs, d_sums = ray.get(value[0])
-            self.shared[key][0] += d_embs
-            self.shared[key][1] += d_sums
-        elif self.disk:
-            self._write(key, ray.get(value[0]), self.next_version)
-            self.swapped.add(key)
-            self.refs.pop(key, None)
-        else:
+    def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
+        """Take back a bucket's result: the new (embeddings, sums), or their deltas."""
+        if not is_delta:
             self.refs[key] = value[0]
+            self.summed.pop(key, None)
+            if self.swaps(key):
+                self.trained.add(key)
+            return
+        if key not in self.summed:
+            self.summed[key] = [np.array(a) for a in ray.get(self.refs[key])]
+        for total, delta in zip(self.summed[key], ray.get(value[0])):
+            total += delta
+        self.refs.pop(key, None)
+
+    def swap_out(self, in_use: List[PartitionKey]) -> None:
+        """Disk placement: write and drop the partitions no bucket in flight uses."""
+        for key in [k for k in self.refs if self.swaps(k) and k not in in_use]:
+            if key in self.trained:
+                self._write(key, ray.get(self.refs[key]), self.next_version)
+                self.swapped.add(key)
+                self.trained.discard(key)
+            del self.refs[key]
 
     def _write(self, key: PartitionKey, value: Tuple[np.ndarray, np.ndarray], version: int,
                metadata: Dict[str, Any] = {}) -> None:
@@ -114,17 +123,16 @@ class PartitionStore:
         """Write every partition of this store as checkpoint version `version`."""
         assert version == self.next_version
         for key in self.sources:
-            if self.is_shared(key):
-                self._write(key, tuple(self.shared[key]), version, metadata)
+            if key in self.summed:
+                self._write(key, tuple(self.summed[key]), version, metadata)
             elif key in self.refs:
                 self._write(key, ray.get(self.refs[key]), version, metadata)
-                if self.disk:
-                    del self.refs[key]
             elif key not in self.swapped:  # not trained since its last checkpoint
                 self._write(key, _load_or_init(self.config, key, self.sources[key]), version, metadata)
         # From now on the partitions load from this version.
         for key in self.sources:
             self.sources[key] = ("checkpoint", str(self.storage.path), version)
+        self.trained.clear()
         self.swapped.clear()
         self.next_version = version + 1
 

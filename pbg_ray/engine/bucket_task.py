@@ -69,10 +69,11 @@ def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[E
 def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                num_chunks: int, iteration: int, num_relation_ids: int, keys: List[PartitionKey],
                params: ModelParams, partitions: List[Tuple[np.ndarray, np.ndarray]],
-               shared: List[bool], num_threads: int, device: str,
+               deltas: List[bool], num_threads: int, device: str,
                known: Optional[KnownRows] = None) -> Tuple[Any, ...]:
     """The pure part of the task. Returns (stats, params delta, one result per key):
-    new (embeddings, sums) for keys held exclusively, deltas for shared ones. `known`:
+    the new (embeddings, sums), or their change where `deltas` says so (partitions
+    other buckets train at the same time). `known`:
     what init_path trained (incremental runs), trained at its own learning rate."""
     t_start = time.perf_counter()
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
@@ -99,9 +100,9 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     t_trained = time.perf_counter()
 
     results = []
-    for key, is_shared, (embs, sums) in zip(keys, shared, partitions):
+    for key, is_delta, (embs, sums) in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
-        results.append((new_embs - embs, new_sums - sums) if is_shared else (new_embs, new_sums))
+        results.append((new_embs - embs, new_sums - sums) if is_delta else (new_embs, new_sums))
     delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
                         {k: local.sums[k] - params.sums[k] for k in params.sums})
     t_end = time.perf_counter()
@@ -127,7 +128,7 @@ def start_trainer_worker() -> None:
 @ray.remote(max_retries=0, runtime_env=TRAINER_RUNTIME_ENV)
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
-                      keys: List[PartitionKey], shared: List[bool], params: ModelParams,
+                      keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
                       *partitions: Tuple[np.ndarray, np.ndarray],
                       known: Optional[KnownRows] = None) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy)."""
@@ -136,7 +137,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     start = time.time()
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
-                                 num_relation_ids, keys, params, list(partitions), shared,
+                                 num_relation_ids, keys, params, list(partitions), deltas,
                                  num_threads, device, known)
     stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(),
                        "start": start, "end": time.time()}

@@ -255,10 +255,13 @@ class Trainer:
         config = self.config
         edge_path = config.edge_paths[path_idx]
         ray.get(self.scheduler.new_pass.remote())
-        running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, float]] = {}
+        running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, List[bool], float]] = {}
         pass_stats: List[Dict[str, Any]] = []
         max_trainers = self.max_trainers()
         num_buckets = self.nparts_lhs * self.nparts_rhs
+        # Unpartitioned types send deltas when other buckets train them at the same time.
+        concurrent = max_trainers > 1 and num_buckets > 1
+        swaps: List[ray.ObjectRef] = []  # disk placement: the stores' swap-outs
         desc = (f"epoch {epoch_idx + 1}/{config.num_epochs} path {path_idx + 1}/"
                 f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
         bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
@@ -266,6 +269,7 @@ class Trainer:
         pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
         while True:
+            launched = False
             while len(running) < max_trainers:
                 bucket = ray.get(self.scheduler.acquire.remote())
                 if bucket is None:
@@ -274,15 +278,23 @@ class Trainer:
                     ray.get(self.scheduler.release.remote(bucket))
                     bar.update(1)
                     continue
+                t_launch = time.perf_counter()
                 keys = partition_keys(config, bucket)
-                refs = self._launch(bucket, keys, edge_path, chunk_idx, iteration)
-                running[refs[0]] = (bucket, keys, refs, time.perf_counter())
+                deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
+                refs = self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration)
+                running[refs[0]] = (bucket, keys, refs, deltas, t_launch)
+                launched = True
+            if launched and config.ray.placement == "disk":
+                # The partitions the buckets in flight don't use are written while they
+                # train; one the next bucket uses again stays in memory.
+                in_use = [k for _, keys, *_ in running.values() for k in keys]
+                swaps += [store.swap_out.remote(in_use) for store in self.stores]
             if not running:
                 if ray.get(self.scheduler.pass_done.remote()):
                     break
                 raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
             (ready,), _ = ray.wait(list(running), num_returns=1)
-            bucket, keys, refs, t_launch = running.pop(ready)
+            bucket, keys, refs, deltas, t_launch = running.pop(ready)
             try:
                 stats = ray.get(ready)
             except RayTaskError as err:
@@ -305,7 +317,8 @@ class Trainer:
                     f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
                     "current. Lower lr or init_scale, or set max_norm.")
             _, delta_ref, *result_refs = refs
-            get_all([self.store_of[k].update.remote(k, [r]) for k, r in zip(keys, result_refs)]
+            get_all([self.store_of[k].update.remote(k, [r], d)
+                     for k, r, d in zip(keys, result_refs, deltas)]
                     + [self.params.apply_delta.remote(delta_ref)])
             ray.get(self.scheduler.release.remote(bucket))
             stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
@@ -322,19 +335,19 @@ class Trainer:
                             loss=f"{mean.get('loss', float('nan')):.4g}")
             bar.update(1)
         bar.close()
+        get_all(swaps)
         return pass_stats
 
-    def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], edge_path: str,
-                chunk_idx: int, iteration: int) -> List[ray.ObjectRef]:
+    def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
+                edge_path: str, chunk_idx: int, iteration: int) -> List[ray.ObjectRef]:
         """Start the train task of `bucket`: [stats, params delta, one result per key]."""
         config = self.config
-        shared = [config.entities[e].num_partitions == 1 for e, _ in keys]
         part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
         return train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
-                 self.num_relation_ids, keys, shared, self.params.get.remote(), *part_refs,
+                 self.num_relation_ids, keys, deltas, self.params.get.remote(), *part_refs,
                  known=self.known)
 
     def _commit(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,

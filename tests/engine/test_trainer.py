@@ -57,11 +57,20 @@ def test_resume_refuses_a_different_graph(ray_session, tmp_path):
         Trainer(other)
 
 
-def test_disk_placement_trains_the_same_graph(ray_session, tmp_path):
-    config = small_config(tmp_path, ray={"placement": "disk"})
-    write_random_graph(config)
+def test_disk_placement_trains_what_memory_placement_trains(ray_session, tmp_path):
+    """One trainer makes a run deterministic, so a swap that lost or reordered an
+    update shows as a difference from the run that kept everything in memory."""
+    config = small_config(tmp_path, ray={"placement": "disk", "num_trainers": 1})
+    write_random_graph(config, num_edges=1000)
+    memory = small_config(tmp_path, checkpoint_path=str(tmp_path / "memory"),
+                          ray={"placement": "memory", "num_trainers": 1})
     assert Trainer(config).run().version == 2
+    Trainer(memory).run()
     assert_valid_checkpoint(config, 2)
+    expected, got = checkpoint_arrays(memory), checkpoint_arrays(config)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
 
 
 def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
