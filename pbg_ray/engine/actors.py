@@ -57,7 +57,8 @@ class PartitionStore:
     placement="disk": a partitioned type's partition stays in memory only
     while buckets in flight use it; `swap_out` then writes it to checkpoint
     storage as the next version's file (as PBG does), so the tables can be
-    larger than RAM. A partition the next bucket uses again is not swapped.
+    larger than RAM. A partition the next bucket uses again is not swapped,
+    and one it will use is read ahead by a `get` while the current bucket trains.
     """
 
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
@@ -184,6 +185,9 @@ class BucketSchedulerActor:
 
     def acquire(self) -> Optional[Bucket]:
         return self.scheduler.acquire()
+
+    def peek(self) -> Optional[Bucket]:
+        return self.scheduler.peek()
 
     def release(self, bucket: Bucket) -> None:
         self.scheduler.release(bucket)

@@ -261,7 +261,7 @@ class Trainer:
         num_buckets = self.nparts_lhs * self.nparts_rhs
         # Unpartitioned types send deltas when other buckets train them at the same time.
         concurrent = max_trainers > 1 and num_buckets > 1
-        swaps: List[ray.ObjectRef] = []  # disk placement: the stores' swap-outs
+        swaps: List[ray.ObjectRef] = []  # disk placement: the stores' swap-outs and read-aheads
         desc = (f"epoch {epoch_idx + 1}/{config.num_epochs} path {path_idx + 1}/"
                 f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
         bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
@@ -285,10 +285,15 @@ class Trainer:
                 running[refs[0]] = (bucket, keys, refs, deltas, t_launch)
                 launched = True
             if launched and config.ray.placement == "disk":
-                # The partitions the buckets in flight don't use are written while they
-                # train; one the next bucket uses again stays in memory.
+                # While the buckets in flight train, the partitions they don't use are
+                # written (one the next bucket uses again stays in memory) and those
+                # the next bucket will use are read.
                 in_use = [k for _, keys, *_ in running.values() for k in keys]
                 swaps += [store.swap_out.remote(in_use) for store in self.stores]
+                upcoming = ray.get(self.scheduler.peek.remote())
+                if upcoming is not None:
+                    swaps += [self.store_of[k].get.remote(k) for k in partition_keys(config, upcoming)
+                              if k not in in_use and config.entities[k[0]].num_partitions > 1]
             if not running:
                 if ray.get(self.scheduler.pass_done.remote()):
                     break
