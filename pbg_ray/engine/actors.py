@@ -58,7 +58,7 @@ class PartitionStore:
     while buckets in flight use it; `swap_out` then writes it to checkpoint
     storage as the next version's file (as PBG does), so the tables can be
     larger than RAM. A partition the next bucket uses again is not swapped,
-    and one it will use is read ahead by a `get` while the current bucket trains.
+    and one it will use is read ahead while the current bucket trains.
     """
 
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
@@ -90,6 +90,11 @@ class PartitionStore:
                               if key in self.swapped else self.sources[key])
             self.refs[key] = ray.put(_load_or_init(self.config, key, source))
         return [self.refs[key]]
+
+    def read_ahead(self, key: PartitionKey) -> None:
+        """Disk placement: swap `key` in now, for the next bucket that uses it. (Returns
+        nothing: a ref to the partition held by the caller would keep it alive.)"""
+        self.get(key)
 
     def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
         """Take back a bucket's result: the new (embeddings, sums), or their deltas."""

@@ -292,7 +292,8 @@ class Trainer:
                 swaps += [store.swap_out.remote(in_use) for store in self.stores]
                 upcoming = ray.get(self.scheduler.peek.remote())
                 if upcoming is not None:
-                    swaps += [self.store_of[k].get.remote(k) for k in partition_keys(config, upcoming)
+                    swaps += [self.store_of[k].read_ahead.remote(k)
+                              for k in partition_keys(config, upcoming)
                               if k not in in_use and config.entities[k[0]].num_partitions > 1]
             if not running:
                 if ray.get(self.scheduler.pass_done.remote()):

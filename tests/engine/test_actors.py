@@ -32,7 +32,9 @@ def test_disk_store_swaps_out_only_what_no_bucket_in_flight_uses(ray_session, tm
     # user 0 is used by the next bucket: only user 1 is written, as version 1's file.
     ray.get(store.swap_out.remote([("user", 0)]))
     assert [k for k in KEYS if storage.partition_file(1, *k).exists()] == [("user", 1)]
-    for key in KEYS:  # user 1 comes back from its file, the others never left
+    # Read ahead for the next bucket; the caller gets no ref that would keep it alive.
+    assert ray.get(store.read_ahead.remote(("user", 1))) is None
+    for key in KEYS:  # user 1 came back from its file, the others never left
         np.testing.assert_array_equal(stored(store, key)[0], trained[key][0])
     # Swapped in but not trained again: dropped without another write.
     before = storage.partition_file(1, "user", 1).stat().st_mtime_ns
