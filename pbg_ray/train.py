@@ -15,7 +15,7 @@ from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.trainer import Trainer
-from pbg_ray.evaluation.metrics import stats_mean
+from pbg_ray.training_stats import HELD_OUT, TRAIN, epoch_means
 
 
 def run(config: ConfigSchema) -> None:
@@ -26,13 +26,12 @@ def run(config: ConfigSchema) -> None:
     trainer = Trainer(config)
     result = trainer.run()
     summary = {"checkpoint_path": result.checkpoint_path, "version": result.version}
-    if result.bucket_stats:
-        last_epoch = [s for s in result.bucket_stats
-                      if s["epoch_idx"] == result.bucket_stats[-1]["epoch_idx"]]
-        summary["train"] = stats_mean([s["stats"] for s in last_epoch])
-        after = [s["eval_stats_after"] for s in last_epoch if "eval_stats_after" in s]
-        if after:
-            summary["held_out"] = stats_mean(after)
+    if result.bucket_stats:  # lines of training_stats.json: per-edge means with their counts
+        last_epoch = result.bucket_stats[-1]["epoch_idx"]
+        for name, key in (("train", TRAIN), ("held_out", HELD_OUT)):
+            means = epoch_means(result.bucket_stats, key).get(last_epoch)
+            if means:
+                summary[name] = means
     for path in config.eval_edge_paths:
         metrics = trainer.evaluate(path)
         summary.setdefault("eval", {})[path] = metrics

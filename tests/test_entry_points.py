@@ -8,6 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from conftest import assert_valid_checkpoint, config_dict, write_random_graph
 from pbg_ray.config import ConfigSchema
 
@@ -28,7 +31,7 @@ def test_bad_override_is_one_clear_line(tmp_path):
 
 def tiny_pbg_module(tmp_path):
     """(config dict, PBG config module) of a tiny random graph under tmp_path/data."""
-    data = config_dict(tmp_path / "data", num_epochs=1, eval_fraction=0.0, dimension=4,
+    data = config_dict(tmp_path / "data", num_epochs=1, eval_fraction=0.2, dimension=4,
                        global_emb=False)
     write_random_graph(ConfigSchema.from_dict(data), num_edges=50)
     module = tmp_path / "pbg_config.py"
@@ -46,6 +49,13 @@ def test_train_a_pbg_config_module_from_another_directory(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["version"] == 1
     assert summary["checkpoint_path"] == data["checkpoint_path"]
+    # The summary's means are the edge-weighted means of training_stats.json's per-edge means.
+    lines = [json.loads(l) for l in open(tmp_path / "data" / "checkpoints" / "training_stats.json")]
+    for name, key, metric in (("train", "stats", "loss"), ("held_out", "eval_stats_after", "mrr")):
+        counts = [l[key]["count"] for l in lines if l.get(key)]
+        means = [l[key]["metrics"][metric] for l in lines if l.get(key)]
+        assert summary[name][metric] == pytest.approx(np.average(means, weights=counts)), name
+    assert 0 < summary["held_out"]["mrr"] <= 1
     assert (tmp_path / "data" / "checkpoints" / "checkpoint_version.txt").read_text() == "1\n"
 
 
