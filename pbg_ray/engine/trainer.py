@@ -14,7 +14,9 @@ import itertools
 import json
 import logging
 import math
+import shutil
 import time
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -93,6 +95,8 @@ class Trainer:
             max(max(c.values()) for c in self.edge_counts.values()) / config.max_edges_per_chunk))
         # What init_path trained, when it trains apart from the new rows (incremental runs).
         self.known = known_rows(config)
+        # The conversion of a pre-1.0 or bundle init_path, read until version 1 exists.
+        self.init_scratch: Optional[Path] = None
         # The run's actors; started on first use and again after one dies.
         self.stores: List[Any] = []
         self.params: Optional[Any] = None
@@ -115,7 +119,10 @@ class Trainer:
         init_version = 0
         if self.version == 0 and config.init_path:
             # A pre-1.0 run or a model bundle is converted into a v1 checkpoint first.
-            init = CheckpointStorage(resolve_init_path(config.init_path, self.storage.path / ".init"))
+            resolved = resolve_init_path(config.init_path, self.storage.path / ".init")
+            if resolved != config.init_path:
+                self.init_scratch = Path(resolved)
+            init = CheckpointStorage(resolved)
             init_version = init.load_version()
         new_rows = (neighbor_means(config, init, init_version, self.entity_counts)
                     if init is not None and init_version > 0
@@ -377,6 +384,9 @@ class Trainer:
             self.storage.preserve_version(version, epoch_idx + 1, config)
         if self.version > 0:
             self.storage.drop_version(self.version, config)
+        if self.init_scratch is not None:  # the stores load from this version now
+            shutil.rmtree(self.init_scratch, ignore_errors=True)
+            self.init_scratch = None
         self.version = version
 
 

@@ -4,6 +4,7 @@ such a directory serves as init_path."""
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,3 +163,5 @@ def test_a_pre_1_0_run_is_an_init_path(ray_session, tmp_path):
     # lr=0: the trained values are the initial ones.
     embs, _ = CheckpointStorage(config.checkpoint_path).load_entity_partition(1, "user", 1)
     np.testing.assert_array_equal(embs, arrays["user", 1][0])
+    # The conversion is read until version 1 exists, then removed.
+    assert not (Path(config.checkpoint_path) / ".init").exists()
