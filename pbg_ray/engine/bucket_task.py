@@ -9,6 +9,7 @@ task that dies is simply trained again, with no update lost or applied twice.
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -120,9 +121,12 @@ TRAINER_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
 
 @ray.remote(runtime_env=TRAINER_RUNTIME_ENV)
 def start_trainer_worker() -> None:
-    """Nothing, in a train task's kind of worker: launched while the actors initialise, so
-    that the first bucket does not wait seconds for a worker process to start and import
-    torch."""
+    """Import this module in a train task's kind of worker: launched while the actors
+    initialise, so that the first bucket does not wait seconds for a worker process to
+    start and import torch. (Ray ships remote functions by value: a worker imports a
+    module only when a function it runs names one of its globals, so an empty body
+    would start the process and import nothing.)"""
+    importlib.import_module(__name__)
 
 
 @ray.remote(max_retries=0, runtime_env=TRAINER_RUNTIME_ENV)

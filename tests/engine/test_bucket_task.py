@@ -1,6 +1,10 @@
-import numpy as np
+import subprocess
+import sys
 
-from pbg_ray.engine.bucket_task import partition_keys, split_held_out
+import numpy as np
+import ray.cloudpickle
+
+from pbg_ray.engine.bucket_task import partition_keys, split_held_out, start_trainer_worker
 from pbg_ray.io.edges import EdgeList
 from pbg_ray.types import Bucket
 
@@ -31,3 +35,15 @@ def test_partition_keys(make_config):
     config = make_config()  # user, item: 2 partitions; tag unpartitioned
     assert partition_keys(config, Bucket(1, 0)) == [("user", 1), ("item", 1), ("user", 0),
                                                      ("item", 0), ("tag", 0)]
+
+
+def test_the_warm_up_task_imports_what_train_tasks_need():
+    # Ray ships a remote function by value (cloudpickle), so a worker imports only what
+    # the function names. Load and run the warm-up as a fresh worker would.
+    shipped = ray.cloudpickle.dumps(start_trainer_worker._function)
+    check = ("import sys, ray.cloudpickle; f = ray.cloudpickle.loads(sys.stdin.buffer.read()); "
+             "before = 'torch' in sys.modules; f(); "
+             "print(before, 'torch' in sys.modules, 'pbg_ray.model.kernel' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", check], input=shipped, capture_output=True,
+                         check=True).stdout.decode().split()
+    assert out == ["False", "True", "True"]
