@@ -152,15 +152,24 @@ class ParameterServer:
     with their Adagrad sums. Concurrent train tasks pull a copy and push the
     change they made, which is added here."""
 
-    def __init__(self, config: ConfigSchema, num_relation_ids: int, source: Optional[Source]) -> None:
+    def __init__(self, config: ConfigSchema, num_relation_ids: int) -> None:
         self.config = config
+        self.num_relation_ids = num_relation_ids
+        self.params: Optional[ModelParams] = None
+
+    def load(self, source: Optional[Source]) -> None:
+        """The first values: PBG's initial ones (source None) or those of a ("checkpoint"
+        or "init", path, version) model file. (A method, not the constructor, so that a
+        bad file's error reaches the driver as this call's, like PartitionStore.add's.)"""
         if source is None:
-            self.params = init_params(config, num_relation_ids)
-        else:
-            _, path, version = source
-            arrays, optim_state = CheckpointStorage(path).load_model(version)
-            self.params = params_from_checkpoint(config, num_relation_ids, arrays, optim_state,
-                                                 grow=source[0] == "init")
+            self.params = init_params(self.config, self.num_relation_ids)
+            return
+        _, path, version = source
+        storage = CheckpointStorage(path)
+        arrays, optim_state = storage.load_model(version)
+        self.params = params_from_checkpoint(self.config, self.num_relation_ids, arrays,
+                                             optim_state, grow=source[0] == "init",
+                                             where=str(storage.model_file(version)))
 
     def get(self) -> ModelParams:
         return self.params

@@ -181,7 +181,8 @@ def checkpoint_partitions(config: ConfigSchema, storage: CheckpointStorage, vers
     """(partition refs, params ref) of checkpoint `version` in `storage`. Partitions are
     loaded by tasks, into the object store, never through the driver."""
     arrays, optim_state = storage.load_model(version)
-    params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state))
+    params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state,
+                                            where=str(storage.model_file(version))))
     keys = [(e, p) for e, c in config.entities.items() for p in range(c.num_partitions)]
     refs = {key: load_partition_task.remote(str(storage.path), version, *key) for key in keys}
     return refs, params

@@ -157,16 +157,19 @@ class Trainer:
         self.stores = [PartitionStore.options(scheduling_strategy="SPREAD").remote(
             self.config, self.version + 1) for _ in range(num_stores)]
         self.store_of = {key: self.stores[i % num_stores] for i, key in enumerate(keys)}
-        for _ in range(self.max_trainers()):
-            start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
-                                         num_gpus=gpus_per_trainer(self.config)).remote()
-        ray.get([self.store_of[key].add.remote(key, sources[key]) for key in keys])
-        self.params = ParameterServer.remote(self.config, self.num_relation_ids, model_source)
+        self.params = ParameterServer.remote(self.config, self.num_relation_ids)
         partitioned = lambda side: any(  # noqa: E731
             self.config.entities[getattr(r, side)].num_partitions > 1 for r in self.config.relations)
         self.scheduler = BucketSchedulerActor.remote(
             self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
             partitioned("lhs"), partitioned("rhs"), self.version)
+        for _ in range(self.max_trainers()):
+            start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
+                                         num_gpus=gpus_per_trainer(self.config)).remote()
+        # The processes above start at once (each imports torch for seconds); waiting for
+        # the first values here keeps their start-up out of the first bucket's time.
+        ray.get([self.store_of[key].add.remote(key, sources[key]) for key in keys]
+                + [self.params.load.remote(model_source)])
 
     def max_trainers(self) -> int:
         if self.config.ray.num_trainers:

@@ -119,18 +119,20 @@ def _fitted(config: ConfigSchema, name: str, value: Any, initial: np.ndarray, gr
 
 def params_from_checkpoint(config: ConfigSchema, num_relation_ids: int,
                            arrays: Dict[str, np.ndarray], optim_state: Optional[dict],
-                           grow: bool = False) -> ModelParams:
+                           grow: bool = False, where: Optional[str] = None) -> ModelParams:
     """Parameters from a checkpoint (missing ones at their initial values). `grow`: the
     checkpoint is an init_path of a grown graph, whose relation ids (dynamic mode) are a
-    prefix of this config's; its optimizer state covers only the parameters it has."""
+    prefix of this config's; its optimizer state covers only the parameters it has.
+    `where`: the model file, named in errors."""
+    prefix = f"{where}: " if where else ""
     params = init_params(config, num_relation_ids)
     for name, value in arrays.items():
         if name not in params.arrays:
-            raise PbgRayError(f"checkpoint parameter {name!r} does not belong to this config's "
-                              f"model (expected {sorted(params.arrays)}). Check the operator, "
-                              "dynamic_relations and global_emb settings.")
+            raise PbgRayError(f"{prefix}checkpoint parameter {name!r} does not belong to this "
+                              f"config's model (expected {sorted(params.arrays)}). Check the "
+                              "operator, dynamic_relations and global_emb settings.")
         params.arrays[name] = _fitted(config, name, value, params.arrays[name], grow,
-                                      "checkpoint parameter")
+                                      f"{prefix}checkpoint parameter")
     state: Dict[Any, Any] = (optim_state or {}).get("state", {})
     # The state is indexed by the position of each parameter in the writer's layout: ours,
     # less the parameters a grown graph added (relations and entity types only append).
@@ -139,5 +141,5 @@ def params_from_checkpoint(config: ConfigSchema, num_relation_ids: int,
         entry = state.get(idx)
         if entry is not None and "sum" in entry:
             params.sums[name] = _fitted(config, name, np.asarray(entry["sum"], np.float32),
-                                        params.sums[name], grow, "optimizer state for")
+                                        params.sums[name], grow, f"{prefix}optimizer state for")
     return params

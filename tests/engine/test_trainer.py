@@ -86,6 +86,21 @@ def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_an_init_path_of_another_model_stops_the_run_with_its_file_named(ray_session, tmp_path):
+    first = small_config(tmp_path, num_epochs=1)
+    write_random_graph(first)
+    Trainer(first).run()
+    data = config_dict(tmp_path, num_epochs=1, checkpoint_path=str(tmp_path / "second"),
+                       init_path=first.checkpoint_path)
+    data["relations"][0]["operator"] = "linear"  # was translation
+    trainer = Trainer(ConfigSchema.from_dict(data))
+    with pytest.raises(PbgRayError, match=r"model\.v1\.h5: checkpoint parameter "
+                                          r"'relations/0/operator/rhs/translation' does not belong"):
+        trainer.run()
+    assert trainer.actor_restarts == 0  # a bad file is not a dead actor: no retries
+    assert CheckpointStorage(data["checkpoint_path"]).load_version() == 0
+
+
 def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
     config = small_config(tmp_path, num_epochs=1)
     write_random_graph(config, counts={"user": 30, "item": 20, "tag": 7})
