@@ -55,7 +55,8 @@ class Predictor:
         self.config = config
         self.source = source
         num_rel = num_relation_ids(config)
-        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, None).arrays)
+        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, None,
+                                                            where=source).arrays)
         self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
                                else [r.name for r in config.relations])
         self.tables: Dict[str, List[Tensor]] = {
@@ -88,7 +89,8 @@ class Predictor:
         storage, version = locate_version(config, version, "version")
         tables = {e: [storage.load_entity_partition(version, e, p)[0] for p in range(c.num_partitions)]
                   for e, c in config.entities.items()}
-        return cls(config, storage.load_model(version)[0], tables, f"version {version}")
+        return cls(config, storage.load_model(version)[0], tables,
+                   f"version {version} of {str(storage.path)!r}")
 
     # --- names ------------------------------------------------------------
 

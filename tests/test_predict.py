@@ -1,7 +1,9 @@
 """pbg_ray.predict: scores and rankings by name agree with the model's scores and with
 filtered ranking; unknown names get one clear error."""
 
+import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from conftest import config_dict, random_checkpoint, write_random_graph
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
+from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.predict import Predictor, main
 from pbg_ray.io.edges import read_edges
 from pbg_ray.types import Bucket
@@ -65,3 +68,16 @@ def test_cli_prints_one_json_line(model, capsys):
         main([model.config.checkpoint_path, "--version", "3", "score", "a", "b", "c"])
     assert exit_info.value.code == 2
     assert "version 3 is not in" in capsys.readouterr().err
+
+
+def test_a_model_file_of_another_config_is_named_in_the_error(tmp_path):
+    config = ConfigSchema.from_dict(config_dict(tmp_path, comparator="dot"))
+    write_random_graph(config, num_edges=50)
+    random_checkpoint(config)
+    # config.json now says 'follows' is diagonal; model.v1.h5 holds its translation.
+    relations = [dataclasses.replace(config.relations[0], operator="diagonal"), *config.relations[1:]]
+    CheckpointStorage(config.checkpoint_path).save_config(dataclasses.replace(config, relations=relations))
+    with pytest.raises(PbgRayError, match=rf"^version 1 of '{re.escape(config.checkpoint_path)}': "
+                                          r"checkpoint parameter 'relations/0/operator/rhs/translation' "
+                                          r"does not belong to this config's model"):
+        Predictor.load(config.checkpoint_path)
