@@ -7,6 +7,11 @@ share of pbg_ray's bucket time spent outside the kernel, and the MRR of both
 checkpoints on the same held-out edges (both scored by the same evaluator).
 Ends with one JSON line holding all the figures.
 
+Each trainer trains each setting twice: once sampled for peak memory, then once
+timed with nothing watching it, whose checkpoint is scored. (Sampling the PSS of
+every process reads its page tables: every 0.2 s that took 15-25% off the edges/s
+of both trainers on a 2-core machine, more off the one with more processes.)
+
     python benchmarks/train_bench.py                 # 1M entities, 10M edges
     python benchmarks/train_bench.py --scale 0.05    # a quick run
 """
@@ -24,6 +29,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional, Tuple
 
 import numpy as np
 import psutil
@@ -167,17 +173,26 @@ print("TIMING", json.dumps(timing))
 """
 
 
-def run(script: str, config: dict, env: dict) -> dict:
-    shutil.rmtree(config["checkpoint_path"], ignore_errors=True)  # train from scratch
+def train(script: str, config: dict, env: dict, memory: bool) -> Tuple[str, Optional[PeakMemory]]:
+    """Train `config` from scratch in a new process: (its output, its PeakMemory if `memory`)."""
+    shutil.rmtree(config["checkpoint_path"], ignore_errors=True)
     proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(config)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    memory = PeakMemory(proc.pid)
+    sampler = PeakMemory(proc.pid) if memory else None
     out, _ = proc.communicate()
-    peak = memory.stop()
+    if sampler is not None:
+        sampler.stop()
     if proc.returncode != 0:
         raise RuntimeError(f"run failed:\n{out[-4000:]}")
+    return out, sampler
+
+
+def run(script: str, config: dict, env: dict) -> dict:
+    """Peak memory of a sampled run, then seconds (and bucket timing) of an unobserved one."""
+    _, sampler = train(script, config, env, memory=True)
+    out, _ = train(script, config, env, memory=False)
     seconds = float(re.search(r"TRAIN_SECONDS (\S+)", out).group(1))
-    result = {"seconds": seconds, "peak_pss_bytes": peak, "peak_pss_by_role": memory.breakdown}
+    result = {"seconds": seconds, "peak_pss_bytes": sampler.peak, "peak_pss_by_role": sampler.breakdown}
     timing = re.search(r"TIMING (.*)", out)
     if timing:
         buckets = json.loads(timing.group(1))
@@ -194,9 +209,12 @@ def mrr(config: dict, version: int, test_path: str) -> float:
     from pbg_ray.engine.trainer import Trainer
 
     config = ConfigSchema.from_dict(dict(config, num_epochs=version, num_edge_chunks=1))
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    return Trainer(config).evaluate(test_path)["mrr"]
+    # A Ray of its own, shut down after: idle, it would take ~5% of a core from the next runs.
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        return Trainer(config).evaluate(test_path)["mrr"]
+    finally:
+        ray.shutdown()
 
 
 def main() -> None:
