@@ -123,7 +123,7 @@ def params_from_checkpoint(config: ConfigSchema, num_relation_ids: int,
     """Parameters from a checkpoint (missing ones at their initial values). `grow`: the
     checkpoint is an init_path of a grown graph, whose relation ids (dynamic mode) are a
     prefix of this config's; its optimizer state covers only the parameters it has.
-    `where`: the model file, named in errors."""
+    `where`: what they were read from (a model file, a version, a bundle tag), named in errors."""
     prefix = f"{where}: " if where else ""
     params = init_params(config, num_relation_ids)
     for name, value in arrays.items():
