@@ -31,6 +31,7 @@ from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
 from pbg_ray.model.operators import OPERATORS, Operator
 from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
 from pbg_ray.model.regularizers import REGULARIZERS
+from pbg_ray.model.rows import gather_rows
 
 SIDES = ("lhs", "rhs")
 
@@ -216,8 +217,7 @@ class Embedder:
             table = self.tables[key]
             flat = torch.cat([index[g].reshape(-1) for g in group]) if len(group) > 1 \
                 else index[group[0]].reshape(-1)
-            # index_select is far faster than table[flat]; into a reused buffer.
-            gathered = torch.index_select(table, 0, flat, out=self.workspace.get(
+            gathered = gather_rows(table, flat, self.workspace.get(
                 ("rows", key), table, (flat.numel(), table.shape[1])))
             if self.config.max_norm is not None:
                 norms = gathered.norm(dim=1)

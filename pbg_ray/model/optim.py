@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from pbg_ray.model import rows
+
 # torch.optim.Adagrad's default eps, which RowAdagrad hard-codes too.
 EPS = 1e-10
 
@@ -25,7 +27,11 @@ def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: fl
     Duplicate rows are folded without sort/unique: every position writes its index into
     `owner` (scratch, int64 [N], one per worker) and reads back the winner (whichever
     write landed), so all occurrences of a row agree on one representative position.
+    On the CPU the same steps run as one C loop (pbg_ray/model/_rows.c).
     """
+    if rows.native((table, sums, grads), (ids, owner)):
+        rows.row_adagrad_(table, sums, ids, grads, lr, owner, known, known_scale)
+        return
     if known and known_scale == 0:
         new = (ids >= known).nonzero().squeeze(1)
         ids, grads = ids.index_select(0, new), grads.index_select(0, new)

@@ -1,0 +1,153 @@
+/* Random-row access to an embedding table [N, D] (float32, row-major): the gather of a
+ * batch's rows and the RowAdagrad step on them, for the CPU kernel.
+ *
+ * On a table far larger than the cache nearly every row is a miss, and torch's
+ * index_select / index_add_ wait for one row at a time. These loops prefetch the row
+ * PREFETCH positions ahead, so several misses are in flight: on a 1M x 100 table the
+ * gather takes ~0.35 ms instead of ~0.5 ms per 6,000 rows, and the RowAdagrad step
+ * (folding duplicates, accumulators and the row update in one pass) ~0.5 ms instead of
+ * ~1.5 ms. The arithmetic is that of pbg_ray.model.optim.row_adagrad_, operation for
+ * operation, except the order of the squared-gradient sum.
+ *
+ * Arguments are addresses of contiguous tensors (checked by the Python caller) and
+ * sizes; the loops run without the GIL, so Hogwild threads overlap here too.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PREFETCH 8
+#define EPS 1e-10f /* torch.optim.Adagrad's default eps, as in optim.py */
+
+static void prefetch_row(const float *row, int64_t d, int for_write) {
+    for (int64_t j = 0; j < d; j += 16) { /* one 64-byte line per 16 floats */
+        if (for_write)
+            __builtin_prefetch(row + j, 1, 0);
+        else
+            __builtin_prefetch(row + j, 0, 0);
+    }
+}
+
+/* The index of the first id outside [0, n_rows), or -1. */
+static int64_t first_bad_id(const int64_t *ids, int64_t n, int64_t n_rows) {
+    for (int64_t i = 0; i < n; i++)
+        if ((uint64_t)ids[i] >= (uint64_t)n_rows)
+            return i;
+    return -1;
+}
+
+static PyObject *index_error(const int64_t *ids, int64_t i, int64_t n_rows) {
+    return PyErr_Format(PyExc_IndexError, "row id %lld out of range for a table of %lld rows",
+                        (long long)ids[i], (long long)n_rows);
+}
+
+/* Sum of squares with 16 independent partial sums: a single running sum is a chain of
+ * dependent adds that the compiler may not reorder (~4x slower at D = 100). */
+static float sum_of_squares(const float *x, int64_t d) {
+    float acc[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= d; j += 16)
+        for (int k = 0; k < 16; k++)
+            acc[k] += x[j + k] * x[j + k];
+    for (; j < d; j++)
+        acc[j & 15] += x[j] * x[j];
+    float s = 0.f;
+    for (int k = 0; k < 16; k++)
+        s += acc[k];
+    return s;
+}
+
+/* gather(table, n_rows, d, ids, n, out): out[i] = table[ids[i]]. */
+static PyObject *gather(PyObject *self, PyObject *args) {
+    unsigned long long table_p, ids_p, out_p;
+    long long n_rows, d, n;
+    if (!PyArg_ParseTuple(args, "KLLKLK", &table_p, &n_rows, &d, &ids_p, &n, &out_p))
+        return NULL;
+    const float *table = (const float *)table_p;
+    const int64_t *ids = (const int64_t *)ids_p;
+    float *out = (float *)out_p;
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = first_bad_id(ids, n, n_rows);
+    if (bad < 0)
+        for (int64_t i = 0; i < n; i++) {
+            if (i + PREFETCH < n)
+                prefetch_row(table + ids[i + PREFETCH] * d, d, 0);
+            memcpy(out + i * d, table + ids[i] * d, d * sizeof(float));
+        }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0)
+        return index_error(ids, bad, n_rows);
+    Py_RETURN_NONE;
+}
+
+/* row_adagrad(table, sums, n_rows, d, ids, grads, n, owner, lr, known, known_scale):
+ * see pbg_ray.model.optim.row_adagrad_. Duplicates of a row fold into its last
+ * occurrence (in order), which then takes the step; rows below `known` step at
+ * lr * known_scale, or not at all when known_scale is 0. */
+static PyObject *row_adagrad(PyObject *self, PyObject *args) {
+    unsigned long long table_p, sums_p, ids_p, grads_p, owner_p;
+    long long n_rows, d, n, known;
+    float lr, known_scale;
+    if (!PyArg_ParseTuple(args, "KKLLKKLKfLf", &table_p, &sums_p, &n_rows, &d, &ids_p,
+                          &grads_p, &n, &owner_p, &lr, &known, &known_scale))
+        return NULL;
+    float *table = (float *)table_p, *sums = (float *)sums_p, *grads = (float *)grads_p;
+    const int64_t *ids = (const int64_t *)ids_p;
+    int64_t *owner = (int64_t *)owner_p;
+    int64_t bad;
+    Py_BEGIN_ALLOW_THREADS
+    bad = first_bad_id(ids, n, n_rows);
+    if (bad < 0) {
+        for (int64_t i = 0; i < n; i++) {
+            if (i + PREFETCH < n)
+                __builtin_prefetch(owner + ids[i + PREFETCH], 1, 0);
+            owner[ids[i]] = i;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if (i + PREFETCH < n) {
+                int64_t ahead = ids[i + PREFETCH];
+                prefetch_row(table + ahead * d, d, 1);
+                __builtin_prefetch(sums + ahead, 1, 0);
+                __builtin_prefetch(owner + ahead, 0, 0);
+            }
+            int64_t id = ids[i];
+            float scale = id < known ? known_scale : 1.f;
+            if (scale == 0.f)
+                continue; /* frozen: row and accumulator untouched */
+            float *g = grads + i * d;
+            int64_t rep = owner[id];
+            if (rep != i) { /* fold into the last occurrence, which comes later */
+                float *g_rep = grads + rep * d;
+                for (int64_t j = 0; j < d; j++)
+                    g_rep[j] += g[j];
+                continue;
+            }
+            float sum = sums[id] + sum_of_squares(g, d) / (float)d;
+            sums[id] = sum;
+            float step = 1.f / (sqrtf(sum) + EPS) * -lr;
+            if (scale != 1.f)
+                step *= scale;
+            float *row = table + id * d;
+            for (int64_t j = 0; j < d; j++)
+                row[j] += g[j] * step;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0)
+        return index_error(ids, bad, n_rows);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"gather", gather, METH_VARARGS, "out[i] = table[ids[i]] (addresses and sizes)."},
+    {"row_adagrad", row_adagrad, METH_VARARGS, "RowAdagrad step on table rows ids."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, .m_name = "_rows", .m_size = -1, .m_methods = methods};
+
+PyMODINIT_FUNC PyInit__rows(void) { return PyModule_Create(&module); }

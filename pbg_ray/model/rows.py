@@ -1,0 +1,43 @@
+"""Random-row access to embedding tables: the C loops of `_rows.c` where they apply (CPU,
+contiguous float32 tables, int64 ids), torch ops elsewhere (CUDA, or an install built
+without a C compiler)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+try:
+    from pbg_ray.model import _rows
+except ImportError:  # the optional extension was not built
+    _rows = None
+
+BUILT = _rows is not None
+
+
+def native(floats: Sequence[Tensor], longs: Sequence[Tensor]) -> bool:
+    """Whether the C loops can serve these tensors: built, and all of them contiguous on the
+    CPU, `floats` float32 and `longs` int64."""
+    return (BUILT and all(t.device.type == "cpu" and t.is_contiguous() for t in (*floats, *longs))
+            and all(t.dtype == torch.float32 for t in floats)
+            and all(t.dtype == torch.int64 for t in longs))
+
+
+def gather_rows(table: Tensor, ids: Tensor, out: Tensor) -> Tensor:
+    """out [n, D] = table[ids] (table [N, D], ids [n])."""
+    if native((table, out), (ids,)):
+        _rows.gather(table.data_ptr(), table.shape[0], table.shape[1], ids.data_ptr(),
+                     ids.numel(), out.data_ptr())
+        return out
+    # index_select is far faster than table[ids].
+    return torch.index_select(table, 0, ids, out=out)
+
+
+def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: float,
+                 owner: Tensor, known: int, known_scale: float) -> None:
+    """The C loop of `optim.row_adagrad_` (when `native((table, sums, grads), (ids, owner))`)."""
+    _rows.row_adagrad(table.data_ptr(), sums.data_ptr(), table.shape[0], table.shape[1],
+                      ids.data_ptr(), grads.data_ptr(), ids.numel(), owner.data_ptr(),
+                      lr, known, known_scale)
