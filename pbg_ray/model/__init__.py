@@ -1,4 +1,5 @@
-"""The math of one bucket: PBG's scoring, losses, negatives and optimizers in pure PyTorch.
+"""The math of one bucket: PBG's scoring, losses, negatives and optimizers in PyTorch (the
+CPU's random-row gathers and RowAdagrad steps in C, rows.py).
 
 Never imports Ray: the engine calls these functions from its tasks, tests call them directly.
 """

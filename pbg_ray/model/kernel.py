@@ -1,10 +1,11 @@
 """The bucket kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
 
-Pure PyTorch over numpy arrays the caller owns: entity partitions and shared parameters
-are updated in place (zero-copy views on CPU; copied to the GPU and back on device="cuda").
-On CPU, `num_threads` Hogwild workers (Python threads, one torch thread each, releasing the
-GIL inside torch ops) share the tables, as PBG's Hogwild processes do: the ~100 small ops
-of a batch do not scale with intra-op threads, independent batches do.
+PyTorch (with C loops for the CPU's row gathers and RowAdagrad steps, rows.py) over
+numpy arrays the caller owns: entity partitions and shared parameters are updated in
+place (zero-copy views on CPU; copied to the GPU and back on device="cuda"). On CPU,
+`num_threads` Hogwild workers (Python threads, one torch thread each, releasing the GIL
+inside torch ops and the C loops) share the tables, as PBG's Hogwild processes do: the
+~100 small ops of a batch do not scale with intra-op threads, independent batches do.
 """
 
 from __future__ import annotations
