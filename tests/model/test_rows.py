@@ -15,7 +15,7 @@ def test_the_extension_is_built():
 
 
 def step(monkeypatch, c_loop: bool, dim: int, known: int, known_scale: float):
-    """(table, sums) after one row_adagrad_ over 200 ids with many duplicates of 50 rows."""
+    """(table, sums, ids) after one row_adagrad_ over 200 ids, many duplicates, of 50 rows."""
     gen = torch.Generator().manual_seed(dim)
     table = torch.randn(50, dim, generator=gen)
     sums = torch.rand(50, generator=gen)
