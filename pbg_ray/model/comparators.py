@@ -18,6 +18,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pbg_ray.model.blas import bmm
 from pbg_ray.model.registry import Registry
 
 # PBG clamps squared distances to this before the square root (and so has no gradient there).
@@ -63,10 +64,10 @@ class DotComparator(Comparator):
         return g * k, g * q
 
     def matrix(self, q, k, out=None):
-        return torch.bmm(q, k.transpose(1, 2), out=out)
+        return bmm(q, k.transpose(1, 2), out)
 
     def matrix_backward(self, q, k, s, g):
-        return torch.bmm(g, k), _bmm_t(q, g)
+        return bmm(g, k), bmm(g.transpose(1, 2), q)
 
 
 @COMPARATORS.register("cos")
@@ -81,15 +82,6 @@ class CosComparator(DotComparator):
     def prepare_backward(self, ctx, dy):
         y, rnorm = ctx
         return (dy - y * (y * dy).sum(-1, keepdim=True)).mul_(rnorm)
-
-
-def _bmm_t(q: Tensor, g: Tensor) -> Tensor:
-    """g^T q per chunk, [n, N, D] (g [n, P, N], q [n, P, D]). bmm copies a transposed first
-    operand, so when g is the larger one (P > D, big chunks) compute (q^T g)^T instead,
-    accepting a transposed result; otherwise keep the result contiguous."""
-    if g.shape[1] > q.shape[2]:
-        return torch.bmm(q.transpose(1, 2), g).transpose(1, 2)
-    return torch.bmm(g.transpose(1, 2), q)
 
 
 def _augment(x: Tensor, *columns: Tensor) -> Tensor:
@@ -109,7 +101,7 @@ def _expanded_bmm(q: Tensor, k: Tensor, scale: float, sign: float,
     k2 = k.pow(2).sum(-1, keepdim=True)
     qa = _augment(q, q2.mul_(sign), torch.ones_like(q2))
     ka = _augment(k * scale, torch.ones_like(k2), k2.mul_(sign))
-    return torch.bmm(qa, ka.transpose(1, 2), out=out)
+    return bmm(qa, ka.transpose(1, 2), out)
 
 
 def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0
@@ -118,8 +110,8 @@ def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0
     scale (h k - rowsum(h) q) and scale (h^T q - colsum(h) k). A column of ones appended
     to k and q makes the bmm's produce the row and column sums too (no passes over h)."""
     d = q.shape[-1]
-    hk = torch.bmm(h, _augment(k, torch.ones_like(k[..., :1])))
-    hq = _bmm_t(_augment(q, torch.ones_like(q[..., :1])), h)
+    hk = bmm(h, _augment(k, torch.ones_like(k[..., :1])))
+    hq = bmm(h.transpose(1, 2), _augment(q, torch.ones_like(q[..., :1])))
     dq = hk[..., :d].sub_(hk[..., d:d + 1] * q).mul_(scale)
     dk = hq[..., :d].sub_(hq[..., d:d + 1] * k).mul_(scale)
     return dq, dk

@@ -1,21 +1,20 @@
 """The bucket kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
 
-PyTorch (with C loops for the CPU's row gathers and RowAdagrad steps, rows.py) over
-numpy arrays the caller owns: entity partitions and shared parameters are updated in
+PyTorch (with C loops for the CPU's row gathers and RowAdagrad steps, rows.py, and
+numpy's BLAS for its batched products, blas.py) over numpy arrays the caller owns: entity partitions and shared parameters are updated in
 place (zero-copy views on CPU; copied to the GPU and back on device="cuda"). On CPU,
-`num_threads` Hogwild workers (Python threads, one torch thread each, releasing the GIL
-inside torch ops and the C loops) share the tables, as PBG's Hogwild processes do: the
+`num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
+the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild processes do: the
 ~100 small ops of a batch do not scale with intra-op threads, independent batches do.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import threading
 import time
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -23,6 +22,7 @@ from torch import Tensor
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import EdgeList
+from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
 from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
 from pbg_ray.model.optim import adagrad_, row_adagrad_
@@ -172,16 +172,6 @@ def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Ten
     return grads.loss, grads.reg, grads.violators["lhs"], grads.violators["rhs"]
 
 
-@contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
-
-
 def _run_workers(num_workers: int, batches: List[np.ndarray], work) -> List[Any]:
     """Run work(worker_idx, its batches) on num_workers Hogwild threads."""
     shares = [batches[i::num_workers] for i in range(num_workers)]
@@ -236,7 +226,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
             totals += train_batch(state, batch, owners)
         return totals
 
-    with _torch_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
+    with cpu_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
         totals = sum(_run_workers(num_workers, batches, work), np.zeros(4))
     state.copy_back(partitions, params)
     elapsed = time.perf_counter() - start
