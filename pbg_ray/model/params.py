@@ -64,13 +64,28 @@ def init_params(config: ConfigSchema, num_relation_ids: int) -> ModelParams:
     return ModelParams({k: v for k, v in layout}, {k: np.zeros_like(v) for k, v in layout})
 
 
+# Draws per table beyond which PBG's fast_approx_rand repeats one block of normal samples
+# (a prime count, so consecutive rows get different shifts of it) instead of drawing them all.
+APPROX_RAND_BLOCK = 1_000_003
+
+
 def init_partition(config: ConfigSchema, entity: str, count: int, rng: np.random.Generator
                    ) -> Tuple[np.ndarray, np.ndarray]:
-    """(embeddings float32 [count, dim] ~ N(0, init_scale), row-Adagrad sums float32 [count])."""
+    """(embeddings float32 [count, dim] ~ N(0, init_scale), row-Adagrad sums float32 [count]).
+
+    As in PBG (and its I/O spec: "the samples of all the entities of a certain type will not
+    be independent"), a table of more than APPROX_RAND_BLOCK values repeats one block of
+    that many draws: a copy instead of a draw per value, 0.3 s instead of 1.3 s at 1M x 100."""
     dim = config.entity_dimension(entity)
-    embs = rng.standard_normal((count, dim), dtype=np.float32)
+    numel = count * dim
+    embs = rng.standard_normal(min(numel, APPROX_RAND_BLOCK), dtype=np.float32)
     embs *= np.float32(config.init_scale)
-    return embs, np.zeros(count, np.float32)
+    if numel > APPROX_RAND_BLOCK:
+        block, embs = embs, np.empty(numel, np.float32)
+        whole = numel - numel % APPROX_RAND_BLOCK
+        embs[:whole].reshape(-1, APPROX_RAND_BLOCK)[...] = block
+        embs[whole:] = block[:numel - whole]
+    return embs.reshape(count, dim), np.zeros(count, np.float32)
 
 
 def relation_lr(config: ConfigSchema) -> float:

@@ -11,6 +11,7 @@ import torch
 from pbg_ray.io.checkpoint import state_dict_key
 from pbg_ray.model import (evaluate_bucket, init_params, init_partition, params_from_checkpoint,
                            params_to_checkpoint, train_bucket)
+from pbg_ray.model.params import APPROX_RAND_BLOCK
 from pbg_ray.types import Bucket
 
 from pbg_oracle import make_case, oracle, ours, pbg_model
@@ -93,6 +94,17 @@ def test_init_partition():
     embs, sums = init_partition(case.config, "a", 5000, np.random.default_rng(0))
     assert embs.shape == (5000, 8) and embs.dtype == np.float32
     assert sums.shape == (5000,) and not sums.any()
+    assert embs.std() == pytest.approx(0.01, rel=0.05)
+
+
+def test_init_partition_of_a_large_table_repeats_one_block_of_draws_as_pbg_does():
+    case = make_case(init_scale=0.01)
+    count = APPROX_RAND_BLOCK // 8 + 1000  # 8 columns: a little over one block of values
+    embs, _ = init_partition(case.config, "a", count, np.random.default_rng(0))
+    assert embs.shape == (count, 8) and embs.flags.c_contiguous
+    flat = embs.reshape(-1)
+    np.testing.assert_array_equal(flat[APPROX_RAND_BLOCK:], flat[:len(flat) - APPROX_RAND_BLOCK])
+    assert len(np.unique(embs, axis=0)) == count  # the block's prime length shifts each repeat
     assert embs.std() == pytest.approx(0.01, rel=0.05)
 
 
