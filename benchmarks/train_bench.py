@@ -201,6 +201,15 @@ def run(script: str, config: dict, env: dict) -> dict:
     return result
 
 
+def blas_kernels(env: dict) -> str:
+    """The BLAS library and kernels numpy uses in a process started with `env`."""
+    script = ("from threadpoolctl import threadpool_info; import numpy; print(', '.join("
+              "f\"{i['internal_api']} {i.get('architecture')}\" for i in threadpool_info() "
+              "if i['user_api'] == 'blas'))")
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()
+
+
 def mrr(config: dict, version: int, test_path: str) -> float:
     """Sampled MRR (PBG's, 1000 batch + 1000 uniform negatives) of a checkpoint on test/."""
     import ray
@@ -225,10 +234,14 @@ def main() -> None:
     args = parser.parse_args()
     num_entities, num_edges = int(1_000_000 * args.scale), int(10_000_000 * args.scale)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="train_bench_"))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # Some machines of this workplace pin OpenBLAS to its AVX2 (Haswell) kernels for the
+    # sake of old OpenBLAS builds; numpy's current one picks its kernels itself, as it does
+    # on a user's machine. Both trainers run without the pin.
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
     print(f"graph: {num_entities:,} entities, {num_edges:,} edges, d={DIM}, "
           f"complex_diagonal/dot/softmax, 50 batch + 100 uniform negatives, {args.epochs} epoch(s); "
-          f"machine: {os.cpu_count()} CPUs")
+          f"machine: {os.cpu_count()} CPUs, numpy's BLAS: {blas_kernels(env)}")
     figures: dict = {}
     for nparts, placement in ((1, "memory"), (4, "memory"), (8, "disk")):
         name = f"{nparts}p_{placement}"
