@@ -1,11 +1,12 @@
 """The bucket kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
 
-PyTorch (with C loops for the CPU's row gathers and RowAdagrad steps, rows.py, and
-numpy's BLAS for its batched products, blas.py) over numpy arrays the caller owns: entity partitions and shared parameters are updated in
-place (zero-copy views on CPU; copied to the GPU and back on device="cuda"). On CPU,
-`num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
-the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild processes do: the
-~100 small ops of a batch do not scale with intra-op threads, independent batches do.
+PyTorch over numpy arrays the caller owns, with on the CPU C loops for the row gathers
+and RowAdagrad steps (rows.py) and numpy's BLAS for the batched products (blas.py).
+Entity partitions and shared parameters are updated in place (zero-copy views on CPU;
+copied to the GPU and back on device="cuda"). On CPU, `num_threads` Hogwild workers
+(Python threads, one torch and BLAS thread each, releasing the GIL inside torch ops, BLAS
+and the C loops) share the tables, as PBG's Hogwild processes do: the ~100 small ops of
+a batch do not scale with intra-op threads, independent batches do.
 """
 
 from __future__ import annotations
