@@ -19,7 +19,10 @@ SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, 
 
 def test_driver_killed_at_random_moments_resumes_and_finishes(ray_session, tmp_path):
     # Disk placement: a killed pass leaves swap files of its version beside the current one.
-    data = config_dict(tmp_path, num_epochs=16, **SETTINGS,
+    # Enough epochs that the run outlasts the latest random kill (12 s) on a fast machine:
+    # at 16 the first trial's run could end before its kill, leaving nothing to kill.
+    num_epochs = 48
+    data = config_dict(tmp_path, num_epochs=num_epochs, **SETTINGS,
                        ray={"cpus_per_trainer": 1, "placement": "disk"})
     write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
     out = driver_kill_trials(data, tmp_path, trials=10, seed=0,
@@ -35,7 +38,7 @@ def test_driver_killed_at_random_moments_resumes_and_finishes(ray_session, tmp_p
     assert second["first_alive"] and second["rc"] == 2, second
     assert "is in use by another training run" in second["log"]
     assert out["finished"], out["final_log"]
-    assert out["summary"]["version"] == 16
+    assert out["summary"]["version"] == num_epochs
     assert out["lost_or_doubled"] == 0
 
 
