@@ -1,10 +1,12 @@
+import os
 import subprocess
 import sys
 
 import numpy as np
 import ray.cloudpickle
 
-from pbg_ray.engine.bucket_task import partition_keys, split_held_out, start_trainer_worker
+from pbg_ray.engine.bucket_task import (
+    PartitionCopies, partition_keys, split_held_out, start_trainer_worker)
 from pbg_ray.io.edges import EdgeList
 from pbg_ray.types import Bucket
 
@@ -47,3 +49,40 @@ def test_the_warm_up_task_imports_what_train_tasks_need():
     out = subprocess.run([sys.executable, "-c", check], input=shipped, capture_output=True,
                          check=True).stdout.decode().split()
     assert out == ["False", "True", "True"]
+
+
+def test_partition_copies_reuse_a_buffer_per_shape_and_place_until_told_not_to():
+    copies = PartitionCopies()
+    embs, sums = np.arange(12, dtype=np.float32).reshape(4, 3), np.ones(4, np.float32)
+    embs.flags.writeable = sums.flags.writeable = False  # as the object store hands them out
+    first = [copies.copy(embs), copies.copy(sums)]
+    assert all(a.flags.writeable for a in first)
+    np.testing.assert_array_equal(first[0], embs)
+    first[0][0, 0] = -1  # the copy, not the original
+    assert embs[0, 0] == 0
+    copies.next_task(keep=True)
+    again = [copies.copy(embs + 1), copies.copy(sums)]
+    assert again[0] is first[0] and again[1] is first[1]
+    np.testing.assert_array_equal(again[0], embs + 1)
+    assert copies.copy(np.zeros((2, 3), np.float32)) is not first[0]  # another shape
+    copies.next_task(keep=False)
+    assert copies.copy(embs) is not first[0]
+
+
+BUFFER = np.zeros(1 << 20, np.float32)  # 4 MB: returned through the object store
+
+
+@ray.remote(num_cpus=2)
+def fill_and_return(value):
+    BUFFER[:] = value
+    return os.getpid(), BUFFER
+
+
+def test_a_tasks_returns_are_copied_before_its_worker_runs_the_next_task(ray_session):
+    # What PartitionCopies relies on: a task may return the worker's buffers, which the
+    # worker's next task overwrites.
+    first, second = fill_and_return.remote(1.0), fill_and_return.remote(2.0)
+    pid_2, values_2 = ray.get(second)  # the buffer holds 2s from now on
+    pid_1, values_1 = ray.get(first)
+    assert pid_1 == pid_2  # one worker ran both (each takes both CPUs)
+    assert (values_1 == 1).all() and (values_2 == 2).all()
