@@ -78,9 +78,12 @@ class PartitionCopies:
     def __init__(self) -> None:
         self.buffers: Dict[Tuple[int, Tuple[int, ...], str], np.ndarray] = {}
         self.taken = 0
+        self.keep = True
 
     def copy(self, a: np.ndarray) -> np.ndarray:
         """A writable copy of `a`, in the buffer of the same shape and place in the task."""
+        if not self.keep:
+            return np.array(a)
         key = (self.taken, a.shape, a.dtype.str)
         self.taken += 1
         buf = self.buffers.get(key)
@@ -90,9 +93,11 @@ class PartitionCopies:
         return buf
 
     def next_task(self, keep: bool) -> None:
-        """Start over for the next task; `keep` False frees the buffers (an unpartitioned
-        graph, one bucket a pass, would keep a copy of whole tables in an idle worker)."""
+        """Start over for the next task. With `keep` False its copies are not kept, and
+        the buffers are freed (an unpartitioned graph, one bucket a pass, would keep a copy
+        of whole tables in an idle worker)."""
         self.taken = 0
+        self.keep = keep
         if not keep:
             self.buffers.clear()
 
