@@ -5,7 +5,10 @@ training edges/s for both, their ratio, peak memory (PSS of the whole process
 tree: Ray's processes for pbg_ray, the Hogwild workers for torchbiggraph), the
 share of pbg_ray's bucket time spent outside the kernel, and the MRR of both
 checkpoints on the same held-out edges (both scored by the same evaluator).
-Ends with one JSON line holding all the figures.
+Then the disk-vs-memory peak once more on tables that dominate the run's memory
+(5M x 100 by default, 1M edges), where disk placement's bound shows (at 1M x 100 the
+processes' fixed footprint outweighs the table). Ends with one JSON line holding all
+the figures.
 
 Each trainer trains each setting twice: once sampled for peak memory, then once
 timed with nothing watching it, whose checkpoint is scored. (Sampling the PSS of
@@ -231,6 +234,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of 1M entities / 10M edges")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--table-entities", type=int, default=5_000_000,
+                        help="entities of the large-table disk-vs-memory peak (0: skip it)")
     args = parser.parse_args()
     num_entities, num_edges = int(1_000_000 * args.scale), int(10_000_000 * args.scale)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="train_bench_"))
@@ -276,7 +281,33 @@ def main() -> None:
         roles = figures[name]["pbg_ray"]["peak_pss_by_role"]
         print(f"  pbg_ray {name} at its peak: " + ", ".join(
             f"{r} {b / 2**20:,.0f} MiB" for r, b in sorted(roles.items(), key=lambda kv: -kv[1])))
+    if args.table_entities:
+        figures["large_tables"] = large_tables(work, args.table_entities, env)
     print(json.dumps(figures))
+
+
+def large_tables(work: Path, num_entities: int, env: dict) -> dict:
+    """The disk-vs-memory peak on tables large enough to dominate the run's memory
+    (num_entities x DIM, 1M edges): at 1M x 100 the processes' fixed footprint (Ray's
+    own, the driver, each actor's and worker's imports) outweighs the 400 MB table."""
+    figures: dict = {}
+    for nparts, placement in ((1, "memory"), (8, "disk")):
+        root = work / f"large_graph_{nparts}"
+        if not (root / "entities").is_dir():
+            generate(root, num_entities, 1_000_000, nparts)
+        cfg = dict(config_dict(root, nparts, work / f"ckpt_large_{nparts}p_{placement}", 1),
+                   ray={"placement": placement, "cpus_per_trainer": 2.0})
+        _, sampler = train(RUN_PBG_RAY, cfg, env, memory=True)
+        shutil.rmtree(cfg["checkpoint_path"])
+        figures[f"{nparts}p_{placement}"] = {"peak_pss_bytes": sampler.peak,
+                                             "peak_pss_by_role": sampler.breakdown}
+    share = figures["8p_disk"]["peak_pss_bytes"] / figures["1p_memory"]["peak_pss_bytes"]
+    figures["disk_8p_peak_vs_memory_1p"] = share
+    table_mib = num_entities * DIM * 4 / 2**20
+    print(f"[tables of {num_entities:,} x {DIM} ({table_mib:,.0f} MiB), 1M edges] disk mode, 8 partitions: "
+          f"peak {figures['8p_disk']['peak_pss_bytes'] / 2**20:,.0f} MiB = {100 * share:.0f}% of the "
+          f"all-in-memory run's {figures['1p_memory']['peak_pss_bytes'] / 2**20:,.0f} MiB", flush=True)
+    return figures
 
 
 if __name__ == "__main__":
