@@ -19,13 +19,14 @@ SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, 
 
 def test_driver_killed_at_random_moments_resumes_and_finishes(ray_session, tmp_path):
     # Disk placement: a killed pass leaves swap files of its version beside the current one.
-    # Enough epochs that the run outlasts the latest random kill (12 s) on a fast machine:
-    # at 16 the first trial's run could end before its kill, leaving nothing to kill.
-    num_epochs = 48
+    # Enough epochs that the runs outlast their kills on a fast machine: the random kills
+    # (at most 8 s in) and the kills after a write each take a share of them, and at 16 or
+    # 48 the work was done before the last trials, which then found nothing to kill.
+    num_epochs = 200
     data = config_dict(tmp_path, num_epochs=num_epochs, **SETTINGS,
                        ray={"cpus_per_trainer": 1, "placement": "disk"})
     write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
-    out = driver_kill_trials(data, tmp_path, trials=10, seed=0,
+    out = driver_kill_trials(data, tmp_path, trials=10, seed=0, max_delay_s=8.0,
                              address=ray_session.get_runtime_context().gcs_address)
     counts = {k: out[k] for k in ("faults", "ended_before_kill", "during_write", "orphans")}
     assert out["corrupt"] == []
