@@ -1,6 +1,6 @@
-"""The math of one bucket: PBG's scoring, losses, negatives and optimizers in PyTorch (the
-CPU's random-row gathers and RowAdagrad steps in C, rows.py; its batched products through
-numpy's BLAS, blas.py).
+"""The math of one bucket: PBG's scoring, losses, negatives and optimizers in PyTorch (on
+the CPU: random-row gathers, RowAdagrad steps and the softmax loss in C, rows.py and
+losses.py; batched products through numpy's BLAS, blas.py).
 
 Never imports Ray: the engine calls these functions from its tasks, tests call them directly.
 """

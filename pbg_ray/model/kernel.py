@@ -1,7 +1,8 @@
 """The bucket kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
 
-PyTorch over numpy arrays the caller owns, with on the CPU C loops for the row gathers
-and RowAdagrad steps (rows.py) and numpy's BLAS for the batched products (blas.py).
+PyTorch over numpy arrays the caller owns, with on the CPU C loops for the row gathers,
+RowAdagrad steps (rows.py) and softmax loss (losses.py), and numpy's BLAS for the batched
+products (blas.py).
 Entity partitions and shared parameters are updated in place (zero-copy views on CPU;
 copied to the GPU and back on device="cuda"). On CPU, `num_threads` Hogwild workers
 (Python threads, one torch and BLAS thread each, releasing the GIL inside torch ops, BLAS

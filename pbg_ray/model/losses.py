@@ -22,7 +22,26 @@ from torch import Tensor
 
 from pbg_ray.model.registry import Registry
 
+try:
+    from pbg_ray.model import _loss
+except ImportError:  # the optional extension was not built
+    _loss = None
+if _loss is not None and not _loss.supported():  # its code is AVX-512
+    _loss = None
+
 Result = Tuple[Tensor, Tensor, List[Tensor]]
+
+
+def _native_softmax(pos: Tensor, blocks: List[Tensor], weight: Tensor, out: List[Tensor]) -> bool:
+    """Whether the C softmax (_loss.c) can serve: built and on an AVX-512 CPU, float32,
+    pos and weight contiguous, each block contiguous along its columns or its rows, and
+    its gradient buffer laid out like it."""
+    return (_loss is not None and len(blocks) <= 4
+            and all(t.device.type == "cpu" and t.dtype == torch.float32
+                    for t in (pos, weight, *blocks, *out))
+            and pos.is_contiguous() and weight.is_contiguous()
+            and all(o.stride() == b.stride() and 1 in (b.stride(1), b.stride(2))
+                    for b, o in zip(blocks, out)))
 
 
 class Loss:
@@ -88,11 +107,18 @@ class LogisticLoss(Loss):
 @LOSS_FUNCTIONS.register("softmax")
 class SoftmaxLoss(Loss):
     """-log softmax of the positive among [pos_i, neg_i*] (PBG: cross-entropy of
-    [pos, logsumexp(neg)])."""
+    [pos, logsumexp(neg)]). On an AVX-512 CPU one C call (_loss.c) where it is built."""
 
     def forward_backward(self, pos, blocks, weight, num_neg, out):
         if num_neg == 0:
             return _no_loss(pos, out)
+        if _native_softmax(pos, blocks, weight, out):
+            dpos = torch.empty_like(pos)
+            loss = _loss.softmax(
+                pos.data_ptr(), weight.data_ptr(), dpos.data_ptr(), pos.shape[0], pos.shape[1],
+                [(b.data_ptr(), o.data_ptr(), b.shape[2], *b.stride())
+                 for b, o in zip(blocks, out) if b.shape[2]])
+            return pos.new_tensor(loss), dpos, out
         top = pos.clone()
         for block in blocks:
             if block.shape[-1]:
