@@ -2,12 +2,12 @@
 
 PyTorch over numpy arrays the caller owns, with on the CPU C loops for the row gathers,
 RowAdagrad steps (rows.py) and softmax loss (losses.py), and numpy's BLAS for the batched
-products (blas.py).
-Entity partitions and shared parameters are updated in place (zero-copy views on CPU;
-copied to the GPU and back on device="cuda"). On CPU, `num_threads` Hogwild workers
-(Python threads, one torch and BLAS thread each, releasing the GIL inside torch ops, BLAS
-and the C loops) share the tables, as PBG's Hogwild processes do: the ~100 small ops of
-a batch do not scale with intra-op threads, independent batches do.
+products (blas.py). Entity partitions and shared parameters are updated in place
+(zero-copy views on CPU; copied to the GPU and back on device="cuda"). On CPU,
+`num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
+the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild
+processes do: the ~100 small ops of a batch do not scale with intra-op threads,
+independent batches do.
 """
 
 from __future__ import annotations
