@@ -19,8 +19,9 @@ PathLike = Union[str, os.PathLike, ObjectPath]
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success it replaces `path`.
 
-    The parent directory is created if needed. The data is fsync'ed before the rename, so after a crash `path` holds
-    either its previous content or the complete new one. On failure the
+    The parent directory is created if needed. The data is fsync'ed before the rename,
+    so after a crash `path` holds either its previous content or the complete new one.
+    On failure the
     temporary file is removed and nothing at `path` changes. On object storage the
     temporary file is local and uploaded whole on success.
     """
@@ -33,8 +34,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        sync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -68,15 +68,56 @@ def write_failed(path: PathLike, err: OSError) -> PbgRayError:
                        "content (if any) is unchanged; free disk space or fix the cause and rerun.")
 
 
-def write_bytes_atomic(path: PathLike, data) -> None:
-    """Write `data` (bytes or a buffer) as `path`, atomically; a failed write raises
-    `write_failed`'s PbgRayError and leaves `path` as it was."""
+def write_bytes_atomic(path: PathLike, *data) -> None:
+    """Write the `data` buffers (bytes, memoryviews, ...) one after another as `path`,
+    atomically; a failed write raises `write_failed`'s PbgRayError and leaves `path` as
+    it was."""
     try:
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
-                f.write(data)
+                for part in data:
+                    f.write(part)
     except OSError as err:
         raise write_failed(path, err) from None
+
+
+def write_bytes_in_place(path: PathLike, *data) -> None:
+    """Write the `data` buffers as `path` over its own bytes: an existing local file keeps
+    its blocks, so nothing is allocated (nor freed, which with online discard costs
+    ~20 ms per 50 MB here), and its cached pages are simply overwritten. Neither atomic
+    nor fsync'ed (`sync_file` does that later): for files nothing reads before the write
+    succeeded. On object storage it is an upload. A failed write raises `write_failed`'s
+    PbgRayError."""
+    path = storage_path(path)
+    if isinstance(path, ObjectPath):
+        write_bytes_atomic(path, *data)
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            offset = 0
+            for part in data:
+                view = memoryview(part).cast("B")
+                while view:  # a write may take only part of a large buffer
+                    written = os.pwrite(fd, view, offset)
+                    view, offset = view[written:], offset + written
+            os.ftruncate(fd, offset)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise write_failed(path, err) from None
+
+
+def sync_file(path: PathLike) -> None:
+    """fsync a local file (an upload is whole already)."""
+    path = storage_path(path)
+    if isinstance(path, ObjectPath):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:

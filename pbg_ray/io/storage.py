@@ -249,6 +249,15 @@ def move_into(local: Path, target: StoragePath) -> None:
         os.replace(local, target)
 
 
+def replace(source: StoragePath, target: StoragePath) -> None:
+    """Rename `source` to `target`, replacing it (an object store copies, then deletes)."""
+    if isinstance(source, ObjectPath):
+        source.copy_to(target)
+        source.unlink()
+    else:
+        os.replace(source, target)
+
+
 def link_or_copy(source: StoragePath, target: StoragePath) -> None:
     """Make `target` hold `source`'s content: a hard link where the file system
     allows (no bytes copied), else a copy."""

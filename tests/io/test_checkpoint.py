@@ -51,6 +51,41 @@ def test_partition_round_trip(storage):
     assert state["param_groups"][0]["lr"] == 0.1
 
 
+@pytest.mark.parametrize("rows", [0, 1, 40_000])
+def test_partition_embeddings_go_straight_from_the_array_into_a_plain_hdf5_dataset(storage, rows):
+    """The embeddings' bytes are written from the array after the HDF5 structure built in
+    memory; the file reads back as one contiguous dataset like h5py's own."""
+    config, storage = storage
+    embs = np.random.default_rng(rows).standard_normal((rows, 8)).astype(np.float32)
+    sums = np.arange(rows, dtype=np.float32)
+    storage.save_entity_partition(1, "user", 0, embs, row_adagrad_state(sums, 0.1))
+    path = storage.partition_file(1, "user", 0)
+    with h5py.File(path) as hf:
+        assert hf["embeddings"].shape == (rows, 8) and hf["embeddings"].chunks is None
+        np.testing.assert_array_equal(hf["embeddings"][...], embs)
+    assert path.stat().st_size < embs.nbytes + 64 * 1024 + 2 * sums.nbytes  # one copy of the data
+    loaded, state = storage.load_entity_partition(1, "user", 0)
+    np.testing.assert_array_equal(loaded, embs)
+    np.testing.assert_array_equal(row_adagrad_sums(state, rows, "x"), sums)
+
+
+def test_a_swap_file_is_written_over_its_own_bytes(storage):
+    config, storage = storage
+    path = storage.swap_file(2, "user", 0, "test")
+    big = np.ones((1000, 8), np.float32)
+    CheckpointStorage.write_entity_partition(path, big, None, in_place=True)
+    inode = path.stat().st_ino
+    small = np.full((10, 8), 2.0, np.float32)  # shorter: the rest of the old file is cut off
+    CheckpointStorage.write_entity_partition(path, small, row_adagrad_state(np.ones(10, np.float32), 0.1),
+                                             in_place=True)
+    assert path.stat().st_ino == inode and path.stat().st_size < big.nbytes
+    loaded, state = CheckpointStorage.read_entity_partition(path)
+    np.testing.assert_array_equal(loaded, small)
+    assert storage.swap_files(2, "user", 0) == [path]
+    storage.remove_leftovers(1)  # a swap file is a leftover once its run is gone
+    assert not path.exists()
+
+
 def test_optimizer_state_from_a_read_only_array_is_a_writable_copy(recwarn):
     # Partition stores hand over read-only views of Ray's object store.
     sums = np.arange(4, dtype=np.float32)
@@ -175,7 +210,10 @@ config = storage.load_config()
 resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))
 for write in (lambda: storage.save_entity_partition(1, "user", 0, np.zeros((500, 8), np.float32), None),
               lambda: storage.save_config(config),
-              lambda: storage.append_stats([{"epoch_idx": 1, "padding": "x" * 2000}])):
+              lambda: storage.append_stats([{"epoch_idx": 1, "padding": "x" * 2000}]),
+              lambda: CheckpointStorage.write_entity_partition(
+                  storage.swap_file(2, "user", 0, "t"), np.zeros((500, 8), np.float32), None,
+                  in_place=True)):
     try:
         write()
         print("written")
@@ -194,11 +232,15 @@ def test_writes_on_a_full_disk_fail_naming_the_file_and_change_nothing(storage):
                            capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr[-2000:]
     lines = child.stdout.strip().splitlines()
-    assert len(lines) == 3
-    for line, name in zip(lines, ["embeddings_user_0.v1.h5", "config.json", "training_stats.json"]):
+    assert len(lines) == 4
+    for line, name in zip(lines, ["embeddings_user_0.v1.h5", "config.json", "training_stats.json",
+                                  ".embeddings_user_0.v2.h5.tmp-swap-t"]):
         assert f"{name}' failed: File too large" in line, line
-    after = {p.name: p.read_bytes() for p in storage.path.iterdir() if p.name != "training_stats.json"}
-    assert after == before  # nothing replaced, no temporary file left
+    # Nothing replaced, no temporary file left; a swap file is never atomic (the partition
+    # store takes only those of tasks that succeeded), and the next save removes it.
+    after = {p.name: p.read_bytes() for p in storage.path.iterdir()
+             if p.name != "training_stats.json" and p not in storage.swap_files(2, "user", 0)}
+    assert after == before
     # The append was cut short: the torn last line is what a killed run leaves, and is left out.
     assert not storage.stats_file().read_text().endswith("\n")
     assert list(storage.load_stats()) == [{"epoch_idx": 0}]
