@@ -6,40 +6,20 @@ keep a train task from being placed.
 
 from __future__ import annotations
 
-import zlib
-from typing import Any, Dict, List, Optional, Tuple
+import uuid
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import ray
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile, load_partition
 from pbg_ray.engine.scheduler import BucketScheduler
-from pbg_ray.incremental.growth import grow_partition
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
-from pbg_ray.model import ModelParams, init_params, init_partition, params_from_checkpoint, params_to_checkpoint
+from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state
+from pbg_ray.io.files import sync_file
+from pbg_ray.io.storage import replace, storage_path
+from pbg_ray.model import ModelParams, init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
-
-PartitionKey = Tuple[str, int]
-# Where a partition's first values come from: ("checkpoint", path, version),
-# ("init", path, version, count, new rows [count - init's rows, dim] or None: the
-# partition grown to count rows, see incremental.growth) or ("random", count, seed).
-Source = Tuple[Any, ...]
-
-
-def _load_or_init(config: ConfigSchema, key: PartitionKey, source: Source) -> Tuple[np.ndarray, np.ndarray]:
-    entity, part = key
-    if source[0] == "random":
-        _, count, seed = source
-        return init_partition(config, entity, count, np.random.default_rng([seed, part, zlib.crc32(entity.encode())]))
-    _, path, version = source[:3]
-    embs, state = CheckpointStorage(path).load_entity_partition(version, entity, part)
-    where = str(CheckpointStorage(path).partition_file(version, entity, part))
-    sums = row_adagrad_sums(state, len(embs), where)
-    sums = np.zeros(len(embs), np.float32) if sums is None else sums
-    if source[0] == "init":
-        count, new_rows = source[3:]
-        return grow_partition(config, key, embs, sums, count, new_rows, where)
-    return embs, sums
 
 
 @ray.remote(num_cpus=0)
@@ -54,11 +34,12 @@ class PartitionStore:
     types trained by concurrent buckets send deltas instead, added here to a
     writable copy that is put in the object store again when next asked for.
 
-    placement="disk": a partitioned type's partition stays in memory only
-    while buckets in flight use it; `swap_out` then writes it to checkpoint
-    storage as the next version's file (as PBG does), so the tables can be
-    larger than RAM. A partition the next bucket uses again is not swapped,
-    and one it will use is read ahead while the current bucket trains.
+    placement="disk": a partitioned type's partitions stay on disk, as PBG swaps
+    them on one machine, so the tables can be larger than RAM. A bucket's train
+    task reads its partitions from checkpoint storage and writes them to swap
+    files (see SwapFile): two per partition, used in turn and overwritten in
+    place, so the files' blocks are neither allocated nor freed for every bucket.
+    `save` renames the newest to the partition's file of the new version.
     """
 
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
@@ -70,8 +51,11 @@ class PartitionStore:
         # Writable copies that deltas are added to; a ref is put when next asked for.
         self.summed: Dict[PartitionKey, List[np.ndarray]] = {}
         self.sources: Dict[PartitionKey, Source] = {}
-        self.trained: set = set()  # disk placement: in memory and changed since loaded
-        self.swapped: set = set()  # written as next_version, not in memory
+        # Disk placement: the swap file holding a partition trained since its last
+        # checkpoint. Swap files are named after this store (a task of a replaced one may
+        # still be writing its own).
+        self.newest: Dict[PartitionKey, str] = {}
+        self.tag = uuid.uuid4().hex[:12]
 
     def swaps(self, key: PartitionKey) -> bool:
         return self.disk and self.config.entities[key[0]].num_partitions > 1
@@ -79,45 +63,45 @@ class PartitionStore:
     def add(self, key: PartitionKey, source: Source) -> None:
         self.sources[key] = source
         if not self.swaps(key):
-            self.refs[key] = ray.put(_load_or_init(self.config, key, source))
+            self.refs[key] = ray.put(load_partition(self.config, key, source))
+
+    def _source(self, key: PartitionKey) -> Source:
+        """Where a swapped partition's newest values are."""
+        return ("swap", self.newest[key]) if key in self.newest else self.sources[key]
 
     def get(self, key: PartitionKey) -> List[ray.ObjectRef]:
-        """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the value)."""
+        """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the
+        value). Disk placement reads a swapped partition for this caller only."""
+        if self.swaps(key):
+            return [ray.put(load_partition(self.config, key, self._source(key)))]
         if key in self.summed and key not in self.refs:
             self.refs[key] = ray.put(tuple(self.summed[key]))
-        if key not in self.refs:  # disk placement: swap in
-            source: Source = (("checkpoint", str(self.storage.path), self.next_version)
-                              if key in self.swapped else self.sources[key])
-            self.refs[key] = ray.put(_load_or_init(self.config, key, source))
         return [self.refs[key]]
 
-    def read_ahead(self, key: PartitionKey) -> None:
-        """Disk placement: swap `key` in now, for the next bucket that uses it. (Returns
-        nothing: a ref to the partition held by the caller would keep it alive.)"""
-        self.get(key)
+    def lease(self, key: PartitionKey) -> Union[List[ray.ObjectRef], SwapFile]:
+        """What the train task of a bucket gets for `key`: `get`'s, or in disk placement
+        the SwapFile it reads and writes (its result goes back to `update`)."""
+        if self.swaps(key):
+            first, second = (str(self.storage.swap_file(self.next_version, *key, f"{self.tag}-{i}"))
+                             for i in range(2))
+            return SwapFile(self._source(key), second if self.newest.get(key) == first else first)
+        return self.get(key)
 
     def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
-        """Take back a bucket's result: the new (embeddings, sums), or their deltas."""
+        """Take back a bucket's result: the new (embeddings, sums), their deltas, or the
+        SwapFile the task wrote, from now on the partition's newest values."""
+        if self.swaps(key):
+            self.newest[key] = ray.get(value[0]).staged
+            return
         if not is_delta:
             self.refs[key] = value[0]
             self.summed.pop(key, None)
-            if self.swaps(key):
-                self.trained.add(key)
             return
         if key not in self.summed:
             self.summed[key] = [np.array(a) for a in ray.get(self.refs[key])]
         for total, delta in zip(self.summed[key], ray.get(value[0])):
             total += delta
         self.refs.pop(key, None)
-
-    def swap_out(self, in_use: List[PartitionKey]) -> None:
-        """Disk placement: write and drop the partitions no bucket in flight uses."""
-        for key in [k for k in self.refs if self.swaps(k) and k not in in_use]:
-            if key in self.trained:
-                self._write(key, ray.get(self.refs[key]), self.next_version)
-                self.swapped.add(key)
-                self.trained.discard(key)
-            del self.refs[key]
 
     def _write(self, key: PartitionKey, value: Tuple[np.ndarray, np.ndarray], version: int,
                metadata: Dict[str, Any] = {}) -> None:
@@ -129,17 +113,21 @@ class PartitionStore:
         """Write every partition of this store as checkpoint version `version`."""
         assert version == self.next_version
         for key in self.sources:
-            if key in self.summed:
+            if key in self.newest:  # written: made durable and renamed
+                sync_file(self.newest[key])
+                replace(storage_path(self.newest[key]), self.storage.partition_file(version, *key))
+            elif key in self.summed:
                 self._write(key, tuple(self.summed[key]), version, metadata)
             elif key in self.refs:
                 self._write(key, ray.get(self.refs[key]), version, metadata)
-            elif key not in self.swapped:  # not trained since its last checkpoint
-                self._write(key, _load_or_init(self.config, key, self.sources[key]), version, metadata)
+            else:  # disk placement: not trained since its last checkpoint
+                self._write(key, load_partition(self.config, key, self.sources[key]), version, metadata)
+            for spare in self.storage.swap_files(version, *key):  # the other one, or a dead task's
+                spare.unlink(missing_ok=True)
         # From now on the partitions load from this version.
         for key in self.sources:
             self.sources[key] = ("checkpoint", str(self.storage.path), version)
-        self.trained.clear()
-        self.swapped.clear()
+        self.newest.clear()
         self.next_version = version + 1
 
     def keys(self) -> List[PartitionKey]:
@@ -199,9 +187,6 @@ class BucketSchedulerActor:
 
     def acquire(self) -> Optional[Bucket]:
         return self.scheduler.acquire()
-
-    def peek(self) -> Optional[Bucket]:
-        return self.scheduler.peek()
 
     def release(self, bucket: Bucket) -> None:
         self.scheduler.release(bucket)

@@ -1,31 +1,32 @@
 """One bucket's work as a Ray task: a thin wrapper around the model's kernel.
 
 The task reads its edge chunk itself, copies the partitions it received from
-the object store once (they arrive read-only), evaluates the held-out edges,
-trains, evaluates again, and returns the results as separate return values
-owned by the caller. Nothing is applied inside the task, so the bucket of a
-task that dies is simply trained again, with no update lost or applied twice.
+the object store once (they arrive read-only) or reads them from their swap
+files (disk placement), evaluates the held-out edges, trains, evaluates again,
+and returns the results as separate return values owned by the caller (or
+writes them to new swap files). Nothing is applied inside the task, so the
+bucket of a task that dies is simply trained again, with no update lost or
+applied twice.
 """
 
 from __future__ import annotations
 
 import importlib
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
 import torch
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.partitions import PartitionKey, SwapFile
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import EdgeList, check_edges, read_edges
 from pbg_ray.model import KnownRows, ModelParams, evaluate_bucket, train_bucket
 from pbg_ray.model.kernel import KERNEL_ENV, partition_key
 from pbg_ray.types import Bucket
-
-PartitionKey = Tuple[str, int]
 
 
 def partition_keys(config: ConfigSchema, bucket: Bucket) -> List[PartitionKey]:
@@ -37,6 +38,15 @@ def partition_keys(config: ConfigSchema, bucket: Bucket) -> List[PartitionKey]:
             if key not in keys:
                 keys.append(key)
     return keys
+
+
+def writable(partition: Tuple[np.ndarray, np.ndarray], empty: Callable[..., np.ndarray]
+             ) -> Tuple[np.ndarray, np.ndarray]:
+    """A writable copy of (embeddings, sums), in arrays from `empty(shape, dtype)`."""
+    copies = tuple(empty(a.shape, a.dtype) for a in partition)
+    for copy, a in zip(copies, partition):
+        np.copyto(copy, a)
+    return copies
 
 
 def partition_counts(keys: List[PartitionKey], partitions: List[Tuple[np.ndarray, np.ndarray]]
@@ -69,27 +79,26 @@ def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[E
 
 class PartitionCopies:
     """Writable copies of the partitions a train task receives (read-only views of the
-    object store), in buffers its worker process keeps for the next bucket: copied into
-    fresh memory, every bucket's 50-100 MB partitions page-fault again, which took ~3x the
-    copy itself (disk placement, 8 partitions of 1M x 100: 22 ms a bucket instead of 6).
-    A task's results may be these buffers: Ray copies a task's returns into the object
-    store before the worker runs its next task."""
+    object store, or read from swap files), in buffers its worker process keeps for the
+    next bucket: copied into fresh memory, every bucket's 50-100 MB partitions
+    page-fault again, which took ~3x the copy itself (8 partitions of 1M x 100: 22 ms
+    a bucket instead of 6). A task's results may be these buffers: Ray copies a task's
+    returns into the object store before the worker runs its next task."""
 
     def __init__(self) -> None:
         self.buffers: Dict[Tuple[int, Tuple[int, ...], str], np.ndarray] = {}
         self.taken = 0
         self.keep = True
 
-    def copy(self, a: np.ndarray) -> np.ndarray:
-        """A writable copy of `a`, in the buffer of the same shape and place in the task."""
+    def empty(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
+        """An array to fill: the buffer of this shape and place in the task."""
         if not self.keep:
-            return np.array(a)
-        key = (self.taken, a.shape, a.dtype.str)
+            return np.empty(shape, dtype)
+        key = (self.taken, tuple(shape), np.dtype(dtype).str)
         self.taken += 1
         buf = self.buffers.get(key)
         if buf is None:
-            buf = self.buffers[key] = np.empty_like(a)
-        np.copyto(buf, a)
+            buf = self.buffers[key] = np.empty(shape, dtype)
         return buf
 
     def next_task(self, keep: bool) -> None:
@@ -108,25 +117,28 @@ _COPIES = PartitionCopies()
 
 def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                num_chunks: int, iteration: int, num_relation_ids: int, keys: List[PartitionKey],
-               params: ModelParams, partitions: List[Tuple[np.ndarray, np.ndarray]],
+               params: ModelParams,
+               partitions: List[Union[Tuple[np.ndarray, np.ndarray], SwapFile]],
                deltas: List[bool], num_threads: int, device: str,
                known: Optional[KnownRows] = None,
-               copy: Callable[[np.ndarray], np.ndarray] = np.array) -> Tuple[Any, ...]:
-    """The pure part of the task. Returns (stats, params delta, one result per key):
-    the new (embeddings, sums), or their change where `deltas` says so (partitions
-    other buckets train at the same time). `known`:
-    what init_path trained (incremental runs), trained at its own learning rate.
-    `copy` makes the writable copies of the partitions that are trained."""
+               empty: Callable[..., np.ndarray] = np.empty) -> Tuple[Any, ...]:
+    """The pure part of the task. `partitions`: per key its (embeddings, sums), or the
+    SwapFile to read them from and write them to (disk placement). Returns (stats,
+    params delta, one result per key): the new (embeddings, sums), their change where
+    `deltas` says so (partitions other buckets train at the same time), or the SwapFile,
+    written. `known`: what init_path trained (incremental runs), trained at its own
+    learning rate. `empty(shape, dtype)` gives the arrays the partitions are trained in."""
     t_start = time.perf_counter()
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
-    counts = partition_counts(keys, partitions)
+    arrays = {key: p.load(config, key, empty) if isinstance(p, SwapFile) else writable(p, empty)
+              for key, p in zip(keys, partitions)}
+    counts = partition_counts(keys, [arrays[key] for key in keys])
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
     if known is not None and config.incremental.new_entity_edges_only:
         edges = edges[np.flatnonzero(touches_new(config, bucket, edges, known))]
     held_out, train_edges = split_held_out(
         edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx])
-    arrays = {key: (copy(embs), copy(sums)) for key, (embs, sums) in zip(keys, partitions)}
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
@@ -141,10 +153,14 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
         stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
     t_trained = time.perf_counter()
 
-    results = []
-    for key, is_delta, (embs, sums) in zip(keys, deltas, partitions):
+    results: List[Any] = []
+    for key, is_delta, p in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
-        results.append((new_embs - embs, new_sums - sums) if is_delta else (new_embs, new_sums))
+        if isinstance(p, SwapFile):
+            p.write(config, new_embs, new_sums)
+            results.append(p)
+        else:
+            results.append((new_embs - p[0], new_sums - p[1]) if is_delta else (new_embs, new_sums))
     delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
                         {k: local.sums[k] - params.sums[k] for k in params.sums})
     t_end = time.perf_counter()
@@ -174,9 +190,10 @@ def start_trainer_worker() -> None:
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
-                      *partitions: Tuple[np.ndarray, np.ndarray],
+                      *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
                       known: Optional[KnownRows] = None) -> Tuple[Any, ...]:
-    """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy)."""
+    """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
+    SwapFile (disk placement) comes as itself."""
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
@@ -184,7 +201,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     _COPIES.next_task(keep=config.num_partitions() > 1)
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), deltas,
-                                 num_threads, device, known, copy=_COPIES.copy)
+                                 num_threads, device, known, empty=_COPIES.empty)
     stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(),
                        "start": start, "end": time.time()}
     return (stats, *results)

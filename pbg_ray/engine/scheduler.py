@@ -138,11 +138,6 @@ class BucketScheduler:
                 return b
         return None
 
-    def peek(self) -> Optional[Bucket]:
-        """The bucket `acquire` hands out next once the held ones are released (a
-        hint for prefetching: exact with one trainer)."""
-        return self.pending[0] if self.pending else None
-
     def release(self, bucket: Bucket) -> None:
         self.active.remove(bucket)
         self.done.append(bucket)

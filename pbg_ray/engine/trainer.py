@@ -211,8 +211,14 @@ class Trainer:
             for iteration in range(self.version, total):
                 epoch_idx, rest = divmod(iteration, passes_per_epoch)
                 path_idx, chunk_idx = divmod(rest, self.num_chunks)
-                pass_stats = self._train_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index,
-                                              last_of_epoch=(rest == passes_per_epoch - 1))
+                try:
+                    pass_stats = self._train_pass(iteration, epoch_idx, path_idx, chunk_idx,
+                                                  bucket_index, rest == passes_per_epoch - 1)
+                except Exception:
+                    # A run stopped by an error leaves no files of its unfinished version
+                    # (disk placement's swap files, a commit's first files) behind.
+                    self.storage.remove_leftovers(self.storage.load_version())
+                    raise
                 bucket_index += len(pass_stats)
                 all_stats += pass_stats
                 tensorboard.log_buckets(pass_stats)
@@ -271,99 +277,95 @@ class Trainer:
         num_buckets = self.nparts_lhs * self.nparts_rhs
         # Unpartitioned types send deltas when other buckets train them at the same time.
         concurrent = max_trainers > 1 and num_buckets > 1
-        swaps: List[ray.ObjectRef] = []  # disk placement: the stores' swap-outs and read-aheads
         desc = (f"epoch {epoch_idx + 1}/{config.num_epochs} path {path_idx + 1}/"
                 f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
         bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
         t_pass = time.perf_counter()
         pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
-        while True:
-            launched = False
-            while len(running) < max_trainers:
-                bucket = ray.get(self.scheduler.acquire.remote())
-                if bucket is None:
-                    break
-                if self.edge_counts[edge_path][bucket] == 0:  # nothing to train
-                    ray.get(self.scheduler.release.remote(bucket))
-                    bar.update(1)
+        try:
+            while True:
+                while len(running) < max_trainers:
+                    bucket = ray.get(self.scheduler.acquire.remote())
+                    if bucket is None:
+                        break
+                    if self.edge_counts[edge_path][bucket] == 0:  # nothing to train
+                        ray.get(self.scheduler.release.remote(bucket))
+                        bar.update(1)
+                        continue
+                    t_launch = time.perf_counter()
+                    keys = partition_keys(config, bucket)
+                    deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
+                    refs = self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration)
+                    running[refs[0]] = (bucket, keys, refs, deltas, t_launch)
+                if not running:
+                    if ray.get(self.scheduler.pass_done.remote()):
+                        break
+                    raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
+                (ready,), _ = ray.wait(list(running), num_returns=1)
+                bucket, keys, refs, deltas, t_launch = running.pop(ready)
+                try:
+                    stats = ray.get(ready)
+                except RayTaskError as err:
+                    if isinstance(err.cause, PbgRayError):
+                        raise err.cause from None
+                    raise
+                except TRAINER_DIED as err:
+                    attempts[bucket] = attempts.get(bucket, 0) + 1
+                    if attempts[bucket] >= MAX_BUCKET_ATTEMPTS:
+                        raise RuntimeError(f"the trainer of bucket {bucket} died {attempts[bucket]} "
+                                           f"times in epoch {epoch_idx}; giving up") from err
+                    logger.warning("trainer of bucket %s died (%s); handing it out again",
+                                   bucket, type(err).__name__)
+                    ray.get(self.scheduler.fail.remote(bucket))
                     continue
-                t_launch = time.perf_counter()
-                keys = partition_keys(config, bucket)
-                deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
-                refs = self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration)
-                running[refs[0]] = (bucket, keys, refs, deltas, t_launch)
-                launched = True
-            if launched and config.ray.placement == "disk":
-                # While the buckets in flight train, the partitions they don't use are
-                # written (one the next bucket uses again stays in memory) and those
-                # the next bucket will use are read.
-                in_use = [k for _, keys, *_ in running.values() for k in keys]
-                swaps += [store.swap_out.remote(in_use) for store in self.stores]
-                upcoming = ray.get(self.scheduler.peek.remote())
-                if upcoming is not None:
-                    swaps += [self.store_of[k].read_ahead.remote(k)
-                              for k in partition_keys(config, upcoming)
-                              if k not in in_use and config.entities[k[0]].num_partitions > 1]
-            if not running:
-                if ray.get(self.scheduler.pass_done.remote()):
-                    break
-                raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
-            (ready,), _ = ray.wait(list(running), num_returns=1)
-            bucket, keys, refs, deltas, t_launch = running.pop(ready)
-            try:
-                stats = ray.get(ready)
-            except RayTaskError as err:
-                if isinstance(err.cause, PbgRayError):
-                    raise err.cause from None
-                raise
-            except TRAINER_DIED as err:
-                attempts[bucket] = attempts.get(bucket, 0) + 1
-                if attempts[bucket] >= MAX_BUCKET_ATTEMPTS:
-                    raise RuntimeError(f"the trainer of bucket {bucket} died {attempts[bucket]} "
-                                       f"times in epoch {epoch_idx}; giving up") from err
-                logger.warning("trainer of bucket %s died (%s); handing it out again",
-                               bucket, type(err).__name__)
-                ray.get(self.scheduler.fail.remote(bucket))
-                continue
-            loss = stats["stats"]["metrics"].get("loss", 0.0)
-            if not np.isfinite(loss):  # stop before the update is applied anywhere
-                raise PbgRayError(
-                    f"training diverged: loss is {loss} in epoch {epoch_idx + 1}/{config.num_epochs}, "
-                    f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
-                    "current. Lower lr or init_scale, or set max_norm.")
-            _, delta_ref, *result_refs = refs
-            get_all([self.store_of[k].update.remote(k, [r], d)
-                     for k, r, d in zip(keys, result_refs, deltas)]
-                    + [self.params.apply_delta.remote(delta_ref)])
-            ray.get(self.scheduler.release.remote(bucket))
-            stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
-            pass_sums = add_stats(pass_sums, stats["stats"])
-            # training_stats.json holds per-edge means, as PBG writes them.
-            for key in STATS_KEYS.intersection(stats):
-                stats[key] = average(stats[key])
-            pass_stats.append({
-                "epoch_idx": epoch_idx, "edge_path_idx": path_idx, "edge_chunk_idx": chunk_idx,
-                "lhs_partition": bucket.lhs, "rhs_partition": bucket.rhs,
-                "index": bucket_index + len(pass_stats), **stats})
-            mean = stats_mean([pass_sums])
-            bar.set_postfix(edges_per_s=f"{pass_sums['count'] / (time.perf_counter() - t_pass):.3g}",
-                            loss=f"{mean.get('loss', float('nan')):.4g}")
-            bar.update(1)
+                loss = stats["stats"]["metrics"].get("loss", 0.0)
+                if not np.isfinite(loss):  # stop before the update is applied anywhere
+                    raise PbgRayError(
+                        f"training diverged: loss is {loss} in epoch {epoch_idx + 1}/{config.num_epochs}, "
+                        f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
+                        "current. Lower lr or init_scale, or set max_norm.")
+                _, delta_ref, *result_refs = refs
+                get_all([self.store_of[k].update.remote(k, [r], d)
+                         for k, r, d in zip(keys, result_refs, deltas)]
+                        + [self.params.apply_delta.remote(delta_ref)])
+                ray.get(self.scheduler.release.remote(bucket))
+                stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
+                pass_sums = add_stats(pass_sums, stats["stats"])
+                # training_stats.json holds per-edge means, as PBG writes them.
+                for key in STATS_KEYS.intersection(stats):
+                    stats[key] = average(stats[key])
+                pass_stats.append({
+                    "epoch_idx": epoch_idx, "edge_path_idx": path_idx, "edge_chunk_idx": chunk_idx,
+                    "lhs_partition": bucket.lhs, "rhs_partition": bucket.rhs,
+                    "index": bucket_index + len(pass_stats), **stats})
+                mean = stats_mean([pass_sums])
+                bar.set_postfix(edges_per_s=f"{pass_sums['count'] / (time.perf_counter() - t_pass):.3g}",
+                                loss=f"{mean.get('loss', float('nan')):.4g}")
+                bar.update(1)
+        except BaseException:
+            # Nothing of this pass may go on behind the error: a task in flight could
+            # still write its swap files after the caller removed the pass's leftovers.
+            for ref in running:
+                ray.cancel(ref, force=True)
+            if running:
+                ray.wait(list(running), num_returns=len(running), timeout=60)
+            raise
         bar.close()
-        get_all(swaps)
         return pass_stats
 
     def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
                 edge_path: str, chunk_idx: int, iteration: int) -> List[ray.ObjectRef]:
         """Start the train task of `bucket`: [stats, params delta, one result per key]."""
         config = self.config
-        part_refs = [r[0] for r in ray.get([self.store_of[k].get.remote(k) for k in keys])]
+        # An object-store ref each, or in disk placement the SwapFile the task reads and writes.
+        leases = [lease[0] if isinstance(lease, list) else lease
+                  for lease in ray.get([self.store_of[k].lease.remote(k) for k in keys])]
         return train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
-                 self.num_relation_ids, keys, deltas, self.params.get.remote(), *part_refs,
+                 self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known)
 
     def _commit(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,

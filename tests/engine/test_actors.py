@@ -5,6 +5,7 @@ import ray
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import PartitionStore
+from pbg_ray.engine.partitions import SwapFile
 from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_sums
 
 from conftest import config_dict
@@ -17,34 +18,40 @@ def stored(store, key):
     return ray.get(ray.get(store.get.remote(key))[0])
 
 
-def test_disk_store_swaps_out_only_what_no_bucket_in_flight_uses(ray_session, tmp_path):
+def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ray_session, tmp_path):
     config = ConfigSchema.from_dict(config_dict(tmp_path, ray={"placement": "disk"}))
     storage = CheckpointStorage(config.checkpoint_path)
     storage.prepare()
     store = PartitionStore.remote(config, 1)
     ray.get([store.add.remote(key, ("random", 10, 0)) for key in KEYS])
-    trained = {}
-    for key in KEYS:
-        embs, sums = stored(store, key)
-        trained[key] = (embs + 1, sums + 1)
-        ray.get(store.update.remote(key, [ray.put(trained[key])], False))
+    initial = {key: stored(store, key) for key in KEYS}
+    trained = {key: (embs + 1, sums + 1) for key, (embs, sums) in initial.items()}
 
-    # user 0 is used by the next bucket: only user 1 is written, as version 1's file.
-    ray.get(store.swap_out.remote([("user", 0)]))
-    assert [k for k in KEYS if storage.partition_file(1, *k).exists()] == [("user", 1)]
-    # Read ahead for the next bucket; the caller gets no ref that would keep it alive.
-    assert ray.get(store.read_ahead.remote(("user", 1))) is None
-    for key in KEYS:  # user 1 came back from its file, the others never left
-        np.testing.assert_array_equal(stored(store, key)[0], trained[key][0])
-    # Swapped in but not trained again: dropped without another write.
-    before = storage.partition_file(1, "user", 1).stat().st_mtime_ns
-    ray.get(store.swap_out.remote([]))
-    assert storage.partition_file(1, "user", 1).stat().st_mtime_ns == before
+    # The partitioned type's partitions are leased as swap files, read from their source.
+    swap = ray.get(store.lease.remote(("user", 0)))
+    assert isinstance(swap, SwapFile) and swap.source == ("random", 10, 0)
+    np.testing.assert_array_equal(swap.load(config, ("user", 0))[0], initial["user", 0][0])
+    assert isinstance(ray.get(store.lease.remote(("tag", 0))), list)  # an object-store ref
+    # A task that died after writing its swap file: never taken, and removed at save.
+    dead = ray.get(store.lease.remote(("user", 1)))
+    dead.write(config, *trained["user", 1])
+    # A task that finished: its swap file holds the newest values from now on; the next
+    # task writes the other one, and the one after that the first one again.
+    swap.write(config, *trained["user", 0])
+    ray.get(store.update.remote(("user", 0), [ray.put(swap)], False))
+    again = ray.get(store.lease.remote(("user", 0)))
+    assert again.source == ("swap", swap.staged) and again.staged != swap.staged
+    np.testing.assert_array_equal(stored(store, ("user", 0))[0], trained["user", 0][0])
+    again.write(config, *trained["user", 0])
+    ray.get(store.update.remote(("user", 0), [ray.put(again)], False))
+    assert ray.get(store.lease.remote(("user", 0))).staged == swap.staged
+    expected = {**initial, ("user", 0): trained["user", 0]}
+    assert not any(storage.partition_file(1, *key).exists() for key in KEYS)  # until save
 
     # Deltas (concurrent buckets on tag) add up, and the sum is what the next bucket gets.
-    ones = (np.ones_like(trained["tag", 0][0]), np.ones_like(trained["tag", 0][1]))
+    ones = (np.ones_like(initial["tag", 0][0]), np.ones_like(initial["tag", 0][1]))
     ray.get([store.update.remote(("tag", 0), [ray.put(ones)], True) for _ in range(2)])
-    expected = {**trained, ("tag", 0): (trained["tag", 0][0] + 2, trained["tag", 0][1] + 2)}
+    expected["tag", 0] = tuple(a + 1 + 1 for a in initial["tag", 0])
     np.testing.assert_array_equal(stored(store, ("tag", 0))[1], expected["tag", 0][1])
 
     ray.get(store.save.remote(1, {}))
@@ -52,3 +59,4 @@ def test_disk_store_swaps_out_only_what_no_bucket_in_flight_uses(ray_session, tm
         embs, state = storage.load_entity_partition(1, *key)
         np.testing.assert_array_equal(embs, expected[key][0])
         np.testing.assert_array_equal(row_adagrad_sums(state, len(embs), key), expected[key][1])
+    assert not list(storage.path.glob(".*tmp*"))  # the spare and the dead task's swap files

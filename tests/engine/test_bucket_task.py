@@ -6,9 +6,14 @@ import numpy as np
 import ray.cloudpickle
 
 from pbg_ray.engine.bucket_task import (
-    PartitionCopies, partition_keys, split_held_out, start_trainer_worker)
+    PartitionCopies, partition_keys, run_bucket, split_held_out, start_trainer_worker, writable)
+from pbg_ray.engine.partitions import SwapFile, load_partition
+from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state
 from pbg_ray.io.edges import EdgeList
+from pbg_ray.model import init_params
 from pbg_ray.types import Bucket
+
+from conftest import write_random_graph
 
 
 def edges(n):
@@ -55,20 +60,56 @@ def test_partition_copies_reuse_a_buffer_per_shape_and_place_until_told_not_to()
     copies = PartitionCopies()
     embs, sums = np.arange(12, dtype=np.float32).reshape(4, 3), np.ones(4, np.float32)
     embs.flags.writeable = sums.flags.writeable = False  # as the object store hands them out
-    first = [copies.copy(embs), copies.copy(sums)]
+    first = writable((embs, sums), copies.empty)
     assert all(a.flags.writeable for a in first)
     np.testing.assert_array_equal(first[0], embs)
     first[0][0, 0] = -1  # the copy, not the original
     assert embs[0, 0] == 0
     copies.next_task(keep=True)
-    again = [copies.copy(embs + 1), copies.copy(sums)]
+    again = writable((embs + 1, sums), copies.empty)
     assert again[0] is first[0] and again[1] is first[1]
     np.testing.assert_array_equal(again[0], embs + 1)
-    assert copies.copy(np.zeros((2, 3), np.float32)) is not first[0]  # another shape
+    assert copies.empty((2, 3), np.float32) is not first[0]  # another shape
     copies.next_task(keep=False)
     assert not copies.buffers  # freed, and the task's copies are not kept either
-    np.testing.assert_array_equal(copies.copy(embs), embs)
+    np.testing.assert_array_equal(writable((embs, sums), copies.empty)[0], embs)
     assert not copies.buffers
+
+
+def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_config):
+    """Disk placement's SwapFile: read from its source, trained, written to its staged
+    file; the same numbers as the partition handed over in memory."""
+    config = make_config(eval_fraction=0.0)
+    write_random_graph(config, num_edges=400)
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    bucket = Bucket(1, 0)
+    keys = partition_keys(config, bucket)
+    parts = {key: load_partition(config, key, ("random", 50, 0)) for key in keys}
+    for key, (embs, sums) in parts.items():
+        storage.save_entity_partition(1, *key, embs, row_adagrad_state(sums + 1, config.lr))
+        parts[key] = (embs, sums + 1)
+    params = init_params(config, 3)
+
+    def run(partitions):
+        return run_bucket(config, bucket, config.edge_paths[0], 0, 1, 0, 3, keys, params,
+                          partitions, [False] * len(keys), 1, "cpu")
+
+    _, in_memory_delta, *in_memory = run([parts[key] for key in keys])
+    swaps = [SwapFile(("checkpoint", config.checkpoint_path, 1),
+                      str(storage.swap_file(2, *key, "test"))) for key in keys]
+    _, delta, *results = run(swaps)
+    assert results == swaps
+    for name in params.arrays:
+        np.testing.assert_array_equal(delta.arrays[name], in_memory_delta.arrays[name])
+    for key, swap, (embs, sums) in zip(keys, swaps, in_memory):
+        assert not np.array_equal(embs, parts[key][0])  # trained
+        # Its source is untouched: a task that dies after writing has changed nothing.
+        np.testing.assert_array_equal(storage.load_entity_partition(1, *key)[0], parts[key][0])
+        # Its swap file holds what the in-memory run returned.
+        got_embs, got_sums = load_partition(config, key, ("swap", swap.staged))
+        np.testing.assert_array_equal(got_embs, embs)
+        np.testing.assert_array_equal(got_sums, sums)
 
 
 BUFFER = np.zeros(1 << 20, np.float32)  # 4 MB: returned through the object store

@@ -68,14 +68,3 @@ def test_failed_bucket_is_handed_out_again_first():
     assert b in scheduler.state()["done"] and not scheduler.pass_done()
 
 
-@pytest.mark.parametrize("order", ORDERS)
-def test_peek_names_the_next_bucket_of_a_single_trainer(order):
-    scheduler = BucketScheduler(3, 3, order, seed=1)
-    expected = scheduler.new_pass()
-    handed_out = []
-    while (b := scheduler.acquire()) is not None:
-        upcoming = scheduler.peek()
-        scheduler.release(b)
-        handed_out.append(b)
-        assert upcoming == (expected[len(handed_out)] if len(handed_out) < 9 else None)
-    assert handed_out == expected

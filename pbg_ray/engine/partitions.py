@@ -1,0 +1,68 @@
+"""Where an entity partition's values come from, and in disk placement where a
+train task writes them back."""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any, Callable, Tuple
+
+import numpy as np
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.incremental.growth import grow_partition
+from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.model import init_partition
+
+PartitionKey = Tuple[str, int]
+# Where a partition's values come from: ("checkpoint", path, version), ("init", path,
+# version, count, new rows [count - init's rows, dim] or None: the partition grown to
+# count rows, see incremental.growth), ("random", count, seed) or ("swap", file): a
+# SwapFile's file.
+Source = Tuple[Any, ...]
+
+
+def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
+                   empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
+    """(embeddings float32 [N, dim], row-Adagrad sums [N]) of `source`; the embeddings
+    of a checkpoint or a random start land in `empty(shape, dtype)`."""
+    entity, part = key
+    if source[0] == "random":
+        _, count, seed = source
+        rng = np.random.default_rng([seed, part, zlib.crc32(entity.encode())])
+        return init_partition(config, entity, count, rng, empty)
+    if source[0] == "swap":
+        where = source[1]
+    else:
+        _, path, version = source[:3]
+        where = str(CheckpointStorage(path).partition_file(version, entity, part))
+    embs, state = CheckpointStorage.read_entity_partition(where, empty)
+    sums = row_adagrad_sums(state, len(embs), where)
+    sums = np.zeros(len(embs), np.float32) if sums is None else sums
+    if source[0] == "init":
+        count, new_rows = source[3:]
+        return grow_partition(config, key, embs, sums, count, new_rows, where)
+    return embs, sums
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapFile:
+    """Disk placement: a partition that its bucket's train task reads itself, from
+    `source`, and writes to `staged`, one of the partition's two swap files (the one
+    `source` is not). Neither way goes through Ray's object store, whose shared memory
+    stays resident at its high-water mark, so memory holds only the partitions of the
+    buckets in flight. The partition store takes `staged` as the partition's newest
+    values only once the task succeeded: a task that dies changed nothing."""
+
+    source: Source
+    staged: str
+
+    def load(self, config: ConfigSchema, key: PartitionKey,
+             empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
+        return load_partition(config, key, self.source, empty)
+
+    def write(self, config: ConfigSchema, embs: np.ndarray, sums: np.ndarray) -> None:
+        """embs [N, dim], sums [N]; over the swap file's own bytes, not fsync'ed (the
+        store does that at the checkpoint)."""
+        CheckpointStorage.write_entity_partition(self.staged, embs, row_adagrad_state(sums, config.lr),
+                                                 in_place=True)
