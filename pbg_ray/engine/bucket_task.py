@@ -12,6 +12,7 @@ applied twice.
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -83,29 +84,37 @@ class PartitionCopies:
     next bucket: copied into fresh memory, every bucket's 50-100 MB partitions
     page-fault again, which took ~3x the copy itself (8 partitions of 1M x 100: 22 ms
     a bucket instead of 6). A task's results may be these buffers: Ray copies a task's
-    returns into the object store before the worker runs its next task."""
+    returns into the object store before the worker runs its next task.
+
+    The n-th array of n dimensions a task asks for is a view of the n-th buffer of that
+    many dimensions, grown to the largest asked for: partitions differ in size by a few
+    rows, and a buffer per shape would keep a copy of nearly every partition."""
 
     def __init__(self) -> None:
-        self.buffers: Dict[Tuple[int, Tuple[int, ...], str], np.ndarray] = {}
-        self.taken = 0
+        self.buffers: Dict[Tuple[int, int], np.ndarray] = {}  # (ndim, n) -> bytes
+        self.taken: Dict[int, int] = {}  # ndim -> arrays handed out in this task
         self.keep = True
 
     def empty(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
-        """An array to fill: the buffer of this shape and place in the task."""
+        """An array to fill, of `shape` and `dtype`."""
         if not self.keep:
             return np.empty(shape, dtype)
-        key = (self.taken, tuple(shape), np.dtype(dtype).str)
-        self.taken += 1
-        buf = self.buffers.get(key)
-        if buf is None:
-            buf = self.buffers[key] = np.empty(shape, dtype)
-        return buf
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        slot = (len(shape), self.taken.get(len(shape), 0))
+        self.taken[len(shape)] = slot[1] + 1
+        buf = self.buffers.pop(slot, None)
+        if buf is None or buf.nbytes < nbytes:
+            buf = None  # a smaller one is freed before the larger one is made
+            buf = np.empty(nbytes, np.uint8)
+        self.buffers[slot] = buf
+        return buf[:nbytes].view(dtype).reshape(shape)
 
     def next_task(self, keep: bool) -> None:
         """Start over for the next task. With `keep` False its copies are not kept, and
         the buffers are freed (an unpartitioned graph, one bucket a pass, would keep a copy
         of whole tables in an idle worker)."""
-        self.taken = 0
+        self.taken = {}
         self.keep = keep
         if not keep:
             self.buffers.clear()

@@ -56,7 +56,7 @@ def test_the_warm_up_task_imports_what_train_tasks_need():
     assert out == ["False", "True", "True"]
 
 
-def test_partition_copies_reuse_a_buffer_per_shape_and_place_until_told_not_to():
+def test_partition_copies_reuse_their_buffers_until_told_not_to():
     copies = PartitionCopies()
     embs, sums = np.arange(12, dtype=np.float32).reshape(4, 3), np.ones(4, np.float32)
     embs.flags.writeable = sums.flags.writeable = False  # as the object store hands them out
@@ -67,9 +67,17 @@ def test_partition_copies_reuse_a_buffer_per_shape_and_place_until_told_not_to()
     assert embs[0, 0] == 0
     copies.next_task(keep=True)
     again = writable((embs + 1, sums), copies.empty)
-    assert again[0] is first[0] and again[1] is first[1]
+    assert np.shares_memory(again[0], first[0]) and np.shares_memory(again[1], first[1])
     np.testing.assert_array_equal(again[0], embs + 1)
-    assert copies.empty((2, 3), np.float32) is not first[0]  # another shape
+    copies.next_task(keep=True)
+    # Partitions differ by a few rows: one buffer serves the n-th table of every size.
+    smaller, second = copies.empty((3, 3), np.float32), copies.empty((5, 3), np.float32)
+    assert smaller.shape == (3, 3) and np.shares_memory(smaller, first[0])
+    assert not np.shares_memory(second, first[0])  # the second table's own buffer
+    copies.next_task(keep=True)
+    grown = copies.empty((6, 3), np.float32)  # larger than the first buffer: it grows
+    assert grown.shape == (6, 3) and not np.shares_memory(grown, first[0])
+    assert len(copies.buffers) == 3  # two tables, one sums
     copies.next_task(keep=False)
     assert not copies.buffers  # freed, and the task's copies are not kept either
     np.testing.assert_array_equal(writable((embs, sums), copies.empty)[0], embs)
