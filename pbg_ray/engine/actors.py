@@ -36,10 +36,12 @@ class PartitionStore:
 
     placement="disk": a partitioned type's partitions stay on disk, as PBG swaps
     them on one machine, so the tables can be larger than RAM. A bucket's train
-    task reads its partitions from checkpoint storage and writes them to swap
-    files (see SwapFile): two per partition, used in turn and overwritten in
-    place, so the files' blocks are neither allocated nor freed for every bucket.
-    `save` renames the newest to the partition's file of the new version.
+    task reads its partitions from checkpoint storage and writes each to a swap
+    file (see SwapFile) that holds no partition's newest values, overwritten in
+    place, so files' blocks and cached pages are neither allocated nor freed for
+    every bucket: the store keeps one swap file per partition trained since the
+    last checkpoint plus those written over next. `save` renames each partition's
+    newest to its file of the new version.
     """
 
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
@@ -52,10 +54,12 @@ class PartitionStore:
         self.summed: Dict[PartitionKey, List[np.ndarray]] = {}
         self.sources: Dict[PartitionKey, Source] = {}
         # Disk placement: the swap file holding a partition trained since its last
-        # checkpoint. Swap files are named after this store (a task of a replaced one may
-        # still be writing its own).
+        # checkpoint, and those holding nothing needed. Swap files are named after this
+        # store (a task of a replaced one may still be writing its own).
         self.newest: Dict[PartitionKey, str] = {}
-        self.tag = uuid.uuid4().hex[:12]
+        self.spare: List[str] = []
+        self.owner = uuid.uuid4().hex[:12]
+        self.num_swap_files = 0
 
     def swaps(self, key: PartitionKey) -> bool:
         return self.disk and self.config.entities[key[0]].num_partitions > 1
@@ -82,15 +86,18 @@ class PartitionStore:
         """What the train task of a bucket gets for `key`: `get`'s, or in disk placement
         the SwapFile it reads and writes (its result goes back to `update`)."""
         if self.swaps(key):
-            first, second = (str(self.storage.swap_file(self.next_version, *key, f"{self.tag}-{i}"))
-                             for i in range(2))
-            return SwapFile(self._source(key), second if self.newest.get(key) == first else first)
+            if not self.spare:
+                self.spare.append(str(self.storage.swap_file(self.owner, self.num_swap_files)))
+                self.num_swap_files += 1
+            return SwapFile(self._source(key), self.spare.pop())
         return self.get(key)
 
     def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
         """Take back a bucket's result: the new (embeddings, sums), their deltas, or the
         SwapFile the task wrote, from now on the partition's newest values."""
         if self.swaps(key):
+            if key in self.newest:
+                self.spare.append(self.newest[key])
             self.newest[key] = ray.get(value[0]).staged
             return
         if not is_delta:
@@ -122,8 +129,9 @@ class PartitionStore:
                 self._write(key, ray.get(self.refs[key]), version, metadata)
             else:  # disk placement: not trained since its last checkpoint
                 self._write(key, load_partition(self.config, key, self.sources[key]), version, metadata)
-            for spare in self.storage.swap_files(version, *key):  # the other one, or a dead task's
-                spare.unlink(missing_ok=True)
+        # The rest are written over in the next pass (a dead task's too); the trainer
+        # removes them at the end of the run.
+        self.spare = [str(path) for path in self.storage.swap_files(self.owner)]
         # From now on the partitions load from this version.
         for key in self.sources:
             self.sources[key] = ("checkpoint", str(self.storage.path), version)

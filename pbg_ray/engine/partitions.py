@@ -48,9 +48,9 @@ def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
 @dataclasses.dataclass(frozen=True)
 class SwapFile:
     """Disk placement: a partition that its bucket's train task reads itself, from
-    `source`, and writes to `staged`, one of the partition's two swap files (the one
-    `source` is not). Neither way goes through Ray's object store, whose shared memory
-    stays resident at its high-water mark, so memory holds only the partitions of the
+    `source`, and writes to `staged`, a swap file that holds no partition's newest
+    values. Neither way goes through Ray's object store, whose shared memory stays
+    resident at its high-water mark, so memory holds only the partitions of the
     buckets in flight. The partition store takes `staged` as the partition's newest
     values only once the task succeeded: a task that dies changed nothing."""
 

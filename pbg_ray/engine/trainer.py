@@ -208,26 +208,25 @@ class Trainer:
             all_stats: List[Dict[str, Any]] = []
             self.actor_restarts = 0
             bucket_index = sum(1 for _ in self.storage.load_stats())
-            for iteration in range(self.version, total):
-                epoch_idx, rest = divmod(iteration, passes_per_epoch)
-                path_idx, chunk_idx = divmod(rest, self.num_chunks)
-                try:
+            try:
+                for iteration in range(self.version, total):
+                    epoch_idx, rest = divmod(iteration, passes_per_epoch)
+                    path_idx, chunk_idx = divmod(rest, self.num_chunks)
                     pass_stats = self._train_pass(iteration, epoch_idx, path_idx, chunk_idx,
                                                   bucket_index, rest == passes_per_epoch - 1)
-                except Exception:
-                    # A run stopped by an error leaves no files of its unfinished version
-                    # (disk placement's swap files, a commit's first files) behind.
-                    self.storage.remove_leftovers(self.storage.load_version())
-                    raise
-                bucket_index += len(pass_stats)
-                all_stats += pass_stats
-                tensorboard.log_buckets(pass_stats)
-                if rest == passes_per_epoch - 1:
-                    # From the file: an epoch resumed midway has lines of the earlier run.
-                    tensorboard.log_epoch(epoch_idx, [s for s in self.storage.load_stats()
-                                                      if s["epoch_idx"] == epoch_idx])
-                    if on_epoch_end is not None:
-                        on_epoch_end(epoch_idx)
+                    bucket_index += len(pass_stats)
+                    all_stats += pass_stats
+                    tensorboard.log_buckets(pass_stats)
+                    if rest == passes_per_epoch - 1:
+                        # From the file: an epoch resumed midway has lines of the earlier run.
+                        tensorboard.log_epoch(epoch_idx, [s for s in self.storage.load_stats()
+                                                          if s["epoch_idx"] == epoch_idx])
+                        if on_epoch_end is not None:
+                            on_epoch_end(epoch_idx)
+            finally:
+                # The run leaves no swap files (disk placement) behind, and a run stopped
+                # by an error no files of its unfinished version either.
+                self.storage.remove_leftovers(self.storage.load_version())
         return TrainResult(str(self.storage.path), self.version, all_stats, self.actor_restarts)
 
     def _train_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,

@@ -361,14 +361,14 @@ class CheckpointStorage:
         cls._write_h5(storage_path(path), metadata, optim_state,
                       bulk=(EMBEDDING_DATASET, embeddings), in_place=in_place)
 
-    def swap_file(self, version: int, entity: EntityName, part: Partition, tag: str) -> StoragePath:
-        """The swap file `tag` of a partition of `version` (disk placement, see
+    def swap_file(self, owner: str, number: int) -> StoragePath:
+        """Swap file `number` of `owner` (disk placement's partition stores, see
         engine.partitions.SwapFile); remove_leftovers deletes those left behind."""
-        return self.path / f".{self.partition_file(version, entity, part).name}.tmp-swap-{tag}"
+        return self.path / f".partition.h5.tmp-swap-{owner}-{number}"
 
-    def swap_files(self, version: int, entity: EntityName, part: Partition) -> List[StoragePath]:
-        """The swap files of a partition of `version` that are still there."""
-        return list(self.path.glob(f".{self.partition_file(version, entity, part).name}.tmp-swap-*"))
+    def swap_files(self, owner: str) -> List[StoragePath]:
+        """The swap files of `owner` that are there."""
+        return list(self.path.glob(f".partition.h5.tmp-swap-{owner}-*"))
 
     def load_entity_partition(self, version: int, entity: EntityName, part: Partition,
                               empty: Callable[..., np.ndarray] = np.empty

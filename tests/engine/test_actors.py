@@ -32,20 +32,26 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     assert isinstance(swap, SwapFile) and swap.source == ("random", 10, 0)
     np.testing.assert_array_equal(swap.load(config, ("user", 0))[0], initial["user", 0][0])
     assert isinstance(ray.get(store.lease.remote(("tag", 0))), list)  # an object-store ref
-    # A task that died after writing its swap file: never taken, and removed at save.
+    # A task that died after writing its swap file: its file is never taken.
     dead = ray.get(store.lease.remote(("user", 1)))
     dead.write(config, *trained["user", 1])
-    # A task that finished: its swap file holds the newest values from now on; the next
-    # task writes the other one, and the one after that the first one again.
+    # A task that finished: its swap file holds the newest values from now on, and the
+    # next task writes another one.
     swap.write(config, *trained["user", 0])
     ray.get(store.update.remote(("user", 0), [ray.put(swap)], False))
     again = ray.get(store.lease.remote(("user", 0)))
-    assert again.source == ("swap", swap.staged) and again.staged != swap.staged
+    assert again.source == ("swap", swap.staged) and again.staged not in (swap.staged, dead.staged)
     np.testing.assert_array_equal(stored(store, ("user", 0))[0], trained["user", 0][0])
-    again.write(config, *trained["user", 0])
+    again.write(config, *(a + 1 for a in trained["user", 0]))
     ray.get(store.update.remote(("user", 0), [ray.put(again)], False))
-    assert ray.get(store.lease.remote(("user", 0))).staged == swap.staged
-    expected = {**initial, ("user", 0): trained["user", 0]}
+    # The dead task's bucket again: from the partition's source, into the swap file that
+    # no longer holds anything needed.
+    retry = ray.get(store.lease.remote(("user", 1)))
+    assert retry.source == ("random", 10, 0) and retry.staged == swap.staged
+    retry.write(config, *trained["user", 1])
+    ray.get(store.update.remote(("user", 1), [ray.put(retry)], False))
+    expected = {**initial, ("user", 0): tuple(a + 1 for a in trained["user", 0]),
+                ("user", 1): trained["user", 1]}
     assert not any(storage.partition_file(1, *key).exists() for key in KEYS)  # until save
 
     # Deltas (concurrent buckets on tag) add up, and the sum is what the next bucket gets.
@@ -59,4 +65,6 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
         embs, state = storage.load_entity_partition(1, *key)
         np.testing.assert_array_equal(embs, expected[key][0])
         np.testing.assert_array_equal(row_adagrad_sums(state, len(embs), key), expected[key][1])
-    assert not list(storage.path.glob(".*tmp*"))  # the spare and the dead task's swap files
+    # The newest swap files became version 1's; the dead task's is written over next.
+    assert [str(p) for p in storage.path.glob(".*tmp*")] == [dead.staged]
+    assert ray.get(store.lease.remote(("user", 0))).staged == dead.staged

@@ -104,8 +104,8 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
                           partitions, [False] * len(keys), 1, "cpu")
 
     _, in_memory_delta, *in_memory = run([parts[key] for key in keys])
-    swaps = [SwapFile(("checkpoint", config.checkpoint_path, 1),
-                      str(storage.swap_file(2, *key, "test"))) for key in keys]
+    swaps = [SwapFile(("checkpoint", config.checkpoint_path, 1), str(storage.swap_file("test", i)))
+             for i, key in enumerate(keys)]
     _, delta, *results = run(swaps)
     assert results == swaps
     for name in params.arrays:

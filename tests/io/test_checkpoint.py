@@ -71,7 +71,7 @@ def test_partition_embeddings_go_straight_from_the_array_into_a_plain_hdf5_datas
 
 def test_a_swap_file_is_written_over_its_own_bytes(storage):
     config, storage = storage
-    path = storage.swap_file(2, "user", 0, "test")
+    path = storage.swap_file("test", 0)
     big = np.ones((1000, 8), np.float32)
     CheckpointStorage.write_entity_partition(path, big, None, in_place=True)
     inode = path.stat().st_ino
@@ -81,7 +81,7 @@ def test_a_swap_file_is_written_over_its_own_bytes(storage):
     assert path.stat().st_ino == inode and path.stat().st_size < big.nbytes
     loaded, state = CheckpointStorage.read_entity_partition(path)
     np.testing.assert_array_equal(loaded, small)
-    assert storage.swap_files(2, "user", 0) == [path]
+    assert storage.swap_files("test") == [path]
     storage.remove_leftovers(1)  # a swap file is a leftover once its run is gone
     assert not path.exists()
 
@@ -212,7 +212,7 @@ for write in (lambda: storage.save_entity_partition(1, "user", 0, np.zeros((500,
               lambda: storage.save_config(config),
               lambda: storage.append_stats([{"epoch_idx": 1, "padding": "x" * 2000}]),
               lambda: CheckpointStorage.write_entity_partition(
-                  storage.swap_file(2, "user", 0, "t"), np.zeros((500, 8), np.float32), None,
+                  storage.swap_file("t", 0), np.zeros((500, 8), np.float32), None,
                   in_place=True)):
     try:
         write()
@@ -234,12 +234,12 @@ def test_writes_on_a_full_disk_fail_naming_the_file_and_change_nothing(storage):
     lines = child.stdout.strip().splitlines()
     assert len(lines) == 4
     for line, name in zip(lines, ["embeddings_user_0.v1.h5", "config.json", "training_stats.json",
-                                  ".embeddings_user_0.v2.h5.tmp-swap-t"]):
+                                  ".partition.h5.tmp-swap-t-0"]):
         assert f"{name}' failed: File too large" in line, line
     # Nothing replaced, no temporary file left; a swap file is never atomic (the partition
     # store takes only those of tasks that succeeded), and the next save removes it.
     after = {p.name: p.read_bytes() for p in storage.path.iterdir()
-             if p.name != "training_stats.json" and p not in storage.swap_files(2, "user", 0)}
+             if p.name != "training_stats.json" and p not in storage.swap_files("t")}
     assert after == before
     # The append was cut short: the torn last line is what a killed run leaves, and is left out.
     assert not storage.stats_file().read_text().endswith("\n")
