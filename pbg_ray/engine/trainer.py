@@ -212,8 +212,9 @@ class Trainer:
                 for iteration in range(self.version, total):
                     epoch_idx, rest = divmod(iteration, passes_per_epoch)
                     path_idx, chunk_idx = divmod(rest, self.num_chunks)
-                    pass_stats = self._train_pass(iteration, epoch_idx, path_idx, chunk_idx,
-                                                  bucket_index, rest == passes_per_epoch - 1)
+                    pass_stats = self._train_pass(
+                        iteration, epoch_idx, path_idx, chunk_idx, bucket_index,
+                        last_of_epoch=(rest == passes_per_epoch - 1))
                     bucket_index += len(pass_stats)
                     all_stats += pass_stats
                     tensorboard.log_buckets(pass_stats)
