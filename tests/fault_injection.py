@@ -161,8 +161,9 @@ def checkpoint_arrays(config: ConfigSchema) -> Dict[str, np.ndarray]:
 
 def next_version_in_progress(storage: CheckpointStorage, version: int, since: float) -> bool:
     """Whether files of version+1 (whole or temporary) written since `since` exist: the
-    run started then is writing the next version (a commit, or in disk placement a
-    partition's swap-out). An earlier run's leftovers are older."""
+    run started then is writing the next version (a commit; in disk placement it renames
+    the partitions' swap files to their files of that version). An earlier run's
+    leftovers are older."""
     try:
         entries = list(os.scandir(storage.path))
     except FileNotFoundError:
