@@ -6,6 +6,7 @@ keep a train task from being placed.
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any, Dict, List, Optional, Union
 
@@ -17,7 +18,7 @@ from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile, load_parti
 from pbg_ray.engine.scheduler import BucketScheduler
 from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state
 from pbg_ray.io.files import sync_file
-from pbg_ray.io.storage import replace, storage_path
+from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model import ModelParams, init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
 
@@ -41,7 +42,8 @@ class PartitionStore:
     place, so files' blocks and cached pages are neither allocated nor freed for
     every bucket: the store keeps one swap file per partition trained since the
     last checkpoint plus those written over next. `save` renames each partition's
-    newest to its file of the new version.
+    newest to its file of the new version, and `recycle` takes the files of the
+    version it superseded as swap files.
     """
 
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
@@ -56,7 +58,7 @@ class PartitionStore:
         # Disk placement: the swap file holding a partition trained since its last
         # checkpoint, and those holding nothing needed. Swap files are named after this
         # store (a task of a replaced one may still be writing its own).
-        self.newest: Dict[PartitionKey, str] = {}
+        self.newest: Dict[PartitionKey, SwapFile] = {}
         self.spare: List[str] = []
         self.owner = uuid.uuid4().hex[:12]
         self.num_swap_files = 0
@@ -71,7 +73,7 @@ class PartitionStore:
 
     def _source(self, key: PartitionKey) -> Source:
         """Where a swapped partition's newest values are."""
-        return ("swap", self.newest[key]) if key in self.newest else self.sources[key]
+        return self.newest[key].written if key in self.newest else self.sources[key]
 
     def get(self, key: PartitionKey) -> List[ray.ObjectRef]:
         """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the
@@ -89,7 +91,7 @@ class PartitionStore:
             if not self.spare:
                 self.spare.append(str(self.storage.swap_file(self.owner, self.num_swap_files)))
                 self.num_swap_files += 1
-            return SwapFile(self._source(key), self.spare.pop())
+            return SwapFile(self._source(key), self.spare.pop(), uuid.uuid4().hex)
         return self.get(key)
 
     def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
@@ -97,8 +99,8 @@ class PartitionStore:
         SwapFile the task wrote, from now on the partition's newest values."""
         if self.swaps(key):
             if key in self.newest:
-                self.spare.append(self.newest[key])
-            self.newest[key] = ray.get(value[0]).staged
+                self.spare.append(self.newest[key].staged)
+            self.newest[key] = ray.get(value[0])
             return
         if not is_delta:
             self.refs[key] = value[0]
@@ -121,8 +123,8 @@ class PartitionStore:
         assert version == self.next_version
         for key in self.sources:
             if key in self.newest:  # written: made durable and renamed
-                sync_file(self.newest[key])
-                replace(storage_path(self.newest[key]), self.storage.partition_file(version, *key))
+                sync_file(self.newest[key].staged)
+                replace(storage_path(self.newest[key].staged), self.storage.partition_file(version, *key))
             elif key in self.summed:
                 self._write(key, tuple(self.summed[key]), version, metadata)
             elif key in self.refs:
@@ -137,6 +139,27 @@ class PartitionStore:
             self.sources[key] = ("checkpoint", str(self.storage.path), version)
         self.newest.clear()
         self.next_version = version + 1
+
+    def recycle(self, version: int) -> None:
+        """Disk placement: take this store's partition files of `version`, superseded by
+        the version just made current, as spare swap files instead of letting the trainer
+        delete them. Writing 50 MB over a file's cached pages takes ~5 ms, into a new file
+        ~10 ms, and ~120 ms on VMs whose fresh pages the host backs lazily: 8 new files a
+        pass were 4% of its bucket time there. A file another name links to (an epoch
+        snapshot) is left alone, as writing over it would change that one too."""
+        for key in self.sources:
+            path = self.storage.partition_file(version, *key)
+            if not self.swaps(key) or isinstance(path, ObjectPath):
+                continue
+            try:
+                if os.stat(path).st_nlink != 1:
+                    continue
+            except FileNotFoundError:
+                continue
+            spare = self.storage.swap_file(self.owner, self.num_swap_files)
+            self.num_swap_files += 1
+            os.replace(path, spare)
+            self.spare.append(str(spare))
 
     def keys(self) -> List[PartitionKey]:
         return sorted(self.sources)

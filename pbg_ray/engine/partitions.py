@@ -17,8 +17,8 @@ from pbg_ray.model import init_partition
 PartitionKey = Tuple[str, int]
 # Where a partition's values come from: ("checkpoint", path, version), ("init", path,
 # version, count, new rows [count - init's rows, dim] or None: the partition grown to
-# count rows, see incremental.growth), ("random", count, seed) or ("swap", file): a
-# SwapFile's file.
+# count rows, see incremental.growth), ("random", count, seed) or ("swap", file, token):
+# a SwapFile's file as the task of that lease wrote it.
 Source = Tuple[Any, ...]
 
 
@@ -52,10 +52,17 @@ class SwapFile:
     values. Neither way goes through Ray's object store, whose shared memory stays
     resident at its high-water mark, so memory holds only the partitions of the
     buckets in flight. The partition store takes `staged` as the partition's newest
-    values only once the task succeeded: a task that dies changed nothing."""
+    values only once the task succeeded: a task that dies changed nothing.
+    `token` is unique to the lease, so `written` names what this task writes."""
 
     source: Source
     staged: str
+    token: str
+
+    @property
+    def written(self) -> Source:
+        """Where the values this task writes are, once written."""
+        return ("swap", self.staged, self.token)
 
     def load(self, config: ConfigSchema, key: PartitionKey,
              empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:

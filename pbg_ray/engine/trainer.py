@@ -283,8 +283,12 @@ class Trainer:
         t_pass = time.perf_counter()
         pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
+        applying: List[ray.ObjectRef] = []  # updates sent to the actors
         try:
             while True:
+                if applying:
+                    done, applying = ray.wait(applying, num_returns=len(applying), timeout=0)
+                    ray.get(done)
                 while len(running) < max_trainers:
                     bucket = ray.get(self.scheduler.acquire.remote())
                     if bucket is None:
@@ -300,6 +304,7 @@ class Trainer:
                     running[refs[0]] = (bucket, keys, refs, deltas, t_launch)
                 if not running:
                     if ray.get(self.scheduler.pass_done.remote()):
+                        get_all(applying)
                         break
                     raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
                 (ready,), _ = ray.wait(list(running), num_returns=1)
@@ -326,10 +331,14 @@ class Trainer:
                         f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
                         "current. Lower lr or init_scale, or set max_norm.")
                 _, delta_ref, *result_refs = refs
-                get_all([self.store_of[k].update.remote(k, [r], d)
-                         for k, r, d in zip(keys, result_refs, deltas)]
-                        + [self.params.apply_delta.remote(delta_ref)])
-                ray.get(self.scheduler.release.remote(bucket))
+                # Not waited for: an actor runs one caller's calls in the order sent, so the
+                # next lease of these partitions (and pull of the parameters) comes after
+                # their update. Their errors are raised once they are done, at the latest
+                # before the pass is committed.
+                applying += [self.store_of[k].update.remote(k, [r], d)
+                             for k, r, d in zip(keys, result_refs, deltas)]
+                applying += [self.params.apply_delta.remote(delta_ref),
+                             self.scheduler.release.remote(bucket)]
                 stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
                 pass_sums = add_stats(pass_sums, stats["stats"])
                 # training_stats.json holds per-edge means, as PBG writes them.
@@ -388,6 +397,7 @@ class Trainer:
         if last_of_epoch and interval and (epoch_idx + 1) % interval == 0:
             self.storage.preserve_version(version, epoch_idx + 1, config)
         if self.version > 0:
+            get_all([s.recycle.remote(self.version) for s in self.stores])
             self.storage.drop_version(self.version, config)
         if self.init_scratch is not None:  # the stores load from this version now
             shutil.rmtree(self.init_scratch, ignore_errors=True)

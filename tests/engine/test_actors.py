@@ -1,5 +1,7 @@
 """The partition store actor on a real local Ray: what it keeps, writes and hands out."""
 
+import os
+
 import numpy as np
 import ray
 
@@ -40,7 +42,7 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     swap.write(config, *trained["user", 0])
     ray.get(store.update.remote(("user", 0), [ray.put(swap)], False))
     again = ray.get(store.lease.remote(("user", 0)))
-    assert again.source == ("swap", swap.staged) and again.staged not in (swap.staged, dead.staged)
+    assert again.source == swap.written and again.staged not in (swap.staged, dead.staged)
     np.testing.assert_array_equal(stored(store, ("user", 0))[0], trained["user", 0][0])
     again.write(config, *(a + 1 for a in trained["user", 0]))
     ray.get(store.update.remote(("user", 0), [ray.put(again)], False))
@@ -68,3 +70,14 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     # The newest swap files became version 1's; the dead task's is written over next.
     assert [str(p) for p in storage.path.glob(".*tmp*")] == [dead.staged]
     assert ray.get(store.lease.remote(("user", 0))).staged == dead.staged
+
+    # Once version 2 is current, version 1's files of swapped partitions are spare swap
+    # files, except one an epoch snapshot links to (written over, it would change too).
+    ray.get(store.save.remote(2, {}))
+    os.link(storage.partition_file(1, "user", 1), tmp_path / "snapshot.h5")
+    recycled = os.stat(storage.partition_file(1, "user", 0)).st_ino
+    ray.get(store.recycle.remote(1))
+    assert not storage.partition_file(1, "user", 0).exists()
+    assert storage.partition_file(1, "user", 1).exists() and storage.partition_file(1, "tag", 0).exists()
+    leased = [ray.get(store.lease.remote(("user", 0))).staged for _ in range(2)]
+    assert recycled in [os.stat(path).st_ino for path in leased]

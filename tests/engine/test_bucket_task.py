@@ -70,18 +70,40 @@ def test_partition_copies_reuse_their_buffers_until_told_not_to():
     assert np.shares_memory(again[0], first[0]) and np.shares_memory(again[1], first[1])
     np.testing.assert_array_equal(again[0], embs + 1)
     copies.next_task(keep=True)
-    # Partitions differ by a few rows: one buffer serves the n-th table of every size.
+    # Partitions differ by a few rows: one buffer serves tables of every size up to its own.
     smaller, second = copies.empty((3, 3), np.float32), copies.empty((5, 3), np.float32)
     assert smaller.shape == (3, 3) and np.shares_memory(smaller, first[0])
     assert not np.shares_memory(second, first[0])  # the second table's own buffer
     copies.next_task(keep=True)
-    grown = copies.empty((6, 3), np.float32)  # larger than the first buffer: it grows
-    assert grown.shape == (6, 3) and not np.shares_memory(grown, first[0])
-    assert len(copies.buffers) == 3  # two tables, one sums
+    grown = copies.empty((6, 3), np.float32)  # larger than both buffers: the larger grows
+    assert grown.shape == (6, 3)
+    assert not np.shares_memory(grown, first[0]) and not np.shares_memory(grown, second)
+    assert np.shares_memory(copies.empty((4, 3), np.float32), first[0])  # the smallest that fits
     copies.next_task(keep=False)
-    assert not copies.buffers  # freed, and the task's copies are not kept either
+    assert not copies.free and not copies.used  # freed, and the task's copies are not kept either
     np.testing.assert_array_equal(writable((embs, sums), copies.empty)[0], embs)
-    assert not copies.buffers
+    assert not copies.used
+
+
+def test_partition_copies_hold_a_written_partition_for_the_next_task_that_wants_it():
+    copies = PartitionCopies()
+    table, sums = copies.empty((4, 3), np.float32), copies.empty((4,), np.float32)
+    copies.hold(("swap", "file", "t1"), (table, sums))
+    copies.next_task(keep=True, wanted=[("swap", "file", "t1")])
+    other = copies.empty((4, 3), np.float32)  # the held table's buffer is not handed out
+    assert not np.shares_memory(other, table)
+    held = copies.take(("swap", "file", "t1"))
+    assert held[0] is table and held[1] is sums
+    assert copies.take(("swap", "file", "t1")) is None  # once
+    copies.hold(("swap", "file", "t2"), (table, sums))
+    copies.next_task(keep=True, wanted=[("swap", "file", "t3")])
+    assert copies.take(("swap", "file", "t2")) is None  # not wanted: its buffers are free again
+    a, b = copies.empty((4, 3), np.float32), copies.empty((4, 3), np.float32)
+    assert sorted([np.shares_memory(a, table), np.shares_memory(b, table)]) == [False, True]
+    assert copies.empty((4,), np.float32).base is sums.base
+    copies.hold(("swap", "file", "t4"), (a, b))
+    copies.next_task(keep=False, wanted=[("swap", "file", "t4")])  # nothing is kept
+    assert copies.take(("swap", "file", "t4")) is None and not copies.used
 
 
 def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_config):
@@ -99,14 +121,15 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
         parts[key] = (embs, sums + 1)
     params = init_params(config, 3)
 
-    def run(partitions):
+    def run(partitions, copies=None):
         return run_bucket(config, bucket, config.edge_paths[0], 0, 1, 0, 3, keys, params,
-                          partitions, [False] * len(keys), 1, "cpu")
+                          partitions, [False] * len(keys), 1, "cpu", copies=copies)
 
     _, in_memory_delta, *in_memory = run([parts[key] for key in keys])
-    swaps = [SwapFile(("checkpoint", config.checkpoint_path, 1), str(storage.swap_file("test", i)))
-             for i, key in enumerate(keys)]
-    _, delta, *results = run(swaps)
+    swaps = [SwapFile(("checkpoint", config.checkpoint_path, 1), str(storage.swap_file("test", i)),
+                      f"lease {i}") for i, key in enumerate(keys)]
+    copies = PartitionCopies()
+    _, delta, *results = run(swaps, copies)
     assert results == swaps
     for name in params.arrays:
         np.testing.assert_array_equal(delta.arrays[name], in_memory_delta.arrays[name])
@@ -115,7 +138,24 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
         # Its source is untouched: a task that dies after writing has changed nothing.
         np.testing.assert_array_equal(storage.load_entity_partition(1, *key)[0], parts[key][0])
         # Its swap file holds what the in-memory run returned.
-        got_embs, got_sums = load_partition(config, key, ("swap", swap.staged))
+        got_embs, got_sums = load_partition(config, key, swap.written)
+        np.testing.assert_array_equal(got_embs, embs)
+        np.testing.assert_array_equal(got_sums, sums)
+
+    # The next bucket on these partitions, from what the first wrote: read from the swap
+    # files, or in the worker that wrote them, from the arrays it kept (the files gone).
+    again = [SwapFile(swap.written, str(storage.swap_file("test", 10 + i)), f"again {i}")
+             for i, swap in enumerate(swaps)]
+    _, read_delta, *_ = run(again)
+    read = [load_partition(config, key, swap.written) for key, swap in zip(keys, again)]
+    for swap in swaps:
+        os.unlink(swap.staged)
+    copies.next_task(keep=True, wanted=[swap.source for swap in again])
+    _, held_delta, *_ = run(again, copies)
+    for name in params.arrays:
+        np.testing.assert_array_equal(held_delta.arrays[name], read_delta.arrays[name])
+    for key, swap, (embs, sums) in zip(keys, again, read):
+        got_embs, got_sums = load_partition(config, key, swap.written)
         np.testing.assert_array_equal(got_embs, embs)
         np.testing.assert_array_equal(got_sums, sums)
 
