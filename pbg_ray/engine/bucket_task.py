@@ -24,6 +24,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
+from pbg_ray.io.checkpoint import checkpoint_metadata
 from pbg_ray.io.edges import EdgeList, check_edges, read_edges
 from pbg_ray.model import KnownRows, ModelParams, evaluate_bucket, train_bucket
 from pbg_ray.model.kernel import KERNEL_ENV, partition_key
@@ -210,7 +211,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     for key, is_delta, p in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
         if isinstance(p, SwapFile):
-            p.write(config, new_embs, new_sums)
+            p.write(config, new_embs, new_sums, checkpoint_metadata(config, iteration, num_chunks))
             copies.hold(p.written, (new_embs, new_sums))
             results.append(p)
         else:

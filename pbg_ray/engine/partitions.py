@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -68,8 +68,10 @@ class SwapFile:
              empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
         return load_partition(config, key, self.source, empty)
 
-    def write(self, config: ConfigSchema, embs: np.ndarray, sums: np.ndarray) -> None:
-        """embs [N, dim], sums [N]; over the swap file's own bytes, not fsync'ed (the
-        store does that at the checkpoint)."""
+    def write(self, config: ConfigSchema, embs: np.ndarray, sums: np.ndarray,
+              metadata: Dict[str, Any]) -> None:
+        """embs [N, dim], sums [N], with the checkpoint's `metadata` (the file may become
+        the partition's file of the next version as it is); over the swap file's own
+        bytes, not fsync'ed (the store does that at the checkpoint)."""
         CheckpointStorage.write_entity_partition(self.staged, embs, row_adagrad_state(sums, config.lr),
-                                                 in_place=True)
+                                                 metadata, in_place=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import math
 import shutil
@@ -35,7 +34,7 @@ from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
 from pbg_ray.incremental.growth import known_rows, neighbor_means
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.checkpoint import CheckpointStorage, checkpoint_metadata
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
 from pbg_ray.io.legacy import resolve_init_path
@@ -246,7 +245,7 @@ class Trainer:
             try:
                 self._start_actors()  # inside the try: an actor may die while starting too
                 pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
-                self._commit(iteration, epoch_idx, path_idx, chunk_idx, pass_stats, last_of_epoch)
+                self._commit(iteration, epoch_idx, pass_stats, last_of_epoch)
                 return pass_stats
             except RayActorError as err:
                 if attempt == MAX_PASS_ATTEMPTS:
@@ -377,18 +376,11 @@ class Trainer:
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known)
 
-    def _commit(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
-                pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:
+    def _commit(self, iteration: int, epoch_idx: int, pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:
         """Write version N+1 completely, then make it current, then drop N."""
         config = self.config
         version = self.version + 1
-        metadata = {
-            "config/json": json.dumps(config.to_dict()),
-            "iteration/num_epochs": config.num_epochs, "iteration/epoch_idx": epoch_idx,
-            "iteration/num_edge_paths": len(config.edge_paths), "iteration/edge_path_idx": path_idx,
-            "iteration/edge_path": config.edge_paths[path_idx],
-            "iteration/num_edge_chunks": self.num_chunks, "iteration/edge_chunk_idx": chunk_idx,
-        }
+        metadata = checkpoint_metadata(config, iteration, self.num_chunks)
         get_all([s.save.remote(version, metadata) for s in self.stores]
                 + [self.params.save.remote(version, metadata)])
         self.storage.append_stats(pass_stats)

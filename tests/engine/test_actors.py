@@ -36,21 +36,21 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     assert isinstance(ray.get(store.lease.remote(("tag", 0))), list)  # an object-store ref
     # A task that died after writing its swap file: its file is never taken.
     dead = ray.get(store.lease.remote(("user", 1)))
-    dead.write(config, *trained["user", 1])
+    dead.write(config, *trained["user", 1], {})
     # A task that finished: its swap file holds the newest values from now on, and the
     # next task writes another one.
-    swap.write(config, *trained["user", 0])
+    swap.write(config, *trained["user", 0], {})
     ray.get(store.update.remote(("user", 0), [ray.put(swap)], False))
     again = ray.get(store.lease.remote(("user", 0)))
     assert again.source == swap.written and again.staged not in (swap.staged, dead.staged)
     np.testing.assert_array_equal(stored(store, ("user", 0))[0], trained["user", 0][0])
-    again.write(config, *(a + 1 for a in trained["user", 0]))
+    again.write(config, *(a + 1 for a in trained["user", 0]), {})
     ray.get(store.update.remote(("user", 0), [ray.put(again)], False))
     # The dead task's bucket again: from the partition's source, into the swap file that
     # no longer holds anything needed.
     retry = ray.get(store.lease.remote(("user", 1)))
     assert retry.source == ("random", 10, 0) and retry.staged == swap.staged
-    retry.write(config, *trained["user", 1])
+    retry.write(config, *trained["user", 1], {})
     ray.get(store.update.remote(("user", 1), [ray.put(retry)], False))
     expected = {**initial, ("user", 0): tuple(a + 1 for a in trained["user", 0]),
                 ("user", 1): trained["user", 1]}

@@ -2,13 +2,14 @@
 
 import json
 
+import h5py
 import numpy as np
 import pytest
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.io.checkpoint import CheckpointStorage, checkpoint_metadata
 
 from conftest import assert_valid_checkpoint, config_dict, write_random_graph
 from fault_injection import Fault, checkpoint_arrays, edges_lost_or_doubled, kill_first
@@ -71,6 +72,15 @@ def test_disk_placement_trains_what_memory_placement_trains(ray_session, tmp_pat
     assert expected.keys() == got.keys()
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    # Partition files written as swap files carry the checkpoint's attributes too.
+    for storage, run in ((CheckpointStorage(config.checkpoint_path), config),
+                         (CheckpointStorage(memory.checkpoint_path), memory)):
+        for entity, part in (("user", 1), ("item", 0)):
+            with h5py.File(storage.partition_file(2, entity, part), "r") as hf:
+                attrs = dict(hf.attrs)
+            assert attrs.pop("config/json") == json.dumps(run.to_dict())
+            assert attrs == {"format_version": 1, **{k: v for k, v in checkpoint_metadata(
+                run, 1, 1).items() if k != "config/json"}}
 
 
 def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
