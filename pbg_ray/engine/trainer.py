@@ -376,7 +376,8 @@ class Trainer:
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known)
 
-    def _commit(self, iteration: int, epoch_idx: int, pass_stats: List[Dict[str, Any]], last_of_epoch: bool) -> None:
+    def _commit(self, iteration: int, epoch_idx: int, pass_stats: List[Dict[str, Any]],
+                last_of_epoch: bool) -> None:
         """Write version N+1 completely, then make it current, then drop N."""
         config = self.config
         version = self.version + 1
