@@ -100,8 +100,7 @@ class PartitionCopies:
         self.keep = keep
         self.free: Dict[int, List[np.ndarray]] = {}  # ndim -> buffers (bytes) nobody uses
         self.used: List[Tuple[int, np.ndarray]] = []  # (ndim, buffer) of this task or held
-        # written source -> (embeddings, sums) and the buffers they are views of
-        self.held: Dict[Source, Tuple[Tuple[np.ndarray, np.ndarray], List[np.ndarray]]] = {}
+        self.held: Dict[Source, Tuple[np.ndarray, np.ndarray]] = {}  # written source -> partition
 
     def empty(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
         """An array to fill, of `shape` and `dtype`."""
@@ -123,13 +122,12 @@ class PartitionCopies:
 
     def take(self, source: Source) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """The (embeddings, sums) written as `source` by this worker, if it holds them."""
-        entry = self.held.pop(source, None)
-        return None if entry is None else entry[0]
+        return self.held.pop(source, None)
 
     def hold(self, source: Source, partition: Tuple[np.ndarray, np.ndarray]) -> None:
         """Keep `partition`, just written as `source`, for a later task of this worker."""
         if self.keep:
-            self.held[source] = (partition, [_owner(a) for a in partition])
+            self.held[source] = partition
 
     def next_task(self, keep: bool, wanted: Collection[Source] = ()) -> None:
         """Start over for the next task, which may take the partitions held as `wanted`.
@@ -138,7 +136,7 @@ class PartitionCopies:
         idle worker)."""
         self.keep = keep
         self.held = {s: h for s, h in self.held.items() if keep and s in wanted}
-        reserved = [b for _, bufs in self.held.values() for b in bufs]
+        reserved = [_owner(a) for partition in self.held.values() for a in partition]
         used, self.used = self.used, []
         for ndim, buf in used:
             if any(buf is r for r in reserved):
@@ -208,10 +206,12 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     t_trained = time.perf_counter()
 
     results: List[Any] = []
+    metadata = (checkpoint_metadata(config, iteration, num_chunks)
+                if any(isinstance(p, SwapFile) for p in partitions) else {})
     for key, is_delta, p in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
         if isinstance(p, SwapFile):
-            p.write(config, new_embs, new_sums, checkpoint_metadata(config, iteration, num_chunks))
+            p.write(config, new_embs, new_sums, metadata)
             copies.hold(p.written, (new_embs, new_sums))
             results.append(p)
         else:
