@@ -24,11 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from pbg_ray import bundle
-from pbg_ray.datasets import cache_dir
+from pbg_ray.checkpoints import bundle
+from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.config.eval import EvalConfig
 from pbg_ray.engine.evaluator import evaluate_checkpoint
-from pbg_ray.evaluation.settings import EvalConfig
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.importer.demo import cache_dir
 
 TAGS = ("fp32", "int8")
 

@@ -24,12 +24,12 @@ import numpy as np
 import ray
 import torch
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint
-from pbg_ray.io.checkpoint import CheckpointStorage
-from pbg_ray.io.edges import EdgeList, write_edges
+from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import save_entity_count
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 DIM = 100
 

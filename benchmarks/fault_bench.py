@@ -32,20 +32,20 @@ from typing import Any, Dict
 import numpy as np
 import ray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
-from bad_input import (  # noqa: E402
-    DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
-from fault_injection import (  # noqa: E402
-    Fault, checkpoint_arrays, driver_kill_trials, edges_lost_or_doubled, kill_actor, kill_first,
-    limit_file_size)
+from pbg_ray.checkpoints.storage import CheckpointStorage  # noqa: E402
 from pbg_ray.config import ConfigSchema  # noqa: E402
 from pbg_ray.engine.trainer import Trainer  # noqa: E402
 from pbg_ray.errors import PbgRayError  # noqa: E402
-from pbg_ray.io.checkpoint import CheckpointStorage  # noqa: E402
 from pbg_ray.io.edges import edges_file  # noqa: E402
 from pbg_ray.types import Bucket  # noqa: E402
+from tests.bad_input import (  # noqa: E402
+    DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
+from tests.fault_injection import (  # noqa: E402
+    Fault, checkpoint_arrays, driver_kill_trials, edges_lost_or_doubled, kill_actor, kill_first,
+    limit_file_size)
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
 EPOCHS = 4

@@ -56,7 +56,7 @@ def config_dict(root: Path) -> dict:
 RUN_PBG_RAY = """
 import json, resource, sys, time
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer import import_graph
+from pbg_ray.importer.graph_import import import_graph
 data = json.loads(sys.argv[1])
 t = time.perf_counter()
 stats = import_graph(ConfigSchema.from_dict(data))

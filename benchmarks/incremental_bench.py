@@ -1,6 +1,6 @@
 """Incremental training vs retraining from scratch, on a generated graph grown by 10%.
 
-A planted-community graph (pbg_ray.datasets.grown_graph) is imported and trained. Then it
+A planted-community graph (pbg_ray.importer.demo.grown_graph) is imported and trained. Then it
 grows by 10% new nodes and 10% new edges, each touching a new node, and is imported
 against the old entity dictionary (importer.previous_entity_path). Three ways to a model
 of the grown graph:
@@ -31,9 +31,9 @@ from pathlib import Path
 import ray
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.datasets import grown_graph
 from pbg_ray.engine.trainer import Trainer
-from pbg_ray.importer import import_graph
+from pbg_ray.importer.demo import grown_graph
+from pbg_ray.importer.graph_import import import_graph
 
 NPARTS = 2
 COMMUNITY_SIZE = 10  # nodes per planted community

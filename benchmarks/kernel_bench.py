@@ -43,9 +43,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pbg_ray.config import ConfigSchema  # noqa: E402
-from pbg_ray.io.edges import EdgeList  # noqa: E402
 from pbg_ray.model import init_params, train_bucket  # noqa: E402
-from pbg_ray.types import Bucket  # noqa: E402
+from pbg_ray.types import Bucket, EdgeList
 
 SETTINGS: Dict[str, Dict[str, Any]] = {
     "A": dict(operator="complex_diagonal", comparator="dot", loss_fn="softmax",

@@ -40,9 +40,9 @@ from typing import Optional, Tuple
 import numpy as np
 import psutil
 
-from pbg_ray.io.edges import EdgeList, write_edges
+from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import save_entity_count, save_relation_names
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 DIM = 100
 

@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pbg_ray.config import ConfigSchema, check_value, load_pbg_config_dict
 from pbg_ray.errors import PbgRayError
+from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolver
 from pbg_ray.io.storage import join
-from pbg_ray import datasets  # noqa: F401  registers the ${demo_graph:} resolver
 
 logger = logging.getLogger("pbg_ray")
 

@@ -4,7 +4,7 @@ Evaluates a checkpoint (the config's checkpoint_path; eval.version picks an olde
 version) on eval.edge_paths (default: eval_edge_paths, else edge_paths): PBG's sampled
 metrics and filtered full ranking, overall and per relation, spread over buckets as Ray
 tasks. Prints a table and one JSON line, and appends the JSON line to
-<checkpoint_path>/eval_stats.json. Settings: pbg_ray.evaluation.settings.EvalConfig.
+<checkpoint_path>/eval_stats.json. Settings: pbg_ray.config.eval.EvalConfig.
 """
 
 from __future__ import annotations

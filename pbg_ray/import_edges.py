@@ -3,7 +3,7 @@
 Turns raw edge files (TSV, CSV, Parquet; plain or gzip) into the config's
 entity_path and edge paths (edge_paths, then eval_edge_paths: one input file
 each) in PBG's v1 layout. Settings live under `importer.` (see
-pbg_ray/io/raw.py: ImportConfig). Prints one JSON line of statistics.
+pbg_ray/config/importer.py: ImportConfig). Prints one JSON line of statistics.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer import import_graph
+from pbg_ray.importer.graph_import import import_graph
 
 
 def run(config: ConfigSchema) -> None:

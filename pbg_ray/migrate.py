@@ -4,7 +4,7 @@ Converts the output directory (outdir) of a pre-1.0 PyTorch-BigGraph run into a 
 checkpoint directory: NEW_DIR gets config.json (v1 key names; checkpoint_path NEW_DIR,
 entity_path NEW_DIR/entities with the entity counts), and the newest version's model and
 embeddings with their optimizer states. NEW_DIR appears only when complete. Prints one
-JSON line. See pbg_ray.io.legacy for the old layout.
+JSON line. See pbg_ray.checkpoints.legacy for the old layout.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from pbg_ray.checkpoints.legacy import migrate_run
 from pbg_ray.cli import report_errors
-from pbg_ray.io.legacy import migrate_run
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

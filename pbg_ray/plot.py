@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, List, Optional
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.cli import report_errors
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 from pbg_ray.io.files import atomic_path
-from pbg_ray.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 
 RANK_METRICS = ("mrr", "r1", "r10", "r50")  # held-out, all in [0, 1]: one axis
 

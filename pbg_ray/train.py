@@ -3,6 +3,9 @@
 Trains embeddings bucket by bucket on Ray. With no arguments: the built-in
 demo graph on a local Ray. `ray=cluster` (or ray.address=auto) joins the
 cluster that `ray up cluster.yaml` started.
+
+From Python the module is callable: `pbg_ray.train(config)` trains a ConfigSchema and
+returns the engine's TrainResult.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import types
 
 from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
-from pbg_ray.engine.trainer import Trainer
-from pbg_ray.training_stats import HELD_OUT, TRAIN, epoch_means
+from pbg_ray.engine.trainer import Trainer, TrainResult
+from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, epoch_means
 
 
 def run(config: ConfigSchema) -> None:
@@ -41,6 +45,17 @@ def run(config: ConfigSchema) -> None:
 
 
 main = hydra_entry(run)
+
+
+class _TrainModule(types.ModuleType):
+    """`pbg_ray.train(config)`: the command's module doubles as the API's train()."""
+
+    def __call__(self, config: ConfigSchema) -> TrainResult:
+        connect_ray(config.ray)
+        return Trainer(config).run()
+
+
+sys.modules[__name__].__class__ = _TrainModule
 
 if __name__ == "__main__":
     main()

@@ -5,7 +5,7 @@ default) declares the search space, the metric (held-out MRR, reported after eve
 epoch) and the scheduler (ASHA stops poor trials early). Each trial trains the sampled
 config with the engine under <checkpoint_path>/<trial id>; the best trial's config and
 checkpoint path are printed at the end, then one JSON line. Settings:
-pbg_ray.tuning.TuneConfig.
+pbg_ray.config.tune.TuneConfig.
 """
 
 from __future__ import annotations

@@ -11,17 +11,16 @@ from typing import Any, Dict, List
 
 import numpy as np
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema, load_pbg_config_file
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer import import_graph
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.edges import check_edges, count_edges, edges_file, read_edges
 from pbg_ray.io.entities import (
     dynamic_rel_count_file, load_dynamic_rel_count, load_entity_counts, load_entity_names,
     load_relation_names, num_relation_ids)
 from pbg_ray.types import Bucket
-
-from conftest import config_dict, random_checkpoint, write_random_graph
+from tests.util import config_dict, random_checkpoint, write_random_graph
 
 CORPUS = Path(__file__).with_name("bad_inputs")
 DAMAGE = ("cut", "xor", "overwrite")

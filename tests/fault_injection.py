@@ -22,13 +22,12 @@ import numpy as np
 import psutil
 import ray
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import chunk_bounds, count_edges
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.types import Bucket
-
-from conftest import assert_valid_checkpoint
+from tests.util import assert_valid_checkpoint
 
 # Ray titles a worker process after what it runs: ray::<actor class> or ray::<task>.
 RUN_PROCESSES = ("ray::PartitionStore", "ray::ParameterServer", "ray::BucketSchedulerActor",

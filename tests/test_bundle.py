@@ -1,4 +1,4 @@
-"""Model bundles (pbg_ray.bundle): written by python -m pbg_ray.export export.format=bundle,
+"""Model bundles (pbg_ray.checkpoints.bundle): written by python -m pbg_ray.export export.format=bundle,
 read back to the same arrays, shared by reference between tags, refused with a clear
 error when damaged; int8 keeps filtered MRR; usable as init_path and by the prediction API."""
 
@@ -9,18 +9,20 @@ import zipfile
 import numpy as np
 import pytest
 
-from conftest import config_dict, random_checkpoint, write_random_graph
-from pbg_ray import bundle
+from pbg_ray.checkpoints import bundle
+from pbg_ray.checkpoints.export import export_checkpoint
+from pbg_ray.checkpoints.legacy import resolve_init_path
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from pbg_ray.export import export_checkpoint, run as export_run
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state
+from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.export import run as export_run
 from pbg_ray.io.entities import num_relation_ids
-from pbg_ray.io.legacy import resolve_init_path
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, params_to_checkpoint
-from pbg_ray.predict import Predictor, main as predict_main
+from pbg_ray.predict import main as predict_main
+from tests.util import config_dict, random_checkpoint, write_random_graph
 
 
 def checkpoint_with_optimizer(config, version, seed):

@@ -4,15 +4,14 @@ import textwrap
 import attr
 import pytest
 from hydra import compose, initialize_config_module
-
-from pbg_ray.cli import check_overrides, split_overrides, to_config
-from pbg_ray.config import ConfigSchema, EntitySchema, RelationSchema, load_pbg_config_file
-from pbg_ray.errors import PbgRayError
 from torchbiggraph.config import ConfigSchema as PbgConfigSchema
 from torchbiggraph.config import EntitySchema as PbgEntitySchema
 from torchbiggraph.config import RelationSchema as PbgRelationSchema
 
-from conftest import config_dict
+from pbg_ray.cli import check_overrides, split_overrides, to_config
+from pbg_ray.config import ConfigSchema, EntitySchema, RelationSchema, load_pbg_config_file
+from pbg_ray.errors import PbgRayError
+from tests.util import config_dict
 
 
 @pytest.mark.parametrize("ours, theirs", [

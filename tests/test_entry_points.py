@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph
 from pbg_ray.config import ConfigSchema
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def run_train(args, cwd, env_extra=None):

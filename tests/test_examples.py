@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import load_pbg_config_file
-from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import count_edges
 from pbg_ray.types import Bucket
 

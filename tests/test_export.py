@@ -7,11 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 from torchbiggraph.converters.export_to_tsv import make_tsv
 
-from conftest import pbg_config, random_checkpoint, write_random_graph
+from pbg_ray.checkpoints.export import export_checkpoint
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.errors import PbgRayError
-from pbg_ray.export import export_checkpoint
-from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.entities import load_entity_names, save_dynamic_rel_count, save_relation_names
+from tests.oracle import pbg_config
+from tests.util import random_checkpoint, write_random_graph
 
 # Operators whose parameters are vectors: torchbiggraph's export can't format matrices.
 VECTOR_OPERATORS = ["translation", "diagonal", "complex_diagonal"]

@@ -12,13 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from torchbiggraph.graph_storages import FileEdgeStorage, FileEntityStorage
 
-from conftest import config_dict
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer import MANIFEST, import_graph
+from pbg_ray.importer.graph_import import MANIFEST, import_graph
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_dynamic_rel_count, load_entity_names, load_relation_names
 from pbg_ray.types import Bucket
+from tests.util import config_dict
 
 RELATIONS = ["follows", "likes"]
 

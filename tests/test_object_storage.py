@@ -11,19 +11,19 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
-from conftest import assert_valid_checkpoint, config_dict
+from pbg_ray.checkpoints.export import export_checkpoint
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.cli import check_overrides
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from pbg_ray.export import export_checkpoint
-from pbg_ray.importer import import_graph
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
 from pbg_ray.plot import main as plot_main
-from pbg_ray.predict import Predictor
+from tests.util import assert_valid_checkpoint, config_dict
 
 NAMES = [f"n{i}" for i in range(40)]
 

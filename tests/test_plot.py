@@ -8,8 +8,7 @@ import matplotlib.image
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.plot import main
-
-from conftest import config_dict, write_random_graph
+from tests.util import config_dict, write_random_graph
 
 
 def test_plot_of_a_trained_checkpoint_is_a_real_png(ray_session, tmp_path, capsys):

@@ -8,14 +8,14 @@ import re
 import numpy as np
 import pytest
 
-from conftest import config_dict, random_checkpoint, write_random_graph
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
-from pbg_ray.predict import Predictor, main
+from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.edges import read_edges
+from pbg_ray.predict import main
 from pbg_ray.types import Bucket
-
+from tests.util import config_dict, random_checkpoint, write_random_graph
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""pbg_ray.scoring factors the Embedder's scores by side: its positive scores are the
+"""pbg_ray.evaluation.scoring factors the Embedder's scores by side: its positive scores are the
 Embedder's, for every operator family, comparator and mode."""
 
 import numpy as np
@@ -6,11 +6,10 @@ import pytest
 import torch
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.io.edges import EdgeList
+from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch
 from pbg_ray.model.params import init_params
-from pbg_ray.scoring import Scorer
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 
 def case(operator, comparator, dynamic=False, **overrides):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pbg_ray.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
+from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 
 
 def line(epoch, index, count, loss, mrr):

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile, load_partition
 from pbg_ray.engine.scheduler import BucketScheduler
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model import ModelParams, init_params, params_from_checkpoint, params_to_checkpoint

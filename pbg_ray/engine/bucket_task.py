@@ -20,15 +20,15 @@ import numpy as np
 import ray
 import torch
 
+from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
-from pbg_ray.io.checkpoint import checkpoint_metadata
-from pbg_ray.io.edges import EdgeList, check_edges, read_edges
+from pbg_ray.io.edges import check_edges, read_edges
 from pbg_ray.model import KnownRows, ModelParams, evaluate_bucket, train_bucket
 from pbg_ray.model.kernel import KERNEL_ENV, partition_key
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 
 def partition_keys(config: ConfigSchema, bucket: Bucket) -> List[PartitionKey]:

@@ -19,6 +19,7 @@ import ray
 import torch
 from ray.exceptions import RayTaskError
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, locate_version
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
 from pbg_ray.engine.cluster import connect_ray
@@ -26,13 +27,12 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
 from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats, stats_mean
-from pbg_ray.io.checkpoint import CheckpointStorage, locate_version
+from pbg_ray.evaluation.scoring import SIDES, Scorer
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.io.storage import append_text
 from pbg_ray.model import ModelParams, params_from_checkpoint
 from pbg_ray.model.kernel import partition_key
-from pbg_ray.scoring import SIDES, Scorer
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]

@@ -9,9 +9,9 @@ from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.incremental.growth import grow_partition
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.model import init_partition
 
 PartitionKey = Tuple[str, int]

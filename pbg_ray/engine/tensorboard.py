@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from pbg_ray.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
+from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 
 
 class TensorBoardLog:

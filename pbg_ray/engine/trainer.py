@@ -24,20 +24,19 @@ from ray.exceptions import (
     NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError)
 from tqdm import tqdm
 
+from pbg_ray.checkpoints.legacy import resolve_init_path
+from pbg_ray.checkpoints.storage import CheckpointStorage, checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
-from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
 from pbg_ray.incremental.growth import known_rows, neighbor_means
-from pbg_ray.io.checkpoint import CheckpointStorage, checkpoint_metadata
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
-from pbg_ray.io.legacy import resolve_init_path
 from pbg_ray.types import Bucket
 
 logger = logging.getLogger("pbg_ray")
@@ -409,8 +408,3 @@ class Trainer:
         stats = evaluator.sampled(edge_path, per_relation=False).get(ALL)
         return {"count": stats["count"], **stats_mean([stats])} if stats else {"count": 0}
 
-
-def train(config: ConfigSchema) -> TrainResult:
-    """Train `config` on the Ray cluster (a local one is started if needed)."""
-    connect_ray(config.ray)
-    return Trainer(config).run()

@@ -23,13 +23,13 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.config.tune import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
 from pbg_ray.engine.bucket_task import gpus_per_trainer
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
+from pbg_ray.evaluation.training_stats import TRAIN, as_sums, epoch_means
 from pbg_ray.io.storage import join
-from pbg_ray.training_stats import TRAIN, as_sums, epoch_means
-from pbg_ray.tuning import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
 
 logger = logging.getLogger("pbg_ray")
 

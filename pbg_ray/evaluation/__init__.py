@@ -1,7 +1,9 @@
 """Evaluation of a checkpoint: PBG's sampled metrics and filtered full ranking.
 
-settings.py  the `eval` config section (no imports of the rest of pbg_ray: config.py uses it)
 metrics.py   the tie rule, ranks -> metrics, sampled metrics per relation, the report
 filtered.py  filtered full ranking of one bucket's edges against one candidate partition
+scoring.py   query and candidate vectors of one side, for ranking against a whole type
+predictor.py Predictor: scores, top-k heads and tails, nearest neighbours by name
+training_stats.py  training_stats.json lines turned into figures per bucket and epoch
 The Ray driver that spreads this over buckets is pbg_ray.engine.evaluator.
 """

@@ -21,9 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.io.edges import EdgeList
 from pbg_ray.model import ModelParams, evaluate_bucket
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 Stats = Dict[str, Any]
 SAMPLED_METRICS = ("pos_rank", "mrr", "r1", "r10", "r50", "auc")

@@ -1,7 +1,6 @@
 """Incremental training: a grown graph trained from a previous checkpoint.
 
-settings.py  the `incremental` config section (no imports of the rest of pbg_ray: config.py uses it)
 growth.py    what init_path already trained (known rows and parameters), grown partitions
              with their new rows initialised, and the fast update's edge filter
-The importer's half (importer.previous_entity_path) lives in pbg_ray.importer.
+The importer's half (importer.previous_entity_path) lives in pbg_ray.importer.graph_import.
 """

@@ -14,13 +14,13 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
-from pbg_ray.io.edges import EdgeList, count_edges, read_edges
+from pbg_ray.io.edges import count_edges, read_edges
 from pbg_ray.model.kernel import partition_key
 from pbg_ray.model.params import KnownRows, PartitionKey, init_partition
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 NEIGHBOR_CHUNK = 1 << 22  # edges read at a time when averaging neighbours
 

@@ -9,14 +9,12 @@ entity types of several dimensions, one `entities_dim{D}.parquet` per
 dimension), `relation_types.parquet` the same columns as the TSV with the
 values as a list of float32.
 
-Both files appear only when complete. This module imports nothing of pbg_ray's
-config, so config.py can embed `ExportConfig`.
+Both files appear only when complete.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -24,30 +22,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pbg_ray.config.export import EXPORT_FORMATS
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.files import PathLike, atomic_path
 from pbg_ray.io.storage import StoragePath, storage_path
 
-# "bundle" is written by pbg_ray.bundle (export.py picks it before any table is opened).
-EXPORT_FORMATS = ("tsv", "parquet", "bundle")
 TSV_ROWS_PER_WRITE = 4096
 
-
-@dataclass
-class ExportConfig:
-    """`python -m pbg_ray.export`: a checkpoint's embeddings as TSV or Parquet, or a
-    model bundle (pbg_ray.bundle)."""
-
-    # tsv (torchbiggraph_export_to_tsv's layout), parquet, or bundle (<output>/bundle.zip)
-    format: str = "tsv"
-    version: Optional[int] = None  # checkpoint version; null: the newest
-    output: Optional[str] = None  # directory; null: <checkpoint_path>/export
-    # format=bundle: the checkpoint versions written as tags v{N}; null: `version` alone.
-    versions: Optional[List[int]] = None
-    # format=bundle: the precisions of each version's tags: fp32 (tag v{N}, with the
-    # optimizer state), fp16 and int8 (scale per row) (tags v{N}-fp16, v{N}-int8: entity
-    # embeddings reduced, relation parameters shared with the other tags).
-    variants: List[str] = field(default_factory=lambda: ["fp32"])
 
 
 class EmbeddingTables(contextlib.ExitStack):

@@ -5,9 +5,7 @@ the caller works on the current one, so memory holds about two batches, never
 the file. Rows that can't be edges (wrong number of fields, empty or null
 names, weights that aren't numbers) stop the import with the file and line, or
 are counted and left out with `importer.skip_bad_rows=true`.
-
-This module imports nothing of pbg_ray's config, so config.py can embed
-`ImportConfig` without an import cycle.
+Settings: `importer.` (pbg_ray.config.importer.ImportConfig).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import gzip
 import queue
 import threading
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -26,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from pbg_ray.config.importer import ImportConfig
 from pbg_ray.errors import PbgRayError, did_you_mean
 
 FORMATS = ("tsv", "csv", "parquet")
@@ -34,45 +33,6 @@ TEXT_BLOCK_BYTES = 16 << 20  # bytes of text Arrow parses per batch
 PARQUET_BATCH_ROWS = 1 << 19
 MAX_EXAMPLES = 5  # bad rows quoted in the report
 
-
-@dataclass
-class ImportConfig:
-    """`python -m pbg_ray.import_edges`: raw edge files into entity_path and edge paths."""
-
-    # Raw files, one per output edge path: edge_paths then eval_edge_paths, in
-    # that order. Entity and relation dictionaries come from the first file.
-    inputs: List[str] = field(default_factory=list)
-    # tsv, csv or parquet; null: from the extension (.tsv/.txt, .csv, .parquet/.pq,
-    # each optionally .gz). Gzip is recognised by the file's first bytes.
-    format: Optional[str] = None
-    # Columns: an integer is a 0-based index, a string a column name (text
-    # files then need a header line). rel_col null: every edge has relation 0.
-    lhs_col: Any = 0
-    rel_col: Any = 1
-    rhs_col: Any = 2
-    weight_col: Any = None
-    # Text files: whether the first line names the columns (null: yes iff a
-    # column is given by name); field delimiter (null: tab for tsv, comma for csv).
-    header: Optional[bool] = None
-    delimiter: Optional[str] = None
-    # As in PBG: names seen fewer times are dropped with their edges.
-    entity_min_count: int = 1
-    relation_type_min_count: int = 1  # dynamic_relations only
-    # Count and report malformed rows instead of stopping at the first one.
-    skip_bad_rows: bool = False
-    # Seeds the shuffle that spreads entities over partitions.
-    seed: int = 0
-    # Replace a different graph already in the output directories.
-    overwrite: bool = False
-    # Incremental import: a previous import's entity_path (never modified). Its entities
-    # keep their partition and offset (and, with dynamic_relations, its relations their
-    # ids); new names are appended to the ends of partitions, the smallest first. Known
-    # names are kept whatever their count here.
-    previous_entity_path: Optional[str] = None
-    # With previous_entity_path: edge paths of that import, paired in order with this
-    # import's outputs (edge_paths then eval_edge_paths); each output bucket then holds
-    # the previous path's edges followed by the new ones. Empty: the new edges only.
-    previous_edge_paths: List[str] = field(default_factory=list)
 
 
 @dataclass

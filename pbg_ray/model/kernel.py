@@ -23,14 +23,12 @@ import torch
 from torch import Tensor
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.io.edges import EdgeList
 from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
 from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
 from pbg_ray.model.optim import adagrad_, row_adagrad_
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, relation_lr
-from pbg_ray.types import Bucket
-
+from pbg_ray.types import Bucket, EdgeList
 
 # The environment a process running the kernel should start with: large score
 # temporaries otherwise go through mmap/munmap every batch and pay page faults

@@ -5,12 +5,11 @@ import os
 import numpy as np
 import ray
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import PartitionStore
 from pbg_ray.engine.partitions import SwapFile
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_sums
-
-from conftest import config_dict
+from tests.util import config_dict
 
 KEYS = [("user", 0), ("user", 1), ("tag", 0)]  # user is partitioned, tag is not
 

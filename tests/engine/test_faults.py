@@ -5,14 +5,13 @@ made current, and the same command finishes the run."""
 import numpy as np
 import pytest
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
-
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph
-from fault_injection import (
+from tests.fault_injection import (
     Fault, driver_kill_trials, edges_lost_or_doubled, kill_actor, limit_file_size)
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
-
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def test_two_nodes_train_disjoint_buckets_concurrently(ray_session, tmp_path):

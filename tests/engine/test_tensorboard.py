@@ -5,8 +5,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
-
-from conftest import config_dict, write_random_graph
+from tests.util import config_dict, write_random_graph
 
 
 def test_trainer_writes_tensorboard_scalars(ray_session, tmp_path):

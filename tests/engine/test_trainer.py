@@ -6,13 +6,12 @@ import h5py
 import numpy as np
 import pytest
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage, checkpoint_metadata
-
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph
-from fault_injection import Fault, checkpoint_arrays, edges_lost_or_doubled, kill_first
+from tests.fault_injection import Fault, checkpoint_arrays, edges_lost_or_doubled, kill_first
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def small_config(tmp_path, **overrides) -> ConfigSchema:

@@ -8,13 +8,12 @@ from typing import List
 
 import pytest
 
+from pbg_ray.checkpoints.storage import LOCK_FILE, CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.tuner import run_tune, search_space, trial_config, trial_resources
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import LOCK_FILE, CheckpointStorage
-
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph
-from fault_injection import Fault, edges_lost_or_doubled
+from tests.fault_injection import Fault, edges_lost_or_doubled
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def tune_config(tmp_path, **tune) -> ConfigSchema:

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import config_dict, random_checkpoint, write_random_graph
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
-from pbg_ray.io.checkpoint import CheckpointStorage
-from pbg_ray.io.edges import EdgeList, read_edges
+from pbg_ray.evaluation.scoring import Scorer
+from pbg_ray.io.edges import read_edges
 from pbg_ray.model.params import global_emb_key, operator_key
-from pbg_ray.scoring import Scorer
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
+from tests.util import config_dict, random_checkpoint, write_random_graph
 
 
 def make(tmp_path, **overrides) -> ConfigSchema:

@@ -7,14 +7,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
 from pbg_ray.io.edges import edges_file
 from pbg_ray.types import Bucket
-
-from bad_input import (
+from tests.bad_input import (
     CORPUS, DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training,
     refusal)
 

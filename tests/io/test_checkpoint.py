@@ -5,9 +5,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import (
+from pbg_ray.checkpoints.storage import (
     CheckpointStorage, row_adagrad_state, row_adagrad_sums, state_dict_key)
+from pbg_ray.errors import PbgRayError
 
 
 @pytest.fixture
@@ -204,7 +204,7 @@ import resource, sys
 import numpy as np
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage
+from pbg_ray.checkpoints.storage import CheckpointStorage
 storage = CheckpointStorage(sys.argv[1])
 config = storage.load_config()
 resource.setrlimit(resource.RLIMIT_FSIZE, (1024, resource.RLIM_INFINITY))

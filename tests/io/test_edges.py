@@ -4,12 +4,10 @@ import pytest
 
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.edges import (
-    EdgeAppender, EdgeList, FeatureList, check_edges, chunk_bounds, count_edges, edges_file,
-    read_edges, write_edges)
+    EdgeAppender, check_edges, chunk_bounds, count_edges, edges_file, read_edges, write_edges)
 from pbg_ray.io.entities import load_entity_counts
-from pbg_ray.types import Bucket
-
-from conftest import write_random_graph
+from pbg_ray.types import Bucket, EdgeList, FeatureList
+from tests.util import write_random_graph
 
 
 def random_edges(n, rng, weight=False, features=False):

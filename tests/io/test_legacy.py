@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_valid_checkpoint, config_dict, write_random_graph
+from pbg_ray.checkpoints.legacy import migrate_run, resolve_init_path
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, state_dict_key
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, state_dict_key
 from pbg_ray.io.entities import load_entity_count, num_relation_ids
-from pbg_ray.io.legacy import migrate_run, resolve_init_path
 from pbg_ray.migrate import main as migrate_main
 from pbg_ray.model.params import ModelParams, param_layout, params_to_checkpoint
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def camel_case(data):

@@ -12,13 +12,13 @@ from torchbiggraph.graph_storages import FileEdgeStorage, FileEntityStorage
 from torchbiggraph.model import make_model
 from torchbiggraph.row_adagrad import RowAdagrad
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.io.edges import count_edges, read_edges
 from pbg_ray.io.entities import load_entity_count, load_entity_names
 from pbg_ray.types import Bucket
-
-from conftest import config_dict, pbg_config, write_random_graph
+from tests.oracle import pbg_config
+from tests.util import config_dict, write_random_graph
 
 
 def test_torchbiggraph_reads_our_edges_and_entities(make_config):

@@ -8,13 +8,13 @@ import h5py
 import numpy as np
 import pytest
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, locate_version
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io import storage
-from pbg_ray.io.checkpoint import CheckpointStorage, locate_version
-from pbg_ray.io.edges import EdgeAppender, EdgeList, read_edges, write_edges
+from pbg_ray.io.edges import EdgeAppender, read_edges, write_edges
 from pbg_ray.io.files import atomic_path, write_text_atomic
 from pbg_ray.io.storage import ObjectLock, ObjectPath, append_text, join, open_h5, storage_path
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 
 def test_paths_and_uris_resolve_and_join_keeping_the_query():

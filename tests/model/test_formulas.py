@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pbg_oracle import dense_row_grads, make_case, oracle, ours
-from test_oracle import assert_close
-from pbg_ray.io.checkpoint import state_dict_key
+from pbg_ray.checkpoints.storage import state_dict_key
+from tests.model.pbg_oracle import dense_row_grads, make_case, oracle, ours
+from tests.model.test_oracle import assert_close
 
 
 def weighted_loss(name: str, margin: float, weight: torch.Tensor):

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from pbg_ray.io.checkpoint import state_dict_key
-from pbg_ray.model import (evaluate_bucket, init_params, init_partition, params_from_checkpoint,
-                           params_to_checkpoint, train_bucket)
+from pbg_ray.checkpoints.storage import state_dict_key
+from pbg_ray.model import (
+    evaluate_bucket, init_params, init_partition, params_from_checkpoint, params_to_checkpoint,
+    train_bucket)
 from pbg_ray.model.params import APPROX_RAND_BLOCK
 from pbg_ray.types import Bucket
-
-from pbg_oracle import make_case, oracle, ours, pbg_model
+from tests.model.pbg_oracle import make_case, oracle, ours, pbg_model
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    from torchbiggraph.eval import RankingEvaluator
     from torchbiggraph.edgelist import EdgeList as TbgEdgeList
     from torchbiggraph.entitylist import EntityList
+    from torchbiggraph.eval import RankingEvaluator
 
 
 def edges_of_two_relations(case, rng):

@@ -6,8 +6,7 @@ import pytest
 
 from pbg_ray.model import KnownRows, train_bucket
 from pbg_ray.types import Bucket
-
-from pbg_oracle import make_case
+from tests.model.pbg_oracle import make_case
 
 KNOWN = {("a", 0): 7, ("b", 0): 5}  # of 13 and 11 rows
 

@@ -12,13 +12,12 @@ from typing import Any, Dict
 import pytest
 import torch
 
-from pbg_ray.io.checkpoint import state_dict_key
+from pbg_ray.checkpoints.storage import state_dict_key
 from pbg_ray.model.comparators import COMPARATORS as COMPARATORS_REGISTRY
 from pbg_ray.model.kernel import train_batch
 from pbg_ray.model.losses import LOSS_FUNCTIONS as LOSSES_REGISTRY
 from pbg_ray.model.operators import OPERATORS as OPERATORS_REGISTRY
-
-from pbg_oracle import dense_row_grads, make_case, oracle, oracle_step, ours, pbg_layout
+from tests.model.pbg_oracle import dense_row_grads, make_case, oracle, oracle_step, ours, pbg_layout
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -23,12 +23,12 @@ from typing import Any, Dict, List, Optional, Union
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from pbg_ray.config.eval import EvalConfig
+from pbg_ray.config.export import ExportConfig
+from pbg_ray.config.importer import ImportConfig
+from pbg_ray.config.incremental import NEW_ROWS_INITS, IncrementalConfig
+from pbg_ray.config.tune import TuneConfig, flat_search_space
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.evaluation.settings import EvalConfig
-from pbg_ray.incremental.settings import NEW_ROWS_INITS, IncrementalConfig
-from pbg_ray.io.embedding_tables import ExportConfig
-from pbg_ray.io.raw import ImportConfig
-from pbg_ray.tuning import TuneConfig, flat_search_space
 
 logger = logging.getLogger("pbg_ray")
 

@@ -16,7 +16,7 @@ public parameter names (`relations/{idx}/operator/{side}/{param}`,
 `entities/{type}/global_embedding`), percent-encoded. A ref is `<n>` (this tag's file) or
 `<tag>/<n>` (another tag's): identical arrays are stored once and shared by reference.
 
-    from pbg_ray import bundle
+    from pbg_ray.checkpoints import bundle
     with bundle.load("model.zip") as model:         # the newest tag; tag="v3-int8" picks one
         model.embeddings("user", 0)                   # float32 [N, D], read on first use
 """
@@ -35,9 +35,9 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.io.checkpoint import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.io.files import PathLike, atomic_path
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, params_to_checkpoint

@@ -40,15 +40,15 @@ from tqdm import tqdm
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
+from pbg_ray.importer.name_index import NameIndex
 from pbg_ray.io.edges import (
     FORMAT_VERSION, FORMAT_VERSION_ATTR, count_edges, edges_file, read_edges)
 from pbg_ray.io.entities import (
     dynamic_rel_names_file, entity_count_file, load_entity_names, load_relation_names,
     save_dynamic_rel_count, save_entity_count, save_entity_names, save_relation_names)
 from pbg_ray.io.files import write_text_atomic
-from pbg_ray.io.name_index import NameIndex
-from pbg_ray.io.storage import StoragePath, move_into, storage_path
 from pbg_ray.io.raw import RawBatch, RawTable
+from pbg_ray.io.storage import StoragePath, move_into, storage_path
 from pbg_ray.types import Bucket
 
 logger = logging.getLogger("pbg_ray")

@@ -29,10 +29,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
-from pbg_ray import bundle
+from pbg_ray.checkpoints import bundle
+from pbg_ray.checkpoints.storage import CheckpointStorage, public_name, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.io.checkpoint import CheckpointStorage, public_name, row_adagrad_sums
 from pbg_ray.io.entities import num_relation_ids, save_dynamic_rel_count, save_entity_count
 from pbg_ray.io.files import PathLike, atomic_directory
 from pbg_ray.model.params import params_from_checkpoint

@@ -18,9 +18,9 @@ from typing import Dict, List, Tuple
 import numpy as np
 from omegaconf import OmegaConf
 
-from pbg_ray.io.edges import EdgeList, write_edges
+from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names, save_relation_names
-from pbg_ray.types import Bucket
+from pbg_ray.types import Bucket, EdgeList
 
 DEMO_VERSION = 1
 DEMO_ENTITIES = {"user": 40_000, "item": 20_000}

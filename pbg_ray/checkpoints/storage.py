@@ -35,8 +35,8 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import (
     PathLike, reading, write_bytes_atomic, write_bytes_in_place, write_failed, write_text_atomic)
 from pbg_ray.io.storage import (
-    FORMAT_VERSION, FORMAT_VERSION_ATTR, ObjectLock, ObjectPath, StoragePath, append_text, link_or_copy,
-    open_v1_h5, storage_path)
+    FORMAT_VERSION, FORMAT_VERSION_ATTR, ObjectLock, ObjectPath, StoragePath, append_text,
+    link_or_copy, open_v1_h5, storage_path)
 from pbg_ray.types import EntityName, Partition
 
 STATE_DICT_KEY_ATTR = "state_dict_key"
