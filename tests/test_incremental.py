@@ -12,13 +12,14 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import grown_graph
-from pbg_ray.importer.graph_import import fill_smallest, import_graph
+from pbg_ray.importer.dictionaries import fill_smallest
+from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_names, load_relation_names
 from pbg_ray.model import init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
-from tests.test_import_edges import decoded, random_rows, write_text
+from tests.importer.util import decoded, random_rows, write_text
 from tests.util import assert_valid_checkpoint, config_dict
 
 NPARTS = 2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 
 @dataclass
@@ -44,3 +44,14 @@ class ImportConfig:
     # import's outputs (edge_paths then eval_edge_paths); each output bucket then holds
     # the previous path's edges followed by the new ones. Empty: the new edges only.
     previous_edge_paths: List[str] = field(default_factory=list)
+
+    def validate(self, fail: Callable[[str, str, str], None]) -> None:
+        """Rules of this section; `fail(key, problem, fix)` raises."""
+        for key in ("entity_min_count", "relation_type_min_count"):
+            if getattr(self, key) < 0:
+                fail(f"importer.{key}", f"must not be negative, got {getattr(self, key)}",
+                     f"Set importer.{key} to 0 or more.")
+        if self.previous_edge_paths and self.previous_entity_path is None:
+            fail("importer.previous_edge_paths", "needs importer.previous_entity_path: the "
+                 "entity dictionary those edges were imported with",
+                 "Set importer.previous_entity_path, or leave previous_edge_paths empty.")

@@ -44,7 +44,8 @@ def name_keys(names: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
         return np.empty(0, _U), np.empty(0, _U)
     offsets_type = np.int64 if pa.types.is_large_string(names.type) else np.int32
     buffers = names.buffers()
-    offsets = np.frombuffer(buffers[1], offsets_type)[names.offset:names.offset + n + 1].astype(np.int64)
+    offsets = np.frombuffer(buffers[1], offsets_type)[names.offset:names.offset + n + 1]
+    offsets = offsets.astype(np.int64)
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.empty(0, np.uint8)
     span = int(offsets[-1] - offsets[0])
     # 8 zero bytes of padding so that a word read at any name's start stays inside.
@@ -148,7 +149,8 @@ class NameIndex:
         self._verify(ids, keys, checks, names)
         return ids
 
-    def _verify(self, ids: np.ndarray, keys: np.ndarray, checks: np.ndarray, names: pa.Array) -> None:
+    def _verify(self, ids: np.ndarray, keys: np.ndarray, checks: np.ndarray,
+                names: pa.Array) -> None:
         hashed = np.flatnonzero((keys >= _HASHED) & (ids >= 0))
         clash = hashed[self._checks.array[ids[hashed]] != checks[hashed]]
         if len(clash):

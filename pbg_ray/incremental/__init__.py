@@ -2,5 +2,5 @@
 
 growth.py    what init_path already trained (known rows and parameters), grown partitions
              with their new rows initialised, and the fast update's edge filter
-The importer's half (importer.previous_entity_path) lives in pbg_ray.importer.graph_import.
+The importer's half (importer.previous_entity_path) lives in pbg_ray.importer.dictionaries.
 """

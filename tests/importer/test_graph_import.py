@@ -1,7 +1,7 @@
-"""python -m pbg_ray.import_edges: raw files in, PBG v1 layout out (and torchbiggraph reads it)."""
+"""import_graph, the importer's phases together: raw files in, PBG v1 layout out (and
+torchbiggraph reads it); and python -m pbg_ray.import_edges."""
 
 import collections
-import gzip
 import json
 import subprocess
 import sys
@@ -12,66 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from torchbiggraph.graph_storages import FileEdgeStorage, FileEntityStorage
 
-from pbg_ray.config import ConfigSchema
-from pbg_ray.errors import PbgRayError
-from pbg_ray.importer.graph_import import MANIFEST, import_graph
+from pbg_ray.importer import import_graph
+from pbg_ray.importer.staging import MANIFEST
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_dynamic_rel_count, load_entity_names, load_relation_names
 from pbg_ray.types import Bucket
+from tests.importer.util import (
+    RELATIONS, decoded, error_of, make, random_rows, write_parquet, write_text)
 from tests.util import config_dict
-
-RELATIONS = ["follows", "likes"]
-
-
-def random_rows(n, seed=0, num_names=40):
-    rng = np.random.default_rng(seed)
-    names = [f"n{i}" if i % 2 else f"entity-with-a-long-name-{i}" for i in range(num_names)]
-    return [(names[rng.integers(num_names)], RELATIONS[rng.integers(2)], names[rng.integers(num_names)])
-            for _ in range(n)]
-
-
-def write_text(path, rows, delimiter="\t", header=None):
-    lines = ([delimiter.join(header)] if header else []) + [delimiter.join(map(str, r)) for r in rows]
-    data = ("\n".join(lines) + "\n").encode()
-    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
-    return str(path)
-
-
-def write_parquet(path, rows, columns=("src", "rel", "dst"), **kwargs):
-    pq.write_table(pa.table({c: [r[i] for r in rows] for i, c in enumerate(columns)}), path, **kwargs)
-    return str(path)
-
-
-def make(tmp_path, inputs, entities=None, relations=None, **importer):
-    data = config_dict(
-        tmp_path, entities=entities or {"node": {"num_partitions": 2}},
-        relations=relations or [{"name": r, "lhs": "node", "rhs": "node"} for r in RELATIONS],
-        edge_paths=[str(tmp_path / "train")], global_emb=False)
-    if len(inputs) > 1:
-        data["eval_edge_paths"] = [str(tmp_path / f"eval{i}") for i in range(1, len(inputs))]
-    data.update({k: importer.pop(k) for k in ("dynamic_relations",) if k in importer})
-    data["importer"] = dict(inputs=inputs, **importer)
-    return ConfigSchema.from_dict(data)
-
-
-def decoded(config, edge_path, weights=False):
-    """Every edge of an edge path as (lhs name, rel name, rhs name[, weight])."""
-    rel_names = (load_relation_names(config.entity_path) if config.dynamic_relations
-                 else [r.name for r in config.relations])
-    names = {(t, p): load_entity_names(config.entity_path, t, p)
-             for t, e in config.entities.items() for p in range(e.num_partitions)}
-    out = []
-    nparts = config.num_partitions()
-    for lhs_p in range(nparts):
-        for rhs_p in range(nparts):
-            edges = read_edges(edge_path, Bucket(lhs_p, rhs_p))
-            for i, (l, r, h) in enumerate(zip(edges.lhs, edges.rel, edges.rhs)):
-                rel = config.relations[0 if config.dynamic_relations else r]
-                lp = lhs_p if config.entities[rel.lhs].num_partitions > 1 else 0
-                rp = rhs_p if config.entities[rel.rhs].num_partitions > 1 else 0
-                row = (names[rel.lhs, lp][l], rel_names[r], names[rel.rhs, rp][h])
-                out.append(row + (float(edges.weight[i]),) if weights else row)
-    return collections.Counter(out)
 
 
 @pytest.mark.parametrize("suffix", [".tsv", ".tsv.gz", ".csv", ".csv.gz", ".parquet"])
@@ -84,14 +32,15 @@ def test_round_trip_by_index(tmp_path, suffix):
     stats = import_graph(config)
     assert decoded(config, config.edge_paths[0]) == collections.Counter(rows)
     assert stats["inputs"][0]["edges"] == 300
-    all_names = load_entity_names(config.entity_path, "node", 0) + load_entity_names(config.entity_path, "node", 1)
+    all_names = [n for p in range(2) for n in load_entity_names(config.entity_path, "node", p)]
     assert sorted(all_names) == sorted({n for r in rows for n in (r[0], r[2])})
     assert abs(len(load_entity_names(config.entity_path, "node", 0)) - len(all_names) / 2) <= 0.5
     assert not list(tmp_path.rglob(".import-*")), "staging left behind"
 
 
 def test_columns_by_name_with_weights_and_the_same_ids_from_any_format(tmp_path):
-    rows = [(lhs, rel, rhs, 0.5 + i % 3) for i, (lhs, rel, rhs) in enumerate(random_rows(200, seed=1))]
+    rows = [(lhs, rel, rhs, 0.5 + i % 3)
+            for i, (lhs, rel, rhs) in enumerate(random_rows(200, seed=1))]
     ordered = [(r[2], r[3], r[0], r[1]) for r in rows]  # columns: dst, weight, src, rel
     csv = write_text(tmp_path / "e.csv", ordered, delimiter=",", header=["dst", "w", "src", "rel"])
     parquet = write_parquet(tmp_path / "e.parquet", ordered, columns=("dst", "w", "src", "rel"))
@@ -110,7 +59,8 @@ def test_min_counts_and_dynamic_relations(tmp_path):
     rows = [("a", "r1", "b")] * 3 + [("a", "r2", "c"), ("b", "r3", "a"), ("b", "r3", "d")]
     source = write_text(tmp_path / "e.tsv", rows)
     config = make(tmp_path, [source], entities={"node": {"num_partitions": 1}},
-                  relations=[{"name": "any", "lhs": "node", "rhs": "node", "operator": "translation"}],
+                  relations=[{"name": "any", "lhs": "node", "rhs": "node",
+                              "operator": "translation"}],
                   dynamic_relations=True, entity_min_count=2, relation_type_min_count=2)
     stats = import_graph(config)
     # a: 5 sightings, b: 5, c: 1 (dropped), d: 1 (dropped); r2 occurs once (dropped).
@@ -123,12 +73,14 @@ def test_min_counts_and_dynamic_relations(tmp_path):
 
 
 def test_fixed_relations_pick_entity_types_and_later_inputs_reuse_dictionaries(tmp_path):
-    entities = {"user": {"num_partitions": 2}, "item": {"num_partitions": 2}, "tag": {"num_partitions": 1}}
+    entities = {"user": {"num_partitions": 2}, "item": {"num_partitions": 2},
+                "tag": {"num_partitions": 1}}
     relations = [{"name": "follows", "lhs": "user", "rhs": "user"},
                  {"name": "likes", "lhs": "user", "rhs": "item"},
                  {"name": "tagged", "lhs": "item", "rhs": "tag"}]
     rng = np.random.default_rng(2)
-    pick = {"user": [f"u{i}" for i in range(30)], "item": [f"i{i}" for i in range(20)], "tag": ["t0", "t1"]}
+    pick = {"user": [f"u{i}" for i in range(30)], "item": [f"i{i}" for i in range(20)],
+            "tag": ["t0", "t1"]}
     rows = []
     for _ in range(400):
         rel = relations[rng.integers(3)]
@@ -150,7 +102,8 @@ def test_fixed_relations_pick_entity_types_and_later_inputs_reuse_dictionaries(t
     # torchbiggraph 1.0.0 reads the import.
     entity_storage = FileEntityStorage(config.entity_path)
     edge_storage = FileEdgeStorage(config.edge_paths[0])
-    assert entity_storage.load_count("user", 1) == len(load_entity_names(config.entity_path, "user", 1))
+    assert entity_storage.load_count("user", 1) == len(
+        load_entity_names(config.entity_path, "user", 1))
     assert entity_storage.load_names("tag", 0) == load_entity_names(config.entity_path, "tag", 0)
     total = 0
     for lhs_p in range(2):
@@ -172,12 +125,6 @@ def test_same_seed_same_result_and_a_rerun_is_a_no_op(tmp_path):
     other = make(tmp_path / "other", [source], seed=7)
     import_graph(other)
     assert load_entity_names(other.entity_path, "node", 0) == names
-
-
-def error_of(config):
-    with pytest.raises(PbgRayError) as err:
-        import_graph(config)
-    return str(err.value)
 
 
 def test_bad_rows_name_file_and_line_or_are_counted(tmp_path):
@@ -213,7 +160,8 @@ def test_missing_column_empty_file_unknown_relation(tmp_path):
     (tmp_path / "empty.tsv").write_text("")
     assert "is empty" in error_of(make(tmp_path, [str(tmp_path / "empty.tsv")]))
     header_only = write_text(tmp_path / "h.csv", [], delimiter=",", header=["s", "r", "d"])
-    assert "holds no edges" in error_of(make(tmp_path, [header_only], lhs_col="s", rel_col="r", rhs_col="d"))
+    assert "holds no edges" in error_of(
+        make(tmp_path, [header_only], lhs_col="s", rel_col="r", rhs_col="d"))
     bad_rel = write_text(tmp_path / "r.tsv", [("a", "follows", "b"), ("a", "folows", "b")])
     message = error_of(make(tmp_path, [bad_rel]))
     assert "line 2: unknown relation name 'folows' (did you mean 'follows'?)" in message
@@ -241,7 +189,8 @@ def test_entry_point(tmp_path):
                        relations=[{"name": r, "lhs": "node", "rhs": "node"} for r in RELATIONS])
     module = tmp_path / "pbg_config.py"
     module.write_text(f"def get_torchbiggraph_config():\n    return {data!r}\n")
-    run = lambda *args: subprocess.run([sys.executable, "-m", "pbg_ray.import_edges", str(module), *args],
+    run = lambda *args: subprocess.run([sys.executable, "-m", "pbg_ray.import_edges", str(module),
+                                        *args],
                                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     proc = run(f"importer.inputs=[{source}]")
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -1,0 +1,137 @@
+"""The read phase: each raw input's names become ids, its edges a spill file of id records.
+
+io/raw.py streams an input file as batches of names (RawTable). Here every name gets
+an id (name_index.NameIndex: one index per entity type, one of relation names; ids in
+order of first appearance) and each edge is written as a compact (lhs, rhs, rel[,
+weight]) record to a spill file, which the routing phase reads back into buckets. The
+first input learns names; later inputs (valid/test) only look them up, and their edges
+with names the first input never mentions are counted and left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import did_you_mean
+from pbg_ray.importer.name_index import NameIndex
+from pbg_ray.io.raw import RawBatch, RawTable
+
+logger = logging.getLogger("pbg_ray")
+
+
+def spill_dtype(weighted: bool) -> np.dtype:
+    """One edge of a spill file: entity ids within their types, relation id, weight."""
+    fields = [("lhs", "<i8"), ("rhs", "<i8"), ("rel", "<i4")]
+    return np.dtype(fields + [("weight", "<f4")] if weighted else fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityTypes:
+    """The entity type of each side of each relation."""
+
+    names: List[str]  # the types the relations use, in order of first mention
+    lhs: np.ndarray  # int64 per relation id: index of its lhs type in `names`
+    rhs: np.ndarray  # the same for the rhs
+    dynamic: bool  # dynamic_relations: every relation id has relation 0's types
+
+    @classmethod
+    def of(cls, config: ConfigSchema) -> "EntityTypes":
+        names = list(dict.fromkeys(t for r in config.relations for t in (r.lhs, r.rhs)))
+        return cls(names, np.array([names.index(r.lhs) for r in config.relations], np.int64),
+                   np.array([names.index(r.rhs) for r in config.relations], np.int64),
+                   config.dynamic_relations)
+
+    def of_edges(self, side: str, rel: np.ndarray) -> np.ndarray:
+        """Index in `names` of the `side` entity type of edges with relation ids `rel`."""
+        types = self.lhs if side == "lhs" else self.rhs
+        return types[np.zeros(len(rel), np.int64) if self.dynamic else np.maximum(rel, 0)]
+
+
+class IdReader:
+    """Names -> ids for one import, and its inputs -> spill files."""
+
+    def __init__(self, config: ConfigSchema) -> None:
+        self.config = config
+        self.settings = config.importer
+        self.types = EntityTypes.of(config)
+        self.entity_index = {t: NameIndex(f"entity type {t!r}") for t in self.types.names}
+        self.relation_index = NameIndex("relation names")
+        if not config.dynamic_relations:
+            self.relation_index.add(pa.array([r.name for r in config.relations], pa.string()))
+        self.spill_dtype = spill_dtype(self.settings.weight_col is not None)
+
+    def _relation_ids(self, batch: RawBatch, learn: bool) -> np.ndarray:
+        if batch.rel is None:
+            return np.zeros(len(batch), np.int64)
+        if learn and self.config.dynamic_relations:
+            return self.relation_index.add(batch.rel)
+        return self.relation_index.lookup(batch.rel)
+
+    def _entity_ids(self, batch: RawBatch, rel: np.ndarray, learn: bool) -> tuple:
+        """(lhs ids, rhs ids), each within its own entity type; -1 where unseen."""
+        lhs_ids = np.empty(len(batch), np.int64)
+        rhs_ids = np.empty(len(batch), np.int64)
+        lhs_types, rhs_types = self.types.of_edges("lhs", rel), self.types.of_edges("rhs", rel)
+        for t, name in enumerate(self.types.names):
+            index = self.entity_index[name]
+            lmask, rmask = lhs_types == t, rhs_types == t
+            lhs = batch.lhs if lmask.all() else batch.lhs.filter(pa.array(lmask))
+            rhs = batch.rhs if rmask.all() else batch.rhs.filter(pa.array(rmask))
+            if not len(lhs) + len(rhs):
+                continue
+            both = pa.concat_arrays([lhs, rhs])
+            ids = index.add(both) if learn else index.lookup(both)
+            lhs_ids[lmask] = ids[:len(lhs)]
+            rhs_ids[rmask] = ids[len(lhs):]
+        return lhs_ids, rhs_ids
+
+    def read(self, number: int, spill_path: Path) -> Dict[str, Any]:
+        """Input `number` into a spill file of id records (the first input learns
+        names); returns its stats."""
+        path = self.settings.inputs[number]
+        table = RawTable(path, self.settings)
+        learn = number == 0
+        unseen = 0
+        with open(spill_path, "wb") as spill, \
+                tqdm(desc=f"import {Path(path).name}", unit=" edges", unit_scale=True,
+                     disable=None, mininterval=1.0) as progress:
+            for batch in table.batches():
+                rel = self._relation_ids(batch, learn)
+                if not self.config.dynamic_relations and (rel < 0).any():
+                    bad = rel < 0
+                    name = batch.rel[int(np.argmax(bad))].as_py()
+                    names = [r.name for r in self.config.relations]
+                    table.refuse(batch, bad, f"unknown relation name {name!r}"
+                                 f"{did_you_mean(name, names)}",
+                                 f"Relation names must be among the config's relations {names} "
+                                 "(or set dynamic_relations=true).")
+                    batch, rel = batch.take(~bad), rel[~bad]
+                lhs, rhs = self._entity_ids(batch, rel, learn)
+                known = (lhs >= 0) & (rhs >= 0) & (rel >= 0)
+                unseen += int(len(known) - known.sum())
+                records = np.empty(int(known.sum()), self.spill_dtype)
+                records["lhs"], records["rhs"], records["rel"] = lhs[known], rhs[known], rel[known]
+                if "weight" in self.spill_dtype.names:
+                    records["weight"] = batch.weight[known]
+                records.tofile(spill)
+                progress.update(len(batch))
+        stats = dict(input=str(path), format=table.format, rows=table.num_rows,
+                     bad_rows=table.bad_rows, bad_row_examples=table.bad_examples)
+        if not learn:
+            stats["dropped_unseen"] = unseen
+            if unseen:
+                logger.warning("%s: %d edges name entities or relations the first input (%s) "
+                               "never mentions; they are left out.", path, unseen,
+                               self.settings.inputs[0])
+        if table.bad_rows:
+            logger.warning("%s: skipped %d bad rows, e.g. %s", path, table.bad_rows,
+                           "; ".join(table.bad_examples))
+        return stats
