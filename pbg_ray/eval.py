@@ -9,20 +9,17 @@ tasks. Prints a table and one JSON line, and appends the JSON line to
 
 from __future__ import annotations
 
-import logging
-
-from pbg_ray.cli import hydra_entry
+from pbg_ray.cli import hydra_entry, setup_logging
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint, print_report
 
 
 def run(config: ConfigSchema) -> None:
-    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(config)
     print_report(evaluate_checkpoint(config))
 
 
-main = hydra_entry(run)
+main = hydra_entry(run, __doc__, ("eval.",))
 
 if __name__ == "__main__":
     main()

@@ -26,7 +26,7 @@ def run(config: ConfigSchema) -> None:
     print(json.dumps(result))  # Hydra has set up logging: warnings reach stderr
 
 
-main = hydra_entry(run)
+main = hydra_entry(run, __doc__, ("export.",))
 
 if __name__ == "__main__":
     main()

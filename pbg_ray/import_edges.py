@@ -19,7 +19,7 @@ def run(config: ConfigSchema) -> None:
     print(json.dumps(import_graph(config)))  # Hydra has set up logging: warnings reach stderr
 
 
-main = hydra_entry(run)
+main = hydra_entry(run, __doc__, ("importer.", ""))
 
 if __name__ == "__main__":
     main()

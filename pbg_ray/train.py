@@ -11,11 +11,10 @@ returns the engine's TrainResult.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import types
 
-from pbg_ray.cli import hydra_entry, per_job_paths
+from pbg_ray.cli import hydra_entry, per_job_paths, setup_logging
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.trainer import Trainer, TrainResult
@@ -23,8 +22,7 @@ from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, epoch_means
 
 
 def run(config: ConfigSchema) -> None:
-    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(config)
     config = per_job_paths(config)
     connect_ray(config.ray)  # once: the jobs of a multirun share it
     trainer = Trainer(config)
@@ -44,7 +42,8 @@ def run(config: ConfigSchema) -> None:
     print(json.dumps(summary), file=sys.stdout)
 
 
-main = hydra_entry(run)
+main = hydra_entry(run, __doc__,
+                   ("", "entities.<name>.", "relations.<index>.", "ray.", "incremental."))
 
 
 class _TrainModule(types.ModuleType):

@@ -11,17 +11,15 @@ pbg_ray.config.tune.TuneConfig.
 from __future__ import annotations
 
 import json
-import logging
 
-from pbg_ray.cli import hydra_entry
+from pbg_ray.cli import hydra_entry, setup_logging
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.tuner import run_tune
 
 
 def run(config: ConfigSchema) -> None:
-    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(config)
     connect_ray(config.ray)
     best = run_tune(config)
     print(f"best trial {best['trial_id']} after epoch {best['metrics'].get('epoch')}: "
@@ -32,7 +30,7 @@ def run(config: ConfigSchema) -> None:
     print(json.dumps(best))
 
 
-main = hydra_entry(run)
+main = hydra_entry(run, __doc__, ("tune.", "ray."))
 
 if __name__ == "__main__":
     main()

@@ -1,21 +1,28 @@
 """The configuration: every key a run reads, with its type, default, help text and checks.
 
-schema.py       ConfigSchema (PBG's keys), EntitySchema, RelationSchema, RayConfig, and
-                the conversion of plain dicts into them with errors that name the key
+schema.py       ConfigSchema (PBG's keys and the sections below), EntitySchema, RelationSchema
+ray.py          the `ray` section: where and how the work runs
 importer.py     the `importer` section (python -m pbg_ray.import_edges)
 export.py       the `export` section (python -m pbg_ray.export)
 eval.py         the `eval` section (python -m pbg_ray.eval)
 incremental.py  the `incremental` section (training a grown graph from init_path)
 tune.py         the `tune` section (python -m pbg_ray.tune)
+options.py      option(): a field with its help text; the checks sections share
+components.py   the names of operators, comparators, losses and regularizers
+validation.py   the rules of a whole config, sections' own and those across sections
+convert.py      plain data into the schema's dataclasses, with errors naming the key
+pbg_file.py     PBG config files (get_torchbiggraph_config())
+hydra.py        the schema in Hydra's ConfigStore, command-line overrides checked first
+reference.py    the key reference (docs/configuration.md, --help) from the help texts
 
 Imports nothing of pbg_ray but types and errors, and neither torch, ray nor pyarrow.
 """
 
-from pbg_ray.config.schema import (
-    ConfigSchema, EntitySchema, RayConfig, RelationSchema, check_value, load_pbg_config_dict,
-    load_pbg_config_file, schema_type)
+from pbg_ray.config.pbg_file import load_pbg_config_dict, load_pbg_config_file
+from pbg_ray.config.ray import RayConfig
+from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema
 
 __all__ = [
-    "ConfigSchema", "EntitySchema", "RayConfig", "RelationSchema", "check_value",
-    "load_pbg_config_dict", "load_pbg_config_file", "schema_type",
+    "ConfigSchema", "EntitySchema", "RayConfig", "RelationSchema", "load_pbg_config_dict",
+    "load_pbg_config_file",
 ]

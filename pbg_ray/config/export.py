@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
+
+from pbg_ray.config.options import option
 
 # "bundle" is written by pbg_ray.checkpoints.bundle, the others by pbg_ray.io.embedding_tables.
 EXPORT_FORMATS = ("tsv", "parquet", "bundle")
@@ -14,13 +16,15 @@ class ExportConfig:
     """`python -m pbg_ray.export`: a checkpoint's embeddings as TSV or Parquet, or a
     model bundle (pbg_ray.checkpoints.bundle)."""
 
-    # tsv (torchbiggraph_export_to_tsv's layout), parquet, or bundle (<output>/bundle.zip)
-    format: str = "tsv"
-    version: Optional[int] = None  # checkpoint version; null: the newest
-    output: Optional[str] = None  # directory; null: <checkpoint_path>/export
-    # format=bundle: the checkpoint versions written as tags v{N}; null: `version` alone.
-    versions: Optional[List[int]] = None
-    # format=bundle: the precisions of each version's tags: fp32 (tag v{N}, with the
-    # optimizer state), fp16 and int8 (scale per row) (tags v{N}-fp16, v{N}-int8: entity
-    # embeddings reduced, relation parameters shared with the other tags).
-    variants: List[str] = field(default_factory=lambda: ["fp32"])
+    format: str = option("tsv", help=
+        "tsv (torchbiggraph_export_to_tsv's layout), parquet, or bundle (<output>/bundle.zip)")
+    version: Optional[int] = option(None, help=
+        "The checkpoint version to export; null: the newest.")
+    output: Optional[str] = option(None, help=
+        "The output directory; null: <checkpoint_path>/export.")
+    versions: Optional[List[int]] = option(None, help=
+        "format=bundle: the checkpoint versions written as tags v{N}; null: `version` alone.")
+    variants: List[str] = option(factory=lambda: ["fp32"], help=
+        "format=bundle: the precisions of each version's tags: fp32 (tag v{N}, with the "
+        "optimizer state), fp16 and int8 (scale per row) (tags v{N}-fp16, v{N}-int8: entity "
+        "embeddings reduced, relation parameters shared with the other tags).")

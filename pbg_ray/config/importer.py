@@ -2,50 +2,53 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+from pbg_ray.config.options import Fail, option
 
 
 @dataclass
 class ImportConfig:
     """`python -m pbg_ray.import_edges`: raw edge files into entity_path and edge paths."""
 
-    # Raw files, one per output edge path: edge_paths then eval_edge_paths, in
-    # that order. Entity and relation dictionaries come from the first file.
-    inputs: List[str] = field(default_factory=list)
-    # tsv, csv or parquet; null: from the extension (.tsv/.txt, .csv, .parquet/.pq,
-    # each optionally .gz). Gzip is recognised by the file's first bytes.
-    format: Optional[str] = None
-    # Columns: an integer is a 0-based index, a string a column name (text
-    # files then need a header line). rel_col null: every edge has relation 0.
-    lhs_col: Any = 0
-    rel_col: Any = 1
-    rhs_col: Any = 2
-    weight_col: Any = None
-    # Text files: whether the first line names the columns (null: yes iff a
-    # column is given by name); field delimiter (null: tab for tsv, comma for csv).
-    header: Optional[bool] = None
-    delimiter: Optional[str] = None
-    # As in PBG: names seen fewer times are dropped with their edges.
-    entity_min_count: int = 1
-    relation_type_min_count: int = 1  # dynamic_relations only
-    # Count and report malformed rows instead of stopping at the first one.
-    skip_bad_rows: bool = False
-    # Seeds the shuffle that spreads entities over partitions.
-    seed: int = 0
-    # Replace a different graph already in the output directories.
-    overwrite: bool = False
-    # Incremental import: a previous import's entity_path (never modified). Its entities
-    # keep their partition and offset (and, with dynamic_relations, its relations their
-    # ids); new names are appended to the ends of partitions, the smallest first. Known
-    # names are kept whatever their count here.
-    previous_entity_path: Optional[str] = None
-    # With previous_entity_path: edge paths of that import, paired in order with this
-    # import's outputs (edge_paths then eval_edge_paths); each output bucket then holds
-    # the previous path's edges followed by the new ones. Empty: the new edges only.
-    previous_edge_paths: List[str] = field(default_factory=list)
+    inputs: List[str] = option(factory=list, help=
+        "Raw files, one per output edge path: edge_paths then eval_edge_paths, in that order. "
+        "Entity and relation dictionaries come from the first file.")
+    format: Optional[str] = option(None, help=
+        "tsv, csv or parquet; null: from the extension (.tsv/.txt, .csv, .parquet/.pq, each "
+        "optionally .gz). Gzip is recognised by the file's first bytes.")
+    lhs_col: Any = option(0, help=
+        "The lhs column: an integer is a 0-based index, a string a column name (text files "
+        "then need a header line).")
+    rel_col: Any = option(1, help="The relation column; null: every edge has relation 0.")
+    rhs_col: Any = option(2, help="The rhs column.")
+    weight_col: Any = option(None, help="The weight column; null: no weights.")
+    header: Optional[bool] = option(None, help=
+        "Text files: whether the first line names the columns; null: yes iff a column is "
+        "given by name.")
+    delimiter: Optional[str] = option(None, help=
+        "Text files: the field delimiter; null: tab for tsv, comma for csv.")
+    entity_min_count: int = option(1, help=
+        "Names seen fewer times are dropped with their edges, as in PBG.")
+    relation_type_min_count: int = option(1, help=
+        "Relations seen fewer times are dropped with their edges (dynamic_relations only).")
+    skip_bad_rows: bool = option(False, help=
+        "Count and report malformed rows instead of stopping at the first one.")
+    seed: int = option(0, help="Seeds the shuffle that spreads entities over partitions.")
+    overwrite: bool = option(False, help=
+        "Replace a different graph already in the output directories.")
+    previous_entity_path: Optional[str] = option(None, help=
+        "Incremental import: a previous import's entity_path (never modified). Its entities "
+        "keep their partition and offset (and, with dynamic_relations, its relations their "
+        "ids); new names are appended to the ends of partitions, the smallest first. Known "
+        "names are kept whatever their count here.")
+    previous_edge_paths: List[str] = option(factory=list, help=
+        "With previous_entity_path: edge paths of that import, paired in order with this "
+        "import's outputs (edge_paths then eval_edge_paths); each output bucket then holds "
+        "the previous path's edges followed by the new ones. Empty: the new edges only.")
 
-    def validate(self, fail: Callable[[str, str, str], None]) -> None:
+    def validate(self, fail: Fail) -> None:
         """Rules of this section; `fail(key, problem, fix)` raises."""
         for key in ("entity_min_count", "relation_type_min_count"):
             if getattr(self, key) < 0:

@@ -12,9 +12,10 @@ plain YAML, so conf/tune/*.yaml and command-line overrides can declare them:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
 
+from pbg_ray.config.options import Fail, option
 from pbg_ray.errors import did_you_mean
 
 # Sampler name -> number of arguments (None: a non-empty list of values).
@@ -33,35 +34,36 @@ TRIAL_METRICS = ("mrr", "r1", "r10", "r50", "auc", "pos_rank", "loss")
 class TuneConfig:
     """`python -m pbg_ray.tune`: a Ray Tune search over config keys, one engine run per trial."""
 
-    # Config key -> sampling spec ({uniform|loguniform|randint|lograndint: [lo, hi]},
-    # {quniform: [lo, hi, q]}, {choice|grid_search: [values]}) or a fixed value.
-    search_space: Dict[str, Any] = field(default_factory=dict)
-    # Reported after every epoch and compared between trials (see TRIAL_METRICS).
-    metric: str = "mrr"
-    mode: str = "max"
-    # Trials sampled (each grid_search value is crossed with every sample).
-    num_samples: int = 1
-    # Trials running at once; null: as many as the cluster's resources fit.
-    max_concurrent: Optional[int] = None
-    # "asha" stops poor trials early (asynchronous successive halving over epochs);
-    # "fifo" runs every trial to num_epochs.
-    scheduler: str = "asha"
-    # ASHA: epochs every trial runs before it may be stopped; the fraction of trials
-    # kept at each rung is 1 / reduction_factor.
-    grace_period: int = 1
-    reduction_factor: float = 2.0
-    # CPUs of each trial's driver (it only orchestrates: its train tasks take
-    # ray.cpus_per_trainer / ray.gpus_per_trainer each, ray.num_trainers of them).
-    driver_cpus: float = 0.0
-    # Ray Tune's experiment directory is <storage_path>/<name> (null storage_path:
-    # <checkpoint_path>/tune); rerunning with the same one resumes the experiment.
-    # Each trial's engine checkpoints go to <checkpoint_path>/<trial id>.
-    storage_path: Optional[str] = None
-    name: str = "pbg_ray_tune"
-    # Times a failed trial is restarted from its last checkpoint.
-    max_failures: int = 0
+    search_space: Dict[str, Any] = option(factory=dict, help=
+        "Config key -> sampling spec ({uniform|loguniform|randint|lograndint: [lo, hi]}, "
+        "{quniform: [lo, hi, q]}, {choice|grid_search: [values]}) or a fixed value.")
+    metric: str = option("mrr", help=
+        "Reported after every epoch and compared between trials (see TRIAL_METRICS).")
+    mode: str = option("max", help=
+        "Whether the best trial has the highest (max) or lowest (min) metric.")
+    num_samples: int = option(1, help=
+        "Trials sampled (each grid_search value is crossed with every sample).")
+    max_concurrent: Optional[int] = option(None, help=
+        "Trials running at once; null: as many as the cluster's resources fit.")
+    scheduler: str = option("asha", help=
+        '"asha" stops poor trials early (asynchronous successive halving over epochs); "fifo" '
+        "runs every trial to num_epochs.")
+    grace_period: int = option(1, help="ASHA: epochs every trial runs before it may be stopped.")
+    reduction_factor: float = option(2.0, help=
+        "ASHA: 1 / reduction_factor of the trials go on at each rung.")
+    driver_cpus: float = option(0.0, help=
+        "CPUs of each trial's driver (it only orchestrates: its train tasks take "
+        "ray.cpus_per_trainer / ray.gpus_per_trainer each, ray.num_trainers of them).")
+    storage_path: Optional[str] = option(None, help=
+        "Ray Tune's storage (null: <checkpoint_path>/tune); rerunning with the same one "
+        "resumes the experiment. Each trial's engine checkpoints go to "
+        "<checkpoint_path>/<trial id>.")
+    name: str = option("pbg_ray_tune", help=
+        "The experiment's name: Ray Tune's experiment directory is <storage_path>/<name>.")
+    max_failures: int = option(0, help=
+        "Times a failed trial is restarted from its last checkpoint.")
 
-    def validate(self, fail: Callable[[str, str, str], None]) -> None:
+    def validate(self, fail: Fail) -> None:
         """Rules of this section; `fail(key, problem, fix)` raises."""
         for key, value, choices in (("tune.metric", self.metric, TRIAL_METRICS),
                                     ("tune.mode", self.mode, MODES),
@@ -108,7 +110,7 @@ def flat_search_space(space: Dict[str, Any], prefix: str = "") -> Dict[str, Any]
     return flat
 
 
-def check_spec(key: str, spec: Any, fail: Callable[[str, str, str], None]) -> None:
+def check_spec(key: str, spec: Any, fail: Fail) -> None:
     """Refuse a malformed sampling spec (fixed values are checked with the trial's config)."""
     if not is_spec(spec):
         return

@@ -8,9 +8,10 @@ from torchbiggraph.config import ConfigSchema as PbgConfigSchema
 from torchbiggraph.config import EntitySchema as PbgEntitySchema
 from torchbiggraph.config import RelationSchema as PbgRelationSchema
 
-from pbg_ray.cli import check_overrides, split_overrides, to_config
 from pbg_ray.config import ConfigSchema, EntitySchema, RelationSchema, load_pbg_config_file
+from pbg_ray.config.hydra import check_overrides, split_overrides, to_config
 from pbg_ray.errors import PbgRayError
+from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolver
 from tests.util import config_dict
 
 

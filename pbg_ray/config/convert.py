@@ -1,0 +1,125 @@
+"""Plain data (dicts, lists, scalars from YAML, JSON or a PBG module) into the schema's
+dataclasses, with errors that name the key; and the type the schema gives a dotted key,
+for checking command-line overrides before Hydra runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Dict, List, Union
+
+from omegaconf import MISSING
+
+from pbg_ray.errors import PbgRayError, did_you_mean
+
+
+def convert(value: Any, hint: Any, key: str, source: str) -> Any:
+    where = f"{source}: {key or '<root>'}"
+    origin = typing.get_origin(hint)
+    if hint is Any:  # e.g. importer.lhs_col: a column index or a column name
+        return value
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        return convert(value, args[0], key, source)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise PbgRayError(f"{where}: expected a mapping, got {value!r}")
+        fields = {f.name: f for f in dataclasses.fields(hint)}
+        hints = typing.get_type_hints(hint)
+        kwargs = {}
+        for name, item in value.items():
+            if name not in fields:
+                sub = f"{key}.{name}" if key else str(name)
+                prefix = f"{key}." if key else ""
+                raise PbgRayError(
+                    f"{source}: unknown key {sub!r}"
+                    f"{did_you_mean(sub, [prefix + f for f in fields])}. "
+                    f"Valid keys here: {', '.join(fields)}.")
+            kwargs[name] = convert(item, hints[name], f"{key}.{name}" if key else name, source)
+        for name, f in fields.items():
+            if name not in kwargs and f.default is MISSING and f.default_factory is dataclasses.MISSING:
+                sub = f"{key}.{name}" if key else name
+                raise PbgRayError(f"{source}: missing required key {sub!r}. Set {sub}=<value>.")
+        return hint(**kwargs)
+    if value is None or (isinstance(value, str) and value == "???"):
+        raise PbgRayError(f"{where}: a value is required. Set {key}=<value>.")
+    if origin in (list, List):
+        (item_hint,) = typing.get_args(hint)
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            if item_hint is str and isinstance(value, str):
+                return [value]  # edge_paths=path means a list of one path
+            raise PbgRayError(f"{where}: expected a list, got {value!r}")
+        return [convert(v, item_hint, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        _, item_hint = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise PbgRayError(f"{where}: expected a mapping, got {value!r}")
+        return {str(k): convert(v, item_hint, f"{key}.{k}", source) for k, v in value.items()}
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise PbgRayError(f"{where}: expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise PbgRayError(f"{where}: expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise PbgRayError(f"{where}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        raise PbgRayError(f"{where}: expected a string, got {value!r}")
+    raise TypeError(f"unsupported type in schema: {hint!r}")  # a bug, not user input
+
+
+def schema_type(root: type, path: str, source: str = "command line") -> Any:
+    """The type the schema gives a dotted key; refuses keys that don't exist
+    (e.g. `lr` typed `lrr`) with the nearest valid name.
+
+    Keys under `entities.<type>` may name any entity type; list items are
+    addressed by index (`relations.0.operator`).
+    """
+    hint: Any = root
+    done: List[str] = []
+    for part in path.split("."):
+        origin = typing.get_origin(hint)
+        if origin in (Union, types.UnionType):
+            hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
+            origin = typing.get_origin(hint)
+        if dataclasses.is_dataclass(hint):
+            hints = typing.get_type_hints(hint)
+            if part not in hints:
+                where = ".".join(done) or "the top level"
+                raise PbgRayError(
+                    f"{source}: unknown key {'.'.join(done + [part])!r}"
+                    f"{did_you_mean('.'.join(done + [part]), ['.'.join(done + [h]) for h in hints])}. "
+                    f"Valid keys at {where}: {', '.join(hints)}.")
+            hint = hints[part]
+        elif origin in (dict, Dict):
+            hint = typing.get_args(hint)[1]
+        elif origin in (list, List):
+            if not part.isdigit():
+                raise PbgRayError(f"{source}: {'.'.join(done)} is a list; address its items by "
+                                  f"index (e.g. {'.'.join(done)}.0), not {part!r}.")
+            hint = typing.get_args(hint)[0]
+        else:
+            raise PbgRayError(f"{source}: {'.'.join(done)!r} is a plain value and has no key {part!r}.")
+        done.append(part)
+    return hint
+
+
+def check_value(root: type, path: str, value: Any, source: str = "command line") -> None:
+    """Refuse a value of the wrong type for a dotted key (plain values only)."""
+    hint = schema_type(root, path, source)
+    if not dataclasses.is_dataclass(hint) and typing.get_origin(hint) not in (dict, Dict):
+        convert(value, hint, path, source)

@@ -1,0 +1,47 @@
+"""The `ray` section of the config: where and how the work runs. None of it changes the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from pbg_ray.config.options import Fail, check_choice, check_positive, option
+
+PLACEMENTS = ("memory", "disk")
+
+
+@dataclass
+class RayConfig:
+    """Where and how the work runs. None of this changes the model."""
+
+    address: Optional[str] = option(None, help=
+        'null starts a local Ray; "auto" joins the cluster `ray up` started.')
+    num_cpus: Optional[int] = option(None, help=
+        "CPUs of a local Ray started by pbg_ray (null: all of the machine's).")
+    object_store_memory: Optional[int] = option(None, help=
+        "Bytes of object store for a local Ray (null: Ray's default).")
+    num_trainers: Optional[int] = option(None, help=
+        "Train tasks running at once (null: as many as partitions and CPUs allow).")
+    cpus_per_trainer: float = option(1.0, help="CPUs each train task asks Ray for.")
+    gpus_per_trainer: float = option(0.0, help=
+        "GPUs each train task asks Ray for (0: CPU training).")
+    placement: str = option("memory", help=
+        '"memory": partitions live in partition-store actors spread over the cluster; "disk": '
+        "partitions are swapped to checkpoint storage, so one machine trains tables larger "
+        "than its RAM.")
+    num_partition_stores: Optional[int] = option(None, help=
+        "Partition-store actors (null: one per node, at most one per partition).")
+
+    def validate(self, fail: Fail) -> None:
+        """Rules of this section; `fail(key, problem, fix)` raises."""
+        check_choice(self.placement, PLACEMENTS, "ray.placement", fail)
+        if self.cpus_per_trainer <= 0:
+            fail("ray.cpus_per_trainer", f"must be positive, got {self.cpus_per_trainer}",
+                 "Ask for at least a fraction of a CPU per train task.")
+        if self.gpus_per_trainer < 0:
+            fail("ray.gpus_per_trainer", f"must not be negative, got {self.gpus_per_trainer}",
+                 "Use 0 for CPU training.")
+        for key in ("num_trainers", "num_partition_stores", "num_cpus"):
+            value = getattr(self, key)
+            if value is not None:
+                check_positive(value, f"ray.{key}", fail)

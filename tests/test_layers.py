@@ -1,0 +1,151 @@
+"""The package's layers, enforced: each module imports only the layers below its own.
+
+    types, errors  <-  config  <-  model, io  <-  checkpoints  <-  importer, evaluation,
+    incremental  <-  engine  <-  commands (pbg_ray/*.py at the top)
+
+`model` never imports io, `io` never imports model, Ray is imported only by the engine and
+the commands, and `import pbg_ray.config` loads neither torch, ray nor pyarrow. Imports
+inside functions count as much as those at the top of a module. docs/architecture.md
+says the same in prose; change both together.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pbg_ray"
+
+# Each layer and the layers its modules may import (their own included).
+BASE = {"types", "errors"}
+ALLOWED: Dict[str, Set[str]] = {"base": {"base"}, "config": {"base", "config"}}
+ALLOWED["model"] = ALLOWED["config"] | {"model"}
+ALLOWED["io"] = ALLOWED["config"] | {"io"}
+ALLOWED["checkpoints"] = ALLOWED["model"] | ALLOWED["io"] | {"checkpoints"}
+for _layer in ("importer", "evaluation", "incremental"):
+    ALLOWED[_layer] = ALLOWED["checkpoints"] | {_layer}
+ALLOWED["engine"] = ALLOWED["importer"] | ALLOWED["evaluation"] | ALLOWED["incremental"] | {"engine"}
+ALLOWED["commands"] = ALLOWED["engine"] | {"commands"}
+
+# Third-party packages a layer may not import at all.
+FORBIDDEN_PACKAGES = {"base": {"torch", "ray", "pyarrow"}, "config": {"torch", "ray", "pyarrow"},
+                      "model": {"ray", "pyarrow"}, "io": {"torch", "ray"}}
+RAY_LAYERS = {"engine", "commands"}
+
+
+def layer_of(module: str) -> str:
+    """The layer of a dotted pbg_ray module name."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "commands"  # pbg_ray/__init__.py: the API over every layer
+    if parts[1] in BASE:
+        return "base"
+    if len(parts) == 2 and not (PACKAGE / parts[1]).is_dir():
+        return "commands"
+    return parts[1]
+
+
+def modules() -> Iterator[Tuple[str, Path]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parts[-2] == "conf":
+            continue
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        yield ".".join(parts), path
+
+
+def imports(module: str, path: Path, top_level_only: bool = False) -> List[Tuple[str, int]]:
+    """(imported module, line) for every import statement of the module."""
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against the module's package
+                base = module.split(".")[: len(module.split(".")) - node.level
+                                           + (path.name == "__init__.py")]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module
+            found.append((name, node.lineno))
+            # `from pbg_ray.x import y` may import the submodule pbg_ray.x.y
+            found += [(f"{name}.{alias.name}", node.lineno) for alias in node.names
+                      if name.startswith("pbg_ray") and
+                      (PACKAGE.parent / f"{name}.{alias.name}".replace(".", "/")).with_suffix(".py").exists()]
+    return found
+
+
+ALL_MODULES = dict(modules())
+
+
+def test_the_layer_map_knows_every_subpackage():
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"conf"}
+    assert subpackages <= set(ALLOWED), f"add {subpackages - set(ALLOWED)} to tests/test_layers.py"
+
+
+@pytest.mark.parametrize("module", sorted(ALL_MODULES))
+def test_module_imports_only_layers_below(module):
+    layer = layer_of(module)
+    wrong = []
+    for name, line in imports(module, ALL_MODULES[module]):
+        top = name.split(".")[0]
+        if top == "pbg_ray":
+            if layer_of(name) not in ALLOWED[layer]:
+                wrong.append(f"line {line}: {name} ({layer_of(name)})")
+        elif top in FORBIDDEN_PACKAGES.get(layer, ()) or (top == "ray" and layer not in RAY_LAYERS):
+            wrong.append(f"line {line}: {name}")
+    assert not wrong, (f"{module} is in layer {layer!r}, which may import only "
+                       f"{sorted(ALLOWED[layer])}; it imports: " + "; ".join(wrong))
+
+
+def test_no_import_cycles_between_modules():
+    """Module-level imports form no cycle, so every module imports on its own in any order."""
+    graph = {m: {name for name, _ in imports(m, p, top_level_only=True) if name in ALL_MODULES}
+             for m, p in ALL_MODULES.items()}
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    cycles: List[List[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in graph[node]:
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            # a package and its own submodules (pbg_ray.model -> pbg_ray.model.kernel) are fine
+            if len(component) > 1 and not all(c.startswith(min(component, key=len)) for c in component):
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+@pytest.mark.parametrize("module", ["pbg_ray", "pbg_ray.config", "pbg_ray.types", "pbg_ray.errors"])
+def test_light_modules_load_no_heavy_package(module):
+    code = (f"import sys, {module}; "
+            "print(' '.join(m for m in ('torch', 'ray', 'pyarrow') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert loaded == [], f"import {module} loaded {loaded}"
