@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Dict, List, Optional
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.cli import report_errors
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
@@ -91,13 +91,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--output", "-o", help="PNG to write (default: "
                         "<checkpoint_path>/training_stats.png)")
     args = parser.parse_args(argv)
-    storage = CheckpointStorage(args.checkpoint_path)
-    lines = [line for line in storage.load_stats() if "index" in line]
+    checkpoint = CheckpointManager(args.checkpoint_path)
+    lines = [line for line in checkpoint.read_stats() if "index" in line]
     if not lines:
-        raise PbgRayError(f"{str(storage.stats_file())!r} is missing or holds no bucket stats: "
+        raise PbgRayError(f"{str(checkpoint.stats_file())!r} is missing or holds no bucket stats: "
                           "nothing to plot. Point at the checkpoint_path of a run that trained.")
-    output = args.output or str(storage.path / "training_stats.png")
-    plot_stats(lines, output, f"{storage.path}")
+    output = args.output or str(checkpoint.path / "training_stats.png")
+    plot_stats(lines, output, f"{checkpoint.path}")
     print(output)
 
 

@@ -1,5 +1,7 @@
 """Checkpoints in PBG's v1 layout and what is made from them.
 
+manager.py  CheckpointManager: the one way to a checkpoint directory (resume, lock, commit a
+            version, preserve, drop, locate, stats)
 storage.py  CheckpointStorage: the files of a checkpoint directory (local or URI), written
             atomically, version by version
 legacy.py   runs of PyTorch-BigGraph before 1.0, read and migrated to v1

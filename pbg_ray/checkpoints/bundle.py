@@ -35,7 +35,8 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.storage import row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.entities import num_relation_ids
@@ -286,26 +287,26 @@ class Bundle:
 
     # --- conversion -------------------------------------------------------
 
-    def to_checkpoint(self, directory: PathLike) -> CheckpointStorage:
+    def to_checkpoint(self, directory: PathLike) -> CheckpointManager:
         """This tag as version 1 of a v1 checkpoint in `directory` (optimizer states
         included where the tag has them)."""
-        storage = CheckpointStorage(directory)
-        storage.prepare()
-        config = dataclasses.replace(self.config, checkpoint_path=str(storage.path))
+        checkpoint = CheckpointManager(directory)
+        checkpoint.prepare()
+        config = dataclasses.replace(self.config, checkpoint_path=str(checkpoint.path))
         for entity, econf in config.entities.items():
             for part in range(econf.num_partitions):
                 sums = self.updater(embeddings_name(entity, part))
-                storage.save_entity_partition(
+                checkpoint.write_partition(
                     1, entity, part, self.embeddings(entity, part),
                     None if sums is None else row_adagrad_state(sums, config.lr))
         arrays = self.model_arrays()
         sums = {n: self.updater(n) for n in arrays}
         optim_state = (params_to_checkpoint(config, ModelParams(arrays, sums))[1]
                        if all(s is not None for s in sums.values()) else None)
-        storage.save_model(1, arrays, optim_state)
-        storage.save_config(config)
-        storage.save_version(1)
-        return storage
+        checkpoint.write_model(1, arrays, optim_state)
+        checkpoint.write_config(config)
+        checkpoint.switch_to(1)
+        return checkpoint
 
     def close(self) -> None:
         self._zip.close()
@@ -332,9 +333,9 @@ def variant_tag(version: int, precision: str) -> str:
 
 
 def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
-                            versions: Iterable[Tuple[CheckpointStorage, int]],
+                            versions: Iterable[Tuple[CheckpointManager, int]],
                             variants: Sequence[str]) -> List[Dict[str, Any]]:
-    """Checkpoint versions (storage, version) as tags v{N} (fp32, with the optimizer
+    """Checkpoint versions (checkpoint, version) as tags v{N} (fp32, with the optimizer
     states) and v{N}-fp16 / v{N}-int8 (entity embeddings reduced, everything else
     shared with the other tags). Per version the reduced variants come first, so the
     newest tag, which load() opens by default, is the newest version at full precision.
@@ -348,8 +349,8 @@ def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
     tags = [variant_tag(version, p) for _, version in versions for p in order]
     num_rel = num_relation_ids(config)
     with BundleWriter(path, tags) as writer:
-        for storage, version in versions:
-            arrays, optim_state = storage.load_model(version)
+        for checkpoint, version in versions:
+            arrays, optim_state = checkpoint.read_model(version)
             params = params_from_checkpoint(config, num_rel, arrays, optim_state)
             for precision in order:
                 tag = variant_tag(version, precision)
@@ -360,9 +361,9 @@ def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
                         writer.put_updater(tag, name, params.sums[name])
             for entity, econf in config.entities.items():
                 for part in range(econf.num_partitions):
-                    embeddings, state = storage.load_entity_partition(version, entity, part)
+                    embeddings, state = checkpoint.read_partition(version, entity, part)
                     sums = row_adagrad_sums(state, len(embeddings),
-                                            str(storage.partition_file(version, entity, part)))
+                                            str(checkpoint.partition_file(version, entity, part)))
                     name = embeddings_name(entity, part)
                     for precision in order:
                         tag = variant_tag(version, precision)

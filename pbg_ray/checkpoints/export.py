@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 from pbg_ray.checkpoints.bundle import BUNDLE_FILE, write_checkpoint_bundle
-from pbg_ray.checkpoints.storage import locate_version
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.embedding_tables import EmbeddingTables
@@ -25,7 +25,8 @@ def export_bundle(config: ConfigSchema) -> Dict[str, Any]:
     """Write `config.export.versions` of config's checkpoint as a model bundle."""
     settings = config.export
     wanted = sorted(set(settings.versions)) if settings.versions else [settings.version]
-    located = [locate_version(config, v, "export.versions") for v in wanted]
+    checkpoints = CheckpointManager(config.checkpoint_path)
+    located = [checkpoints.locate(config, v, "export.versions") for v in wanted]
     output = storage_path(settings.output) if settings.output else located[-1][0].path / "export"
     path = output / BUNDLE_FILE
     tags = write_checkpoint_bundle(path, config, located, settings.variants)
@@ -41,9 +42,10 @@ def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     if settings.versions is not None or settings.variants != ["fp32"]:
         raise PbgRayError("export.versions and export.variants apply to export.format=bundle; "
                           f"with format={settings.format} use export.version.")
-    storage, version = locate_version(config, settings.version, "export.version")
-    output = storage_path(settings.output) if settings.output else storage.path / "export"
-    stored, _ = storage.load_model(version)
+    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
+        config, settings.version, "export.version")
+    output = storage_path(settings.output) if settings.output else checkpoint.path / "export"
+    stored, _ = checkpoint.read_model(version)
     relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
                       else [r.name for r in config.relations])
     # Every parameter in torchbiggraph's order; missing ones at their initial values, as PBG's
@@ -56,7 +58,7 @@ def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
             global_emb = params.get(global_emb_key(entity))
             for part in range(econf.num_partitions):
                 names = load_entity_names(config.entity_path, entity, part)
-                embeddings, _ = storage.load_entity_partition(version, entity, part)
+                embeddings, _ = checkpoint.read_partition(version, entity, part)
                 if len(names) != len(embeddings):
                     raise PbgRayError(
                         f"entity type {entity!r} partition {part}: {len(names)} names in "
@@ -76,7 +78,7 @@ def export_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
                     tables.write_relation_parameter(rel_name, side, rel.operator, param, row)
             else:
                 tables.write_relation_parameter(rel.name, side, rel.operator, param, np.asarray(value))
-    return {"checkpoint_path": str(storage.path), "version": version, "format": settings.format,
+    return {"checkpoint_path": str(checkpoint.path), "version": version, "format": settings.format,
             "entities": num_entities, "files": [str(p) for p in tables.files]}
 
 

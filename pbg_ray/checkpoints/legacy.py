@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.storage import CheckpointStorage, public_name, row_adagrad_sums
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.storage import public_name, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import num_relation_ids, save_dynamic_rel_count, save_entity_count
@@ -199,7 +200,7 @@ def model_arrays(model_state: Mapping[str, Any], where: str) -> Dict[str, np.nda
     return arrays
 
 
-def write_v1(legacy: LegacyCheckpoint, target: CheckpointStorage, version: int,
+def write_v1(legacy: LegacyCheckpoint, target: CheckpointManager, version: int,
              keys: List[Tuple[str, int]], metadata: Optional[LegacyMetadata],
              attrs: Mapping[str, Any]) -> Dict[Tuple[str, int], int]:
     """The partitions `keys` (and the model, if there is metadata) as v1 files of `version`
@@ -207,11 +208,11 @@ def write_v1(legacy: LegacyCheckpoint, target: CheckpointStorage, version: int,
     counts = {}
     for entity, part in keys:
         embeddings, optim_state = legacy.read_partition(entity, part)
-        target.save_entity_partition(version, entity, part, embeddings, optim_state, attrs)
+        target.write_partition(version, entity, part, embeddings, optim_state, attrs)
         counts[entity, part] = len(embeddings)
     if metadata is not None:
         arrays = model_arrays(metadata.model_state, str(legacy.metadata_file()))
-        target.save_model(version, arrays, metadata.optim_state, attrs)
+        target.write_model(version, arrays, metadata.optim_state, attrs)
     return counts
 
 
@@ -263,7 +264,8 @@ def migrate_run(old_dir: PathLike, new_dir: PathLike,
     attrs = {"config/json": json.dumps(config.to_dict()), "migrated_from": str(legacy.path),
              "legacy/edge_path_count": metadata.edge_path_count, "legacy/pass": metadata.pass_idx}
     with atomic_directory(new) as stage:
-        counts = write_v1(legacy, CheckpointStorage(stage), version, keys, metadata, attrs)
+        staged_checkpoint = CheckpointManager(stage)
+        counts = write_v1(legacy, staged_checkpoint, version, keys, metadata, attrs)
         for entity_dir in entity_dirs:
             _check_counts(entity_dir, counts, legacy.index_base)
         for (entity, part), count in counts.items():
@@ -280,9 +282,9 @@ def migrate_run(old_dir: PathLike, new_dir: PathLike,
                 torch_load(count_file[0], "relation count"), count_file[0], "relation count"))
         # The model must fit the config: names and shapes, as training will need them.
         params_from_checkpoint(staged, num_relation_ids(staged),
-                               *CheckpointStorage(stage).load_model(version))
-        CheckpointStorage(stage).save_config(config)
-        CheckpointStorage(stage).save_version(version)
+                               *staged_checkpoint.read_model(version))
+        staged_checkpoint.write_config(config)
+        staged_checkpoint.switch_to(version)
     return {"old_dir": str(legacy.path), "new_dir": str(new), "version": version,
             "partitions": len(keys), "entities": sum(counts.values())}
 
@@ -293,7 +295,7 @@ def resolve_init_path(init_path: str, scratch_dir: PathLike) -> str:
     which is replaced."""
     path = Path(init_path)
     is_bundle = bundle.is_bundle(path)
-    if CheckpointStorage(path).version_file().is_file() or not (
+    if CheckpointManager(path).exists() or not (
             is_bundle or is_legacy_checkpoint(path)):
         return init_path
     scratch = Path(scratch_dir)
@@ -305,9 +307,9 @@ def resolve_init_path(init_path: str, scratch_dir: PathLike) -> str:
                 model.to_checkpoint(stage)
         else:
             legacy = LegacyCheckpoint(path)
-            storage = CheckpointStorage(stage)
+            checkpoint = CheckpointManager(stage)
             version = max(legacy.version, 1)
-            write_v1(legacy, storage, version, legacy.partitions(), legacy.read_metadata(),
+            write_v1(legacy, checkpoint, version, legacy.partitions(), legacy.read_metadata(),
                      {"migrated_from": str(legacy.path)})
-            storage.save_version(version)
+            checkpoint.switch_to(version)
     return str(scratch)

@@ -14,6 +14,9 @@ Every file is written under a temporary name and renamed; version N+1 becomes
 current only when checkpoint_version.txt is replaced, after all its files exist.
 Optimizer state blobs are `torch.save`d state dicts exactly as torchbiggraph
 writes them, so either program resumes the other's run.
+
+This is the file layer: the rest of pbg_ray reaches it through CheckpointManager
+(manager.py), which owns one and speaks in versions.
 """
 
 from __future__ import annotations
@@ -319,7 +322,7 @@ class CheckpointStorage:
         # close and h5py then crashes the process, while a plain write just raises.
         # The bulk dataset gets its space in the image but no bytes (HDF5 allocates it
         # early and never fills it); its bytes go straight from the array to the file, so
-        # the file is never copied in memory (for 50 MB: 0.8 ms instead of 20).
+        # the file is never copied in memory.
         image = io.BytesIO()
         offset = None
         with h5py.File(image, "w") as hf:
@@ -460,23 +463,3 @@ def _allocate_dataset(hf: h5py.File, name: str, array: np.ndarray) -> int:
                               h5py.h5s.create_simple(array.shape), dcpl=dcpl)
     return dataset.get_offset()
 
-
-def locate_version(config: ConfigSchema, version: Optional[int], setting: str
-                   ) -> Tuple[CheckpointStorage, int]:
-    """(the directory holding `version` of config's checkpoint, version): checkpoint_path
-    for the newest (version None), an epoch_{k}/ snapshot (checkpoint_preservation_interval)
-    for an older one. `setting` names the key that picks the version, for the message."""
-    storage = CheckpointStorage(config.checkpoint_path)
-    newest = storage.load_version()
-    if newest == 0 and not list(storage.path.glob("epoch_*")):
-        raise PbgRayError(f"{config.checkpoint_path!r} holds no checkpoint. Train first "
-                          "(python -m pbg_ray.train) or check checkpoint_path.")
-    version = newest if version is None else version
-    candidates = [storage] + [CheckpointStorage(p) for p in sorted(storage.path.glob("epoch_*"))]
-    for candidate in candidates:
-        if version > 0 and candidate.load_version() == version:
-            candidate.check_version(version, config)
-            return candidate, version
-    found = sorted({c.load_version() for c in candidates} - {0})
-    raise PbgRayError(f"checkpoint version {version} is not in {str(storage.path)!r} "
-                      f"(versions there: {found or 'none'}). Set {setting} to one of them.")

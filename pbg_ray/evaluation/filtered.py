@@ -30,8 +30,8 @@ from pbg_ray.model.params import PartitionKey
 from pbg_ray.types import Bucket, EdgeList
 
 # Score blocks of QUERY_BLOCK x CANDIDATE_BLOCK floats (2 MB) stay in cache between the
-# bmm that writes them and the comparison that reads them (measured: ~90% of one core's
-# matmul rate at d=100, against ~70% with 16 MB blocks).
+# bmm that writes them and the comparison that reads them; larger blocks spill out of it
+# and the comparison waits on memory.
 QUERY_BLOCK = 256
 CANDIDATE_BLOCK = 2048
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.storage import CheckpointStorage, locate_version
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.evaluation.filtered import KnownEdges, check_rankable
@@ -76,15 +76,16 @@ class Predictor:
                           for e, c in config.entities.items()}
                 return cls(config, model.model_arrays(), tables,
                            f"tag {model.tag!r} of {checkpoint_path!r}")
-        storage = CheckpointStorage(checkpoint_path)
-        config = dataclasses.replace(storage.load_config(), checkpoint_path=str(storage.path))
+        checkpoint = CheckpointManager(checkpoint_path)
+        config = dataclasses.replace(checkpoint.read_config(), checkpoint_path=str(checkpoint.path))
         if entity_path is not None:
             config = dataclasses.replace(config, entity_path=entity_path)
-        storage, version = locate_version(config, version, "version")
-        tables = {e: [storage.load_entity_partition(version, e, p)[0] for p in range(c.num_partitions)]
+        checkpoint, version = checkpoint.locate(config, version, "version")
+        tables = {e: [checkpoint.read_partition(version, e, p)[0]
+                      for p in range(c.num_partitions)]
                   for e, c in config.entities.items()}
-        return cls(config, storage.load_model(version)[0], tables,
-                   f"version {version} of {str(storage.path)!r}")
+        return cls(config, checkpoint.read_model(version)[0], tables,
+                   f"version {version} of {str(checkpoint.path)!r}")
 
     # --- names ------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.edges import count_edges, read_edges
@@ -25,25 +25,25 @@ from pbg_ray.types import Bucket, EdgeList
 NEIGHBOR_CHUNK = 1 << 22  # edges read at a time when averaging neighbours
 
 
-def init_checkpoint(config: ConfigSchema) -> Tuple[CheckpointStorage, int]:
-    """init_path's storage and newest version; refuses one that holds no checkpoint."""
-    storage = CheckpointStorage(config.init_path)
-    version = storage.load_version()
+def init_checkpoint(config: ConfigSchema) -> Tuple[CheckpointManager, int]:
+    """init_path's checkpoint and newest version; refuses one that holds no checkpoint."""
+    checkpoint = CheckpointManager(config.init_path)
+    version = checkpoint.version()
     if version == 0:
         raise PbgRayError(f"init_path {config.init_path!r} holds no checkpoint, but the "
                           "incremental settings need its trained rows. Point init_path at the "
                           "previous run's checkpoint_path.")
-    return storage, version
+    return checkpoint, version
 
 
-def init_rows(config: ConfigSchema, storage: CheckpointStorage, version: int
+def init_rows(config: ConfigSchema, checkpoint: CheckpointManager, version: int
               ) -> Dict[PartitionKey, int]:
     """Rows of each of the config's partitions in init_path (0 where it has none: a new type)."""
     rows = {}
     for entity, econf in config.entities.items():
         for part in range(econf.num_partitions):
-            rows[entity, part] = (len(storage.load_entity_partition(version, entity, part)[0])
-                                  if storage.partition_file(version, entity, part).is_file() else 0)
+            rows[entity, part] = (len(checkpoint.read_partition(version, entity, part)[0])
+                                  if checkpoint.has_partition(version, entity, part) else 0)
     return rows
 
 
@@ -53,13 +53,13 @@ def known_rows(config: ConfigSchema) -> Optional[KnownRows]:
     inc = config.incremental
     if config.init_path is None or (inc.known_lr_scale == 1 and not inc.new_entity_edges_only):
         return None
-    storage, version = init_checkpoint(config)
+    checkpoint, version = init_checkpoint(config)
     params: Dict[str, int] = {}
-    if storage.model_file(version).is_file():
-        arrays, _ = storage.load_model(version)
+    if checkpoint.has_model(version):
+        arrays, _ = checkpoint.read_model(version)
         params = {name: int(np.shape(value)[0]) if np.ndim(value) else 1
                   for name, value in arrays.items()}
-    return KnownRows(init_rows(config, storage, version), params, inc.known_lr_scale)
+    return KnownRows(init_rows(config, checkpoint, version), params, inc.known_lr_scale)
 
 
 def grow_partition(config: ConfigSchema, key: PartitionKey, embs: np.ndarray, sums: np.ndarray,
@@ -90,13 +90,13 @@ def _edge_chunks(edge_path: str, bucket: Bucket) -> Iterator[EdgeList]:
         yield read_edges(edge_path, bucket, chunk, num_chunks)
 
 
-def neighbor_means(config: ConfigSchema, storage: CheckpointStorage, version: int,
+def neighbor_means(config: ConfigSchema, checkpoint: CheckpointManager, version: int,
                    counts: Dict[str, List[int]]) -> Dict[PartitionKey, np.ndarray]:
     """For each partition that grew: float32 [new rows, dim], the mean of each new
     entity's known neighbours' embeddings in init_path (version `version`) over the edges
     of edge_paths, NaN rows for new entities without a known neighbour. Raw embeddings:
     operators are not applied."""
-    known = init_rows(config, storage, version)
+    known = init_rows(config, checkpoint, version)
     grown = {k: counts[k[0]][k[1]] - n for k, n in known.items()
              if counts[k[0]][k[1]] > n and not config.entities[k[0]].featurized}
     sums = {k: np.zeros((n, config.entity_dimension(k[0])), np.float64) for k, n in grown.items()}
@@ -105,7 +105,7 @@ def neighbor_means(config: ConfigSchema, storage: CheckpointStorage, version: in
 
     def embeddings(key: PartitionKey) -> np.ndarray:
         if key not in cache:
-            cache[key] = storage.load_entity_partition(version, *key)[0]
+            cache[key] = checkpoint.read_partition(version, *key)[0]
         return cache[key]
 
     rel_types = [config.relations[0]] if config.dynamic_relations else config.relations

@@ -72,18 +72,18 @@ def test_round_trip_tags_and_shared_parameters(two_versions, tmp_path):
     for entity, econf in config.entities.items():
         for part in range(econf.num_partitions):
             embs, state = storage.load_entity_partition(2, entity, part)
-            ours, our_state = restored.load_entity_partition(1, entity, part)
+            ours, our_state = restored.read_partition(1, entity, part)
             np.testing.assert_array_equal(ours, embs)
             np.testing.assert_array_equal(our_state["state"][0]["sum"], state["state"][0]["sum"])
     arrays, optim_state = storage.load_model(2)
-    ours, our_optim = restored.load_model(1)
+    ours, our_optim = restored.read_model(1)
     num_rel = num_relation_ids(config)
     expected = params_from_checkpoint(config, num_rel, arrays, optim_state)
     got = params_from_checkpoint(config, num_rel, ours, our_optim)
     for name in expected.arrays:
         np.testing.assert_array_equal(got.arrays[name], expected.arrays[name])
         np.testing.assert_array_equal(got.sums[name], expected.sums[name])
-    assert restored.load_config().entities == config.entities
+    assert restored.read_config().entities == config.entities
 
     # Reduced tags: embeddings close to fp32 (int8 within half a step of its row's scale);
     # everything else the same values, stored once and referenced.
@@ -190,7 +190,7 @@ def test_predictor_opens_a_bundle(two_versions, capsys):
 
 def test_a_bundle_is_an_init_path(two_versions, tmp_path):
     """init_path=<bundle>: its newest tag becomes a v1 checkpoint the trainer starts from
-    (the trainer's side of resolve_init_path: tests/io/test_legacy.py)."""
+    (the trainer's side of resolve_init_path: tests/checkpoints/test_legacy.py)."""
     path = export(two_versions, ["int8", "fp32"])["file"]
     stale = tmp_path / "run" / "..init.staging-1"  # what a killed conversion left
     stale.mkdir(parents=True)

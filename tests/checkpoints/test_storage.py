@@ -1,3 +1,6 @@
+"""CheckpointStorage (pbg_ray.checkpoints.storage): the v1 files round-trip, are written
+atomically (a failed write keeps the previous file), and damaged ones are refused by name."""
+
 import subprocess
 import sys
 

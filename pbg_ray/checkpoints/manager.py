@@ -1,0 +1,205 @@
+"""CheckpointManager: the one way to a checkpoint directory, as PBG's CheckpointManager is.
+
+It owns the directory's CheckpointStorage (the v1 files, pbg_ray.checkpoints.storage) and
+speaks in versions:
+
+- a training run: `resume` (the current version, checked against the run's config),
+  `session` (the run's lock, leftovers of an interrupted run removed, stats of passes that
+  never became current dropped), `commit` (stats appended, the new version made current,
+  preserved every k epochs, the superseded one dropped), `rollback` (an unfinished
+  version's files removed), `read_stats`;
+- readers (eval, predict, export, incremental growth, plot): `locate` a version (here or
+  in an epoch_{k}/ snapshot), `read_config`, `read_model`, `read_partition`;
+- writers of single files (partition stores, the parameter server, migrate, bundles):
+  `write_partition`, `write_model`, `write_config`, `switch_to`, and the swap files of
+  disk placement.
+
+Every write is atomic and a version becomes current only when all its files exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.files import PathLike
+from pbg_ray.io.storage import StoragePath, append_text
+from pbg_ray.types import EntityName, Partition
+
+# Keys that must match between a run and the checkpoint it resumes.
+RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
+EVAL_STATS_FILE = "eval_stats.json"  # JSON lines, one per python -m pbg_ray.eval
+
+Arrays = Tuple[np.ndarray, Optional[Dict[str, Any]]]
+
+
+class CheckpointManager:
+    """The versions of one checkpoint directory (a local path or a URI)."""
+
+    def __init__(self, path: PathLike) -> None:
+        self.storage = CheckpointStorage(path)
+
+    @property
+    def path(self) -> StoragePath:
+        return self.storage.path
+
+    # --- a training run ---------------------------------------------------
+
+    def resume(self, config: ConfigSchema) -> int:
+        """The current version (0 for a new directory), refused when incomplete or when
+        it holds a different graph or model than `config`."""
+        self.storage.prepare()
+        version = self.storage.load_version()
+        if version > 0:
+            self.storage.check_version(version, config)
+            previous = self.storage.load_config()
+            for key in RESUME_KEYS:
+                if getattr(previous, key) != getattr(config, key):
+                    raise PbgRayError(
+                        f"checkpoint_path {str(self.path)!r} holds a run whose {key!r} differs "
+                        f"from this config's ({getattr(previous, key)!r} there, "
+                        f"{getattr(config, key)!r} here), so it can't be resumed. Use another "
+                        "checkpoint_path, or init_path to start from its embeddings.")
+        return version
+
+    @contextlib.contextmanager
+    def session(self, config: ConfigSchema, version: int,
+                keep_stats: Callable[[Dict[str, Any]], bool]) -> Iterator[int]:
+        """Hold the directory for one run that resumes `version`; yields the number of
+        stats lines kept. Before: an interrupted run's leftovers (temporary files, parts
+        of an unfinished version) and the stats lines `keep_stats` refuses go, and the
+        config is written. After, however the run ends: leftovers of an unfinished version
+        and swap files go."""
+        with self.storage.lock():
+            self.storage.remove_leftovers(version)
+            self.storage.keep_stats(keep_stats)
+            self.storage.save_config(config)
+            try:
+                yield sum(1 for _ in self.storage.load_stats())
+            finally:
+                self.rollback()
+
+    def commit(self, version: int, stats: List[Dict[str, Any]], config: ConfigSchema,
+               preserve_as_epoch: Optional[int] = None,
+               release: Callable[[int], None] = lambda superseded: None) -> None:
+        """Make `version`, whose files are all written, current: its stats lines are
+        appended, checkpoint_version.txt names it, a copy goes to epoch_{k}/ when
+        `preserve_as_epoch` is k; then `release(version - 1)` lets the writers reuse the
+        superseded version's files (disk placement recycles them as swap files) and what
+        is left of that version is dropped."""
+        self.storage.append_stats(stats)
+        self.storage.save_version(version)
+        if preserve_as_epoch is not None:
+            self.storage.preserve_version(version, preserve_as_epoch, config)
+        if version > 1:
+            release(version - 1)
+            self.storage.drop_version(version - 1, config)
+
+    def rollback(self) -> None:
+        """Remove what is not part of the current version: an unfinished version's files,
+        temporary and swap files."""
+        self.storage.remove_leftovers(self.storage.load_version())
+
+    def read_stats(self) -> Iterator[Dict[str, Any]]:
+        """The lines of training_stats.json of complete passes."""
+        return self.storage.load_stats()
+
+    # --- readers ------------------------------------------------------------
+
+    def version(self) -> int:
+        """The current version, 0 if there is none."""
+        return self.storage.load_version()
+
+    def exists(self) -> bool:
+        """Whether the directory is a v1 checkpoint (it names a current version)."""
+        return self.storage.version_file().is_file()
+
+    def locate(self, config: ConfigSchema, version: Optional[int], setting: str
+               ) -> Tuple["CheckpointManager", int]:
+        """(the manager of the directory holding `version`, version): this directory for
+        the newest (version None), an epoch_{k}/ snapshot (checkpoint_preservation_interval)
+        for an older one. `setting` names the key that picks the version, for the message."""
+        newest = self.version()
+        snapshots = sorted(self.path.glob("epoch_*"))
+        if newest == 0 and not snapshots:
+            raise PbgRayError(f"{str(self.path)!r} holds no checkpoint. Train first "
+                              "(python -m pbg_ray.train) or check checkpoint_path.")
+        version = newest if version is None else version
+        candidates = [self] + [CheckpointManager(p) for p in snapshots]
+        for candidate in candidates:
+            if version > 0 and candidate.version() == version:
+                candidate.storage.check_version(version, config)
+                return candidate, version
+        found = sorted({c.version() for c in candidates} - {0})
+        raise PbgRayError(f"checkpoint version {version} is not in {str(self.path)!r} "
+                          f"(versions there: {found or 'none'}). Set {setting} to one of them.")
+
+    def read_config(self) -> ConfigSchema:
+        return self.storage.load_config()
+
+    def read_model(self, version: int) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Any]]]:
+        """The relation and global parameters by public name, and the optimizer state."""
+        return self.storage.load_model(version)
+
+    def read_partition(self, version: int, entity: EntityName, part: Partition) -> Arrays:
+        """A partition's embeddings and RowAdagrad state."""
+        return self.storage.load_entity_partition(version, entity, part)
+
+    def has_partition(self, version: int, entity: EntityName, part: Partition) -> bool:
+        return self.partition_file(version, entity, part).is_file()
+
+    def has_model(self, version: int) -> bool:
+        return self.model_file(version).is_file()
+
+    def partition_file(self, version: int, entity: EntityName, part: Partition) -> StoragePath:
+        return self.storage.partition_file(version, entity, part)
+
+    def model_file(self, version: int) -> StoragePath:
+        return self.storage.model_file(version)
+
+    def stats_file(self) -> StoragePath:
+        return self.storage.stats_file()
+
+    def append_eval_stats(self, line: str) -> None:
+        """One JSON line of `python -m pbg_ray.eval`'s report into eval_stats.json."""
+        append_text(self.path / EVAL_STATS_FILE, line)
+
+    # --- writers of single files -------------------------------------------------
+
+    def write_partition(self, version: int, entity: EntityName, part: Partition,
+                        embeddings: np.ndarray, optim_state: Optional[Mapping[str, Any]],
+                        metadata: Mapping[str, Any] = {}) -> None:
+        self.storage.save_entity_partition(version, entity, part, embeddings, optim_state,
+                                           metadata)
+
+    def write_model(self, version: int, params: Mapping[str, np.ndarray],
+                    optim_state: Optional[Mapping[str, Any]],
+                    metadata: Mapping[str, Any] = {}) -> None:
+        self.storage.save_model(version, params, optim_state, metadata)
+
+    def prepare(self) -> None:
+        """Create the directory (nothing on object storage, which has none)."""
+        self.storage.prepare()
+
+    def write_config(self, config: ConfigSchema) -> None:
+        self.storage.save_config(config)
+
+    def switch_to(self, version: int) -> None:
+        """Make `version` current; call only once all of its files are written."""
+        self.storage.save_version(version)
+
+    def swap_file(self, owner: str, number: int) -> StoragePath:
+        """Disk placement: the `number`-th swap file of partition store `owner`."""
+        return self.storage.swap_file(owner, number)
+
+    def swap_files(self, owner: str) -> List[StoragePath]:
+        return self.storage.swap_files(owner)
+
+    # The files of one partition, by path (disk placement's train tasks and swap files).
+    read_partition_file = staticmethod(CheckpointStorage.read_entity_partition)
+    write_partition_file = staticmethod(CheckpointStorage.write_entity_partition)
