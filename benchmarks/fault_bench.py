@@ -1,21 +1,27 @@
 """Real faults injected into real runs, and bad input fed to the readers, at a larger
 count than the tests (tests/engine/test_faults.py, tests/io/test_bad_inputs.py) use.
 
-On a local Ray of 2 CPUs and the tests' small graph (tests/conftest.py):
-- the driver (`python -m pbg_ray.train`) SIGKILLed at random moments, while a checkpoint
-  version is being written and just after one became current, each time resumed by the
-  same command, in memory and in disk placement, then run to the end;
-- a train task's worker SIGKILLed in a random pass, the checkpoint compared bit for bit
-  with an undisturbed run's (one trainer at a time makes runs deterministic);
-- a partition-store actor SIGKILLed in a random pass (restored from the newest version);
-- a store's checkpoint writes failing (a file size limit, as on a full disk), then rerun;
+On a local Ray of 2 CPUs and the tests' small graph (tests/util.py), each fault at a named
+fault point of the engine (pbg_ray.engine.faults) and a hit of it drawn from --seed:
+- the driver (`python -m pbg_ray.train`) SIGKILLed at each driver point in turn (a bucket
+  applied or not yet, before a version is written, between writing it and making it
+  current, after), each time resumed by the same command, in memory and in disk
+  placement, then run to the end;
+- a train task's worker SIGKILLed (having read its partitions, or about to return) in a
+  random pass, the checkpoint compared bit for bit with an undisturbed run's (one trainer
+  at a time makes runs deterministic);
+- a partition store or the parameter server SIGKILLed in a random pass (adopting a
+  bucket's result, writing a version, adding a bucket's change; restored from the newest
+  version);
+- a store's checkpoint writes failing once version 1 is current (a file size limit, as on
+  a full disk), then rerun;
 - the bad-input corpus (tests/bad_inputs/) and edge and checkpoint files damaged at random.
 
 Prints faults injected, runs finished, checkpoints found corrupt (must be 0), edges lost
 or doubled (must be 0), bad inputs tried and bad inputs refused cleanly; then one JSON line.
 
     python benchmarks/fault_bench.py                      # 30 driver kills, 500 damaged files
-    python benchmarks/fault_bench.py --driver-kills 6 --damaged 100
+    python benchmarks/fault_bench.py --driver-kills 2 --worker-kills 1 --store-kills 1 --damaged 10
 """
 
 from __future__ import annotations
@@ -43,8 +49,8 @@ from pbg_ray.types import Bucket  # noqa: E402
 from tests.bad_input import (  # noqa: E402
     DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
 from tests.fault_injection import (  # noqa: E402
-    Fault, checkpoint_arrays, driver_kill_trials, edges_lost_or_doubled, kill_actor, kill_first,
-    limit_file_size)
+    ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, driver_kill_trials,
+    edges_lost_or_doubled, limit_file_size, random_fault)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
@@ -70,7 +76,8 @@ def driver_kills(root: Path, trials: int, seed: int, address: str, figures: Coun
     for placement in ("memory", "disk"):
         workdir = root / f"driver-{placement}"
         workdir.mkdir()
-        data = config_dict(workdir, num_epochs=4 * trials, **SETTINGS,
+        # Each trial is killed within its run's first two passes: every one has a pass left.
+        data = config_dict(workdir, num_epochs=2 * trials + 2, **SETTINGS,
                            ray={"cpus_per_trainer": 1, "placement": placement})
         write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
         out = driver_kill_trials(data, workdir, trials, seed, address)
@@ -99,13 +106,12 @@ def worker_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
     expected = checkpoint_arrays(undisturbed)
     differing = 0
     for run in range(runs):
-        config = config_at(root, f"worker-{run}", **settings)
-        storage = CheckpointStorage(config.checkpoint_path)
-        pass_idx = rng.randrange(EPOCHS)
-        with Fault(lambda: kill_first("ray::train_bucket_task"),
-                   when=lambda: storage.load_version() >= pass_idx) as fault:
+        # Disk placement trains what memory placement trains.
+        config = config_at(root, f"worker-{run}", ray={"num_trainers": 1,
+                                                       "placement": ("memory", "disk")[run % 2]})
+        with armed(*random_fault(rng, config, TRAIN_TASK_POINTS, EPOCHS)) as fired:
             result = Trainer(config).run()
-        figures["faults"] += bool(fault.done)
+        figures["faults"] += fired()
         figures["finished"] += result.version == EPOCHS
         got = checkpoint_arrays(config)
         same = all(np.array_equal(got[k], expected[k]) for k in expected)
@@ -126,15 +132,11 @@ def store_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
     worst = 0.0
     for run in range(runs):
         placement = ("memory", "disk")[run % 2]
-        config = config_at(root, f"store-{run}", ray={"num_partition_stores": 2, "placement": placement})
-        storage = CheckpointStorage(config.checkpoint_path)
-        trainer = Trainer(config)
-        pass_idx, victim = rng.randrange(EPOCHS), rng.randrange(2)
-        with Fault(lambda: kill_actor(trainer.stores[victim]),
-                   when=lambda: hasattr(trainer, "stores") and storage.load_version() >= pass_idx
-                   ) as fault:
-            result = trainer.run()
-        figures["faults"] += bool(fault.done)
+        config = config_at(root, f"store-{run}",
+                           ray={"num_partition_stores": 2, "placement": placement})
+        with armed(*random_fault(rng, config, ACTOR_POINTS, EPOCHS)) as fired:
+            result = Trainer(config).run()
+        figures["faults"] += fired()
         figures["finished"] += result.version == EPOCHS
         figures["corrupt"] += not intact(config, EPOCHS)
         figures["lost_or_doubled"] += edges_lost_or_doubled(config)
@@ -143,8 +145,8 @@ def store_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
                             if s["epoch_idx"] == e])
             worst = max(worst, abs(loss - losses[e]) / losses[e])
     details["store"] = {"kills": runs, "worst_loss_deviation": worst}
-    print(f"partition store kills: {runs}, worst epoch loss deviation from an undisturbed "
-          f"run: {worst:.2%}")
+    print(f"partition store and parameter server kills: {runs}, worst epoch loss deviation "
+          f"from an undisturbed run: {worst:.2%}")
 
 
 def failing_writes(root: Path, figures: Counter, details: Dict[str, Any]) -> None:
@@ -154,14 +156,14 @@ def failing_writes(root: Path, figures: Counter, details: Dict[str, Any]) -> Non
         write_random_graph(config)
         storage = CheckpointStorage(config.checkpoint_path)
         trainer = Trainer(config)
-        with Fault(lambda: limit_file_size(trainer.stores, 1024),
-                   when=lambda: storage.load_version() >= 1) as fault:
-            try:
-                trainer.run()
-                message = ""
-            except PbgRayError as err:
-                message = str(err)
-        figures["faults"] += bool(fault.done)
+        limited = []
+        try:  # once version 1 is current (epoch 1 ended), no store writes past 1 KiB
+            trainer.run(on_epoch_end=lambda _: limited.extend(
+                limit_file_size(trainer.stores, 1024)))
+            message = ""
+        except PbgRayError as err:
+            message = str(err)
+        figures["faults"] += bool(limited)
         ok = ".v2.h5' failed: File too large" in message and storage.load_version() == 1
         figures["corrupt"] += not ok
         clean += ok

@@ -1,22 +1,25 @@
-"""Real faults in real processes, shared by the reliability tests and
-benchmarks/fault_bench.py: SIGKILL of a training driver, of a train task's
-worker or of an actor, and a file size limit that makes an actor's writes fail
-as on a full disk."""
+"""Real faults in real processes, shared by the fault tests and benchmarks/fault_bench.py:
+a training driver, a train task's worker or an actor made to fail at a named fault point of
+the engine (pbg_ray.engine.faults: SIGKILL, exit or an exception, at the n-th time the point
+is reached), and a file size limit that makes an actor's writes fail as on a full disk.
+
+Importing this module arms nothing: it only sets PBG_RAY_FAULTS_DIR (unless set) to a fresh
+directory. pytest collects the test modules, and fault_bench imports this one, before Ray
+starts, so every Ray worker and every driver started as a subprocess inherits it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import resource
-import signal
 import subprocess
 import sys
-import threading
-import time
+import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import psutil
@@ -24,91 +27,102 @@ import ray
 
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.bucket_task import partition_keys
+from pbg_ray.engine.faults import FAULTS_DIR_ENV
 from pbg_ray.io.edges import chunk_bounds, count_edges
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.types import Bucket
 from tests.util import assert_valid_checkpoint
 
+FAULTS_DIR = Path(os.environ.setdefault(FAULTS_DIR_ENV, tempfile.mkdtemp(prefix="pbg_ray-faults-")))
+
+DRIVER_POINTS = ("driver.before_apply", "driver.after_apply", "driver.before_commit",
+                 "driver.version_written", "driver.after_commit")
+TRAIN_TASK_POINTS = ("train_task.after_read", "train_task.before_return")
+ACTOR_POINTS = ("partition_store.update", "partition_store.save", "parameter_server.update")
+# The points reached once per bucket trained.
+PER_BUCKET = ("driver.before_apply", "driver.after_apply", *TRAIN_TASK_POINTS,
+              "parameter_server.update")
+
 # Ray titles a worker process after what it runs: ray::<actor class> or ray::<task>.
 RUN_PROCESSES = ("ray::PartitionStore", "ray::ParameterServer", "ray::BucketSchedulerActor",
                  "ray::train_bucket_task")
+# Hang guards: how long a run or its processes may take to end.
 TRIAL_TIMEOUT_S = 300
+PROCESSES_GONE_TIMEOUT_S = 60
 
 
-def session_processes(title: str, since: float = 0.0) -> List[psutil.Process]:
+def _clear(point: str) -> None:
+    """Remove `point`'s armed file and the records of its hits and firing."""
+    for path in [FAULTS_DIR / point, *FAULTS_DIR.glob(f"{point}.hit-*"),
+                 *FAULTS_DIR.glob(f"{point}.fired-*")]:
+        path.unlink(missing_ok=True)
+
+
+def fired(point: str) -> bool:
+    """Whether the fault armed at `point` fired."""
+    return any(FAULTS_DIR.glob(f"{point}.fired-*"))
+
+
+@contextlib.contextmanager
+def armed(point: str, hits: int = 1, action: str = "kill") -> Iterator[Callable[[], bool]]:
+    """Arm fault point `point` (pbg_ray.engine.faults) for the block: the `hits`-th time a
+    process reaches it, that process fails by `action` ("kill", "exit" or "raise").
+    Yields `fired`; the fault is disarmed after the block if it did not fire."""
+    _clear(point)
+    staged = FAULTS_DIR / f".{point}.tmp"
+    staged.write_text(json.dumps({"action": action, "hits": hits}))
+    staged.rename(FAULTS_DIR / point)  # whole, or not there, to the processes reading it
+    try:
+        yield lambda: fired(point)
+    finally:
+        (FAULTS_DIR / point).unlink(missing_ok=True)
+
+
+def hits_per_pass(config: ConfigSchema, point: str) -> int:
+    """How often one pass of `config` reaches `point` (one edge path, one chunk)."""
+    buckets = [Bucket(lhs, rhs) for lhs in range(config.num_partitions())
+               for rhs in range(config.num_partitions())
+               if count_edges(config.edge_paths[0], Bucket(lhs, rhs))]
+    if point in PER_BUCKET:
+        return len(buckets)
+    if point == "partition_store.update":
+        return sum(len(partition_keys(config, bucket)) for bucket in buckets)
+    if point == "partition_store.save":
+        return sum(e.num_partitions for e in config.entities.values())
+    return 1  # a commit or a report
+
+
+def random_fault(rng: random.Random, config: ConfigSchema, points: Sequence[str],
+                 passes: int) -> Tuple[str, int]:
+    """(point, hits): one of `points`, and one of its hits in the first `passes` passes."""
+    point = rng.choice(points)
+    return point, rng.randint(1, hits_per_pass(config, point) * passes)
+
+
+def session_processes(title: str) -> List[psutil.Process]:
     """The processes of the Ray this process started (children of its raylet, so never
-    another session's) whose title begins with `title`, started at time.time() `since`
-    or later (so not an earlier run's actors, which live until their handles go)."""
+    another session's) whose title begins with `title`."""
     node = ray._private.worker._global_node
     raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
     found = []
     for proc in raylet.children(recursive=True):
         try:
-            if (proc.status() != psutil.STATUS_ZOMBIE and proc.create_time() >= since
-                    and proc.cmdline()[0].startswith(title)):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.cmdline()[0].startswith(title):
                 found.append(proc)
         except (psutil.Error, IndexError):
             pass  # gone meanwhile, or not started yet
     return found
 
 
-def wait_gone(titles, since: float, timeout_s: float = 60.0) -> bool:
-    """Whether every process titled one of `titles` started since `since` is gone
-    within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while any(session_processes(t, since) for t in titles):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-class Fault(threading.Thread):
-    """Calls `inject()` once `when()` holds, polling, until it returns what it did (a
-    non-empty list); a context manager around the run it strikes."""
-
-    def __init__(self, inject: Callable[[], List[int]], when: Callable[[], bool] = lambda: True
-                 ) -> None:
-        super().__init__(daemon=True)
-        self.inject, self.when = inject, when
-        self.done: List[int] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            if self.when():
-                self.done = self.inject()
-                if self.done:
-                    return
-            time.sleep(0.01)
-
-    def __enter__(self) -> "Fault":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop.set()
-        self.join()
-
-
-def kill_first(title: str) -> List[int]:
-    """SIGKILL the first process of this Ray session titled `title`; [its pid] or []."""
-    for proc in session_processes(title):
-        os.kill(proc.pid, signal.SIGKILL)
-        return [proc.pid]
-    return []
+def run_processes() -> List[psutil.Process]:
+    """The processes that runs start (actors, train tasks), alive now."""
+    return [proc for title in RUN_PROCESSES for proc in session_processes(title)]
 
 
 def actor_pid(actor: ray.actor.ActorHandle) -> int:
-    """The pid of an actor's process (an earlier run's actors share its title)."""
+    """The pid of an actor's process."""
     return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
-
-
-def kill_actor(actor: ray.actor.ActorHandle) -> List[int]:
-    """SIGKILL an actor's process; [its pid]."""
-    pid = actor_pid(actor)
-    os.kill(pid, signal.SIGKILL)
-    return [pid]
 
 
 def limit_file_size(actors: List[ray.actor.ActorHandle], limit_bytes: int) -> List[int]:
@@ -158,38 +172,31 @@ def checkpoint_arrays(config: ConfigSchema) -> Dict[str, np.ndarray]:
     return arrays
 
 
-def next_version_in_progress(storage: CheckpointStorage, version: int, since: float) -> bool:
-    """Whether files of version+1 (whole or temporary) written since `since` exist: the
-    run started then is writing the next version (a commit; in disk placement it renames
-    the partitions' swap files to their files of that version). An earlier run's
-    leftovers are older."""
+def next_version_written(storage: CheckpointStorage, version: int) -> bool:
+    """Whether files of version+1 (whole or temporary) exist: a run was writing it."""
+    return any(f".v{version + 1}.h5" in path.name for path in storage.path.iterdir())
+
+
+def finish(proc: subprocess.Popen, timeout_s: float) -> Optional[int]:
+    """The return code of `proc` once it ends, or None (killed) if it hangs `timeout_s`."""
     try:
-        entries = list(os.scandir(storage.path))
-    except FileNotFoundError:
-        return False
-    for entry in entries:
-        if entry.name.endswith(f".v{version + 1}.h5") or f".v{version + 1}.h5.tmp-" in entry.name:
-            try:
-                if entry.stat().st_mtime >= since:
-                    return True
-            except FileNotFoundError:
-                pass  # renamed or removed meanwhile
-    return False
-
-
-KILL_MOMENTS = ("random", "write", "committed")
+        return proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return None
 
 
 def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: int,
-                       address: str, max_delay_s: float = 12.0) -> Dict[str, Any]:
+                       address: str) -> Dict[str, Any]:
     """`python -m pbg_ray.train` on the config `data`, joined to the Ray at `address`,
-    killed with SIGKILL `trials` times (each time the same command again, resuming the
-    last), then run to the end. Kill moments cycle through KILL_MOMENTS: a random time
-    in [0.3, max_delay_s] s, while files of the next version are being written, just
-    after a version became current. During the first run a second run on the same
-    checkpoint_path is started and must be refused. After each kill every process of
-    the run must be gone and checkpoint_path must load at a version no older than before.
-    """
+    SIGKILLed `trials` times at a driver fault point (each time the same command again,
+    resuming the last), then run to the end. The points cycle through DRIVER_POINTS, each
+    armed at a hit drawn from `seed` within the run's first two passes; num_epochs above
+    2 x trials leaves every trial a pass to be killed in. First, a run started while
+    this process holds checkpoint_path's lock must be refused. After each kill every
+    process of the run must be gone and checkpoint_path must load at a version no older
+    than before."""
     config = ConfigSchema.from_dict(data)
     storage = CheckpointStorage(config.checkpoint_path)
     module = workdir / "pbg_config.py"
@@ -197,7 +204,7 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
     command = [sys.executable, "-m", "pbg_ray.train", str(module), f"ray.address={address}"]
     rng = random.Random(seed)
     out: Dict[str, Any] = {"faults": 0, "during_write": 0, "ended_before_kill": 0,
-                           "orphans": 0, "corrupt": [], "second_run": None}
+                           "orphans": 0, "corrupt": [], "points": []}
 
     def start(name: str) -> subprocess.Popen:
         """The command, its stdout in {name}.out and its stderr in {name}.log."""
@@ -205,43 +212,31 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
                 open(workdir / f"{name}.log", "w") as stderr:
             return subprocess.Popen(command, cwd=workdir, stdout=stdout, stderr=stderr)
 
-    def wait_for(proc: subprocess.Popen, condition: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + TRIAL_TIMEOUT_S
-        while proc.poll() is None and not condition() and time.monotonic() < deadline:
-            time.sleep(0.002)
-
+    with storage.lock():
+        second = start("second")
+        out["second_run"] = {"rc": finish(second, TRIAL_TIMEOUT_S),
+                             "log": (workdir / "second.log").read_text()}
     for trial in range(trials):
-        moment = KILL_MOMENTS[trial % len(KILL_MOMENTS)]
+        point = DRIVER_POINTS[trial % len(DRIVER_POINTS)]
+        hits = rng.randint(1, 2 * hits_per_pass(config, point))
+        out["points"].append((point, hits))
         before = storage.load_version()
-        t0, started = time.monotonic(), time.time()
-        proc = start(f"trial{trial}")
-        if trial == 0:
-            lock = storage.path / ".pbg_ray.lock"
-            wait_for(proc, lambda: lock.is_file() and f"pid {proc.pid} " in lock.read_text())
-            second = start("second")
-            second.wait(TRIAL_TIMEOUT_S)
-            out["second_run"] = {"first_alive": proc.poll() is None, "rc": second.returncode,
-                                 "log": (workdir / "second.log").read_text()}
-        if moment == "random":
-            delay = rng.uniform(0.3, max_delay_s)
-            wait_for(proc, lambda: time.monotonic() - t0 >= delay)
-        elif moment == "write":
-            wait_for(proc, lambda: next_version_in_progress(storage, before, started))
-        else:
-            wait_for(proc, lambda: storage.load_version() > before)
-        if proc.poll() is not None:
-            out["ended_before_kill"] += 1
-            if proc.returncode != 0:
-                out["corrupt"].append(f"trial {trial}: the run failed by itself:\n"
+        alive_before = {proc.pid for proc in run_processes()}
+        with armed(point, hits) as did_fire:
+            rc = finish(start(f"trial{trial}"), TRIAL_TIMEOUT_S)
+            killed = did_fire()
+        if not killed:
+            if rc == 0:
+                out["ended_before_kill"] += 1
+            else:
+                out["corrupt"].append(f"trial {trial}: the run failed by itself (rc {rc}):\n"
                                       + (workdir / f"trial{trial}.log").read_text()[-3000:])
             continue
-        in_write = next_version_in_progress(storage, storage.load_version(), started)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
         out["faults"] += 1
-        out["during_write"] += in_write
-        if not wait_gone(RUN_PROCESSES, started):
-            out["orphans"] += 1
+        out["during_write"] += next_version_written(storage, storage.load_version())
+        left = [proc for proc in run_processes() if proc.pid not in alive_before]
+        _, alive = psutil.wait_procs(left, timeout=PROCESSES_GONE_TIMEOUT_S)
+        out["orphans"] += bool(alive)
         try:
             after = storage.load_version()
             if after < before:
@@ -249,18 +244,13 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
             if after > 0:
                 assert_valid_checkpoint(config, after, clean=False)
         except Exception as err:  # noqa: BLE001  any way of failing counts as corrupt
-            out["corrupt"].append(f"trial {trial} ({moment}): {type(err).__name__}: {err}")
+            out["corrupt"].append(f"trial {trial} ({point} hit {hits}): "
+                                  f"{type(err).__name__}: {err}")
     final = start("final")
-    try:
-        final.wait(TRIAL_TIMEOUT_S * 2)
-    except subprocess.TimeoutExpired:
-        final.kill()
-        final.wait()
-    log = (workdir / "final.log").read_text()
-    out["final_rc"] = final.returncode
-    out["final_log"] = log[-3000:]
+    out["final_rc"] = finish(final, TRIAL_TIMEOUT_S * 2)
+    out["final_log"] = (workdir / "final.log").read_text()[-3000:]
     total = config.num_epochs * len(config.edge_paths)
-    out["finished"] = final.returncode == 0 and storage.load_version() == total
+    out["finished"] = out["final_rc"] == 0 and storage.load_version() == total
     if out["finished"]:
         try:
             assert_valid_checkpoint(config, total)

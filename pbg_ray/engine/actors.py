@@ -13,8 +13,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import ray
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.storage import row_adagrad_state
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile, load_partition
 from pbg_ray.engine.scheduler import BucketScheduler
 from pbg_ray.io.files import sync_file
@@ -49,7 +51,7 @@ class PartitionStore:
     def __init__(self, config: ConfigSchema, next_version: int) -> None:
         self.config = config
         self.disk = config.ray.placement == "disk"
-        self.storage = CheckpointStorage(config.checkpoint_path)
+        self.checkpoints = CheckpointManager(config.checkpoint_path)
         self.next_version = next_version
         self.refs: Dict[PartitionKey, ray.ObjectRef] = {}
         # Writable copies that deltas are added to; a ref is put when next asked for.
@@ -89,7 +91,7 @@ class PartitionStore:
         the SwapFile it reads and writes (its result goes back to `update`)."""
         if self.swaps(key):
             if not self.spare:
-                self.spare.append(str(self.storage.swap_file(self.owner, self.num_swap_files)))
+                self.spare.append(str(self.checkpoints.swap_file(self.owner, self.num_swap_files)))
                 self.num_swap_files += 1
             return SwapFile(self._source(key), self.spare.pop(), uuid.uuid4().hex)
         return self.get(key)
@@ -97,6 +99,7 @@ class PartitionStore:
     def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
         """Take back a bucket's result: the new (embeddings, sums), their deltas, or the
         SwapFile the task wrote, from now on the partition's newest values."""
+        fault_point("partition_store.update")
         if self.swaps(key):
             if key in self.newest:
                 self.spare.append(self.newest[key].staged)
@@ -115,8 +118,8 @@ class PartitionStore:
     def _write(self, key: PartitionKey, value: Tuple[np.ndarray, np.ndarray], version: int,
                metadata: Dict[str, Any] = {}) -> None:
         embs, sums = value
-        self.storage.save_entity_partition(version, key[0], key[1], embs,
-                                           row_adagrad_state(sums, self.config.lr), metadata)
+        self.checkpoints.write_partition(version, key[0], key[1], embs,
+                                         row_adagrad_state(sums, self.config.lr), metadata)
 
     def save(self, version: int, metadata: Dict[str, Any]) -> None:
         """Write every partition of this store as checkpoint version `version`."""
@@ -124,31 +127,33 @@ class PartitionStore:
         for key in self.sources:
             if key in self.newest:  # written: made durable and renamed
                 sync_file(self.newest[key].staged)
-                replace(storage_path(self.newest[key].staged), self.storage.partition_file(version, *key))
+                replace(storage_path(self.newest[key].staged),
+                        self.checkpoints.partition_file(version, *key))
             elif key in self.summed:
                 self._write(key, tuple(self.summed[key]), version, metadata)
             elif key in self.refs:
                 self._write(key, ray.get(self.refs[key]), version, metadata)
             else:  # disk placement: not trained since its last checkpoint
                 self._write(key, load_partition(self.config, key, self.sources[key]), version, metadata)
+            fault_point("partition_store.save")
         # The rest are written over in the next pass (a dead task's too); the trainer
         # removes them at the end of the run.
-        self.spare = [str(path) for path in self.storage.swap_files(self.owner)]
+        self.spare = [str(path) for path in self.checkpoints.swap_files(self.owner)]
         # From now on the partitions load from this version.
         for key in self.sources:
-            self.sources[key] = ("checkpoint", str(self.storage.path), version)
+            self.sources[key] = ("checkpoint", str(self.checkpoints.path), version)
         self.newest.clear()
         self.next_version = version + 1
 
     def recycle(self, version: int) -> None:
         """Disk placement: take this store's partition files of `version`, superseded by
         the version just made current, as spare swap files instead of letting the trainer
-        delete them. Writing 50 MB over a file's cached pages takes ~5 ms, into a new file
-        ~10 ms, and ~120 ms on VMs whose fresh pages the host backs lazily: 8 new files a
-        pass were 4% of its bucket time there. A file another name links to (an epoch
+        delete them. Writing over a file's cached pages costs far less than writing a new
+        file, whose page-cache pages must be allocated first (and, on VMs whose host backs
+        fresh pages lazily, backed by the host too). A file another name links to (an epoch
         snapshot) is left alone, as writing over it would change that one too."""
         for key in self.sources:
-            path = self.storage.partition_file(version, *key)
+            path = self.checkpoints.partition_file(version, *key)
             if not self.swaps(key) or isinstance(path, ObjectPath):
                 continue
             try:
@@ -156,7 +161,7 @@ class PartitionStore:
                     continue
             except FileNotFoundError:
                 continue
-            spare = self.storage.swap_file(self.owner, self.num_swap_files)
+            spare = self.checkpoints.swap_file(self.owner, self.num_swap_files)
             self.num_swap_files += 1
             os.replace(path, spare)
             self.spare.append(str(spare))
@@ -184,16 +189,17 @@ class ParameterServer:
             self.params = init_params(self.config, self.num_relation_ids)
             return
         _, path, version = source
-        storage = CheckpointStorage(path)
-        arrays, optim_state = storage.load_model(version)
+        checkpoint = CheckpointManager(path)
+        arrays, optim_state = checkpoint.read_model(version)
         self.params = params_from_checkpoint(self.config, self.num_relation_ids, arrays,
                                              optim_state, grow=source[0] == "init",
-                                             where=str(storage.model_file(version)))
+                                             where=str(checkpoint.model_file(version)))
 
     def get(self) -> ModelParams:
         return self.params
 
     def apply_delta(self, delta: ModelParams) -> None:
+        fault_point("parameter_server.update")
         for name, value in delta.arrays.items():
             self.params.arrays[name] += value
         for name, value in delta.sums.items():
@@ -201,7 +207,8 @@ class ParameterServer:
 
     def save(self, version: int, metadata: Dict[str, Any]) -> None:
         arrays, optim_state = params_to_checkpoint(self.config, self.params)
-        CheckpointStorage(self.config.checkpoint_path).save_model(version, arrays, optim_state, metadata)
+        CheckpointManager(self.config.checkpoint_path).write_model(version, arrays, optim_state,
+                                                                   metadata)
 
 
 @ray.remote(num_cpus=0)

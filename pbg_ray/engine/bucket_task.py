@@ -22,6 +22,7 @@ import torch
 
 from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
@@ -82,10 +83,9 @@ def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[E
 class PartitionCopies:
     """Writable copies of the partitions a train task receives (read-only views of the
     object store, or read from swap files), in buffers its worker process keeps for the
-    next bucket: copied into fresh memory, every bucket's 50-100 MB partitions
-    page-fault again, which took ~3x the copy itself (8 partitions of 1M x 100: 22 ms
-    a bucket instead of 6). A task's results may be these buffers: Ray copies a task's
-    returns into the object store before the worker runs its next task.
+    next bucket: copied into fresh memory, every bucket's partitions page-fault again,
+    which costs several times the copy itself. A task's results may be these buffers: Ray
+    copies a task's returns into the object store before the worker runs its next task.
 
     An array of n dimensions is a view of a free buffer kept for arrays of n dimensions,
     the smallest large enough, or else one grown: partitions differ in size by a few
@@ -184,6 +184,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
         return held if held is not None else p.load(config, key, copies.empty)
 
     arrays = {key: load(key, p) for key, p in zip(keys, partitions)}
+    fault_point("train_task.after_read")
     counts = partition_counts(keys, [arrays[key] for key in keys])
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
@@ -222,6 +223,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     stats["stats"] = {"count": train_stats["count"], "metrics": train_stats["metrics"]}
     stats["timing"] = {"total_s": t_end - t_start, "kernel_s": t_trained - t_ready,
                        "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained)}
+    fault_point("train_task.before_return")
     return (stats, delta, *results)
 
 

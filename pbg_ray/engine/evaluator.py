@@ -19,7 +19,7 @@ import ray
 import torch
 from ray.exceptions import RayTaskError
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, locate_version
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
 from pbg_ray.engine.cluster import connect_ray
@@ -30,13 +30,11 @@ from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats,
 from pbg_ray.evaluation.scoring import SIDES, Scorer
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
-from pbg_ray.io.storage import append_text
 from pbg_ray.model import ModelParams, params_from_checkpoint
 from pbg_ray.model.kernel import partition_key
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]
-EVAL_STATS_FILE = "eval_stats.json"  # JSON lines in the checkpoint directory, one per run
 
 
 def _get(refs):
@@ -172,19 +170,19 @@ def load_partition_task(path: str, version: int, entity: str, part: int
                         ) -> Tuple[np.ndarray, np.ndarray]:
     """(embeddings [N, D], empty sums) of a checkpoint partition: evaluation never updates,
     so the optimizer state stays on disk."""
-    embs, _ = CheckpointStorage(path).load_entity_partition(version, entity, part)
+    embs, _ = CheckpointManager(path).read_partition(version, entity, part)
     return embs, np.zeros(0, np.float32)
 
 
-def checkpoint_partitions(config: ConfigSchema, storage: CheckpointStorage, version: int,
+def checkpoint_partitions(config: ConfigSchema, checkpoint: CheckpointManager, version: int,
                           num_rel: int) -> Tuple[Dict[PartitionKey, ray.ObjectRef], ray.ObjectRef]:
-    """(partition refs, params ref) of checkpoint `version` in `storage`. Partitions are
+    """(partition refs, params ref) of checkpoint `version` in `checkpoint`. Partitions are
     loaded by tasks, into the object store, never through the driver."""
-    arrays, optim_state = storage.load_model(version)
+    arrays, optim_state = checkpoint.read_model(version)
     params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state,
-                                            where=str(storage.model_file(version))))
+                                            where=str(checkpoint.model_file(version))))
     keys = [(e, p) for e, c in config.entities.items() for p in range(c.num_partitions)]
-    refs = {key: load_partition_task.remote(str(storage.path), version, *key) for key in keys}
+    refs = {key: load_partition_task.remote(str(checkpoint.path), version, *key) for key in keys}
     return refs, params
 
 
@@ -196,7 +194,8 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     """Evaluate `config.eval` (see EvalConfig) on its checkpoint version; returns the report
     (also appended to <checkpoint_path>/eval_stats.json) with metric means."""
     settings = config.eval
-    storage, version = locate_version(config, settings.version, "eval.version")
+    checkpoints = CheckpointManager(config.checkpoint_path)
+    located, version = checkpoints.locate(config, settings.version, "eval.version")
     edge_paths = _unique(settings.edge_paths or config.eval_edge_paths or config.edge_paths)
     filter_paths = (_unique(config.edge_paths + config.eval_edge_paths + settings.edge_paths)
                     if settings.filter_paths is None else _unique(settings.filter_paths))
@@ -211,7 +210,8 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     sampled: Dict[Any, Dict] = {}
     filtered: Dict[Any, Dict] = {}
     counts: Dict[Any, int] = {}
-    evaluator = Evaluator(config, *checkpoint_partitions(config, storage, version, num_rel), num_rel)
+    evaluator = Evaluator(config, *checkpoint_partitions(config, located, version, num_rel),
+                          num_rel)
     for path in edge_paths:
         if settings.sampled:
             for key, stats in evaluator.sampled(path, settings.per_relation, settings.seed).items():
@@ -233,11 +233,10 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
         if key in filtered:
             row["filtered"] = stats_mean([filtered[key]])
         metrics[ALL if key == ALL else names[key]] = row
-    report = {"checkpoint_path": str(storage.path), "version": version, "edge_paths": edge_paths,
+    report = {"checkpoint_path": str(located.path), "version": version, "edge_paths": edge_paths,
               "filter_paths": filter_paths if settings.filtered else None,
               "metrics": metrics, "time_s": round(time.perf_counter() - start, 3)}
-    append_text(CheckpointStorage(config.checkpoint_path).path / EVAL_STATS_FILE,
-                json.dumps(report) + "\n")
+    checkpoints.append_eval_stats(json.dumps(report) + "\n")
     return report
 
 

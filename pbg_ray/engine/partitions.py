@@ -9,7 +9,8 @@ from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.storage import row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.incremental.growth import grow_partition
 from pbg_ray.model import init_partition
@@ -35,8 +36,8 @@ def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
         where = source[1]
     else:
         _, path, version = source[:3]
-        where = str(CheckpointStorage(path).partition_file(version, entity, part))
-    embs, state = CheckpointStorage.read_entity_partition(where, empty)
+        where = str(CheckpointManager(path).partition_file(version, entity, part))
+    embs, state = CheckpointManager.read_partition_file(where, empty)
     sums = row_adagrad_sums(state, len(embs), where)
     sums = np.zeros(len(embs), np.float32) if sums is None else sums
     if source[0] == "init":
@@ -73,5 +74,5 @@ class SwapFile:
         """embs [N, dim], sums [N], with the checkpoint's `metadata` (the file may become
         the partition's file of the next version as it is); over the swap file's own
         bytes, not fsync'ed (the store does that at the checkpoint)."""
-        CheckpointStorage.write_entity_partition(self.staged, embs, row_adagrad_state(sums, config.lr),
-                                                 metadata, in_place=True)
+        CheckpointManager.write_partition_file(
+            self.staged, embs, row_adagrad_state(sums, config.lr), metadata, in_place=True)

@@ -25,12 +25,14 @@ from ray.exceptions import (
 from tqdm import tqdm
 
 from pbg_ray.checkpoints.legacy import resolve_init_path
-from pbg_ray.checkpoints.storage import CheckpointStorage, checkpoint_metadata
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.evaluator import Evaluator
+from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
@@ -49,9 +51,6 @@ TRAINER_DIED = (WorkerCrashedError, NodeDiedError, ObjectLostError)
 STATS_KEYS = frozenset({"stats", "eval_stats_before", "eval_stats_after"})
 # A pass whose actors die this often stops the run.
 MAX_PASS_ATTEMPTS = 3
-
-# Keys that must match between a run and the checkpoint it resumes.
-RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
 
 
 def get_all(refs: List[ray.ObjectRef]) -> List[Any]:
@@ -75,12 +74,8 @@ class Trainer:
 
     def __init__(self, config: ConfigSchema) -> None:
         self.config = config
-        self.storage = CheckpointStorage(config.checkpoint_path)
-        self.storage.prepare()
-        self.version = self.storage.load_version()
-        if self.version > 0:
-            self.storage.check_version(self.version, config)
-            self._check_resumable(self.storage.load_config())
+        self.checkpoints = CheckpointManager(config.checkpoint_path)
+        self.version = self.checkpoints.resume(config)
         self.entity_counts = load_entity_counts(config)
         self.num_relation_ids = num_relation_ids(config)
         self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
@@ -100,28 +95,19 @@ class Trainer:
         self.params: Optional[Any] = None
         self.scheduler: Optional[Any] = None
 
-    def _check_resumable(self, previous: ConfigSchema) -> None:
-        for key in RESUME_KEYS:
-            if getattr(previous, key) != getattr(self.config, key):
-                raise PbgRayError(
-                    f"checkpoint_path {str(self.storage.path)!r} holds a run whose {key!r} differs "
-                    f"from this config's ({getattr(previous, key)!r} there, "
-                    f"{getattr(self.config, key)!r} here), so it can't be resumed. Use another "
-                    "checkpoint_path, or init_path to start from its embeddings.")
-
     # --- where the first values come from --------------------------------
 
     def _sources(self) -> Tuple[Dict[Tuple[str, int], Source], Optional[Source]]:
         config = self.config
-        init: Optional[CheckpointStorage] = None
+        init: Optional[CheckpointManager] = None
         init_version = 0
         if self.version == 0 and config.init_path:
             # A pre-1.0 run or a model bundle is converted into a v1 checkpoint first.
-            resolved = resolve_init_path(config.init_path, self.storage.path / ".init")
+            resolved = resolve_init_path(config.init_path, self.checkpoints.path / ".init")
             if resolved != config.init_path:
                 self.init_scratch = Path(resolved)
-            init = CheckpointStorage(resolved)
-            init_version = init.load_version()
+            init = CheckpointManager(resolved)
+            init_version = init.version()
         new_rows = (neighbor_means(config, init, init_version, self.entity_counts)
                     if init is not None and init_version > 0
                     and config.incremental.new_rows_init == "neighbors" else {})
@@ -129,8 +115,8 @@ class Trainer:
         for entity, econf in config.entities.items():
             for part in range(econf.num_partitions):
                 if self.version > 0:
-                    sources[entity, part] = ("checkpoint", str(self.storage.path), self.version)
-                elif init is not None and init.partition_file(init_version, entity, part).is_file():
+                    sources[entity, part] = ("checkpoint", str(self.checkpoints.path), self.version)
+                elif init is not None and init.has_partition(init_version, entity, part):
                     # A grown graph keeps init's rows first; the new rows start fresh.
                     sources[entity, part] = ("init", str(init.path), init_version,
                                              self.entity_counts[entity][part],
@@ -138,8 +124,9 @@ class Trainer:
                 else:
                     sources[entity, part] = ("random", self.entity_counts[entity][part], 0)
         if self.version > 0:
-            model_source: Optional[Source] = ("checkpoint", str(self.storage.path), self.version)
-        elif init is not None and init.model_file(init_version).is_file():
+            model_source: Optional[Source] = ("checkpoint", str(self.checkpoints.path),
+                                              self.version)
+        elif init is not None and init.has_model(init_version):
             model_source = ("init", str(init.path), init_version)
         else:
             model_source = None
@@ -193,40 +180,34 @@ class Trainer:
         total = config.num_epochs * passes_per_epoch
         if self.version >= total:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
-                        self.storage.path, self.version)
-            return TrainResult(str(self.storage.path), self.version, [])
-        with self.storage.lock(), TensorBoardLog(config.tensorboard_dir) as tensorboard:
-            # An interrupted run may have left parts of its next version and the
-            # stats of passes that never became current.
-            self.storage.remove_leftovers(self.version)
-            self.storage.keep_stats(lambda s: (
-                s["epoch_idx"] * passes_per_epoch + s["edge_path_idx"] * self.num_chunks
-                + s["edge_chunk_idx"]) < self.version)
-            self.storage.save_config(config)
+                        self.checkpoints.path, self.version)
+            return TrainResult(str(self.checkpoints.path), self.version, [])
+        # Stats lines of passes that never became current (an interrupted run's) go; the
+        # session also removes, whatever ends the run, its unfinished version and swap files.
+        completed = lambda s: (s["epoch_idx"] * passes_per_epoch  # noqa: E731
+                               + s["edge_path_idx"] * self.num_chunks + s["edge_chunk_idx"]
+                               ) < self.version
+        with self.checkpoints.session(config, self.version, completed) as bucket_index, \
+                TensorBoardLog(config.tensorboard_dir) as tensorboard:
             all_stats: List[Dict[str, Any]] = []
             self.actor_restarts = 0
-            bucket_index = sum(1 for _ in self.storage.load_stats())
-            try:
-                for iteration in range(self.version, total):
-                    epoch_idx, rest = divmod(iteration, passes_per_epoch)
-                    path_idx, chunk_idx = divmod(rest, self.num_chunks)
-                    pass_stats = self._train_pass(
-                        iteration, epoch_idx, path_idx, chunk_idx, bucket_index,
-                        last_of_epoch=(rest == passes_per_epoch - 1))
-                    bucket_index += len(pass_stats)
-                    all_stats += pass_stats
-                    tensorboard.log_buckets(pass_stats)
-                    if rest == passes_per_epoch - 1:
-                        # From the file: an epoch resumed midway has lines of the earlier run.
-                        tensorboard.log_epoch(epoch_idx, [s for s in self.storage.load_stats()
-                                                          if s["epoch_idx"] == epoch_idx])
-                        if on_epoch_end is not None:
-                            on_epoch_end(epoch_idx)
-            finally:
-                # The run leaves no swap files (disk placement) behind, and a run stopped
-                # by an error no files of its unfinished version either.
-                self.storage.remove_leftovers(self.storage.load_version())
-        return TrainResult(str(self.storage.path), self.version, all_stats, self.actor_restarts)
+            for iteration in range(self.version, total):
+                epoch_idx, rest = divmod(iteration, passes_per_epoch)
+                path_idx, chunk_idx = divmod(rest, self.num_chunks)
+                pass_stats = self._train_pass(
+                    iteration, epoch_idx, path_idx, chunk_idx, bucket_index,
+                    last_of_epoch=(rest == passes_per_epoch - 1))
+                bucket_index += len(pass_stats)
+                all_stats += pass_stats
+                tensorboard.log_buckets(pass_stats)
+                if rest == passes_per_epoch - 1:
+                    # From the file: an epoch resumed midway has lines of the earlier run.
+                    tensorboard.log_epoch(epoch_idx, [s for s in self.checkpoints.read_stats()
+                                                      if s["epoch_idx"] == epoch_idx])
+                    if on_epoch_end is not None:
+                        on_epoch_end(epoch_idx)
+        return TrainResult(str(self.checkpoints.path), self.version, all_stats,
+                           self.actor_restarts)
 
     def _train_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
                     bucket_index: int, last_of_epoch: bool) -> List[Dict[str, Any]]:
@@ -258,7 +239,7 @@ class Trainer:
                     if actor is not None:
                         ray.kill(actor)
                 self.stores, self.params, self.scheduler = [], None, None
-                self.storage.remove_leftovers(self.version)
+                self.checkpoints.rollback()
             except RayTaskError as err:  # an actor's method failed, e.g. a checkpoint write
                 if isinstance(err.cause, PbgRayError):
                     raise err.cause from None
@@ -328,6 +309,7 @@ class Trainer:
                         f"training diverged: loss is {loss} in epoch {epoch_idx + 1}/{config.num_epochs}, "
                         f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
                         "current. Lower lr or init_scale, or set max_norm.")
+                fault_point("driver.before_apply")
                 _, delta_ref, *result_refs = refs
                 # Not waited for: an actor runs one caller's calls in the order sent, so the
                 # next lease of these partitions (and pull of the parameters) comes after
@@ -337,6 +319,7 @@ class Trainer:
                              for k, r, d in zip(keys, result_refs, deltas)]
                 applying += [self.params.apply_delta.remote(delta_ref),
                              self.scheduler.release.remote(bucket)]
+                fault_point("driver.after_apply")
                 stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
                 pass_sums = add_stats(pass_sums, stats["stats"])
                 # training_stats.json holds per-edge means, as PBG writes them.
@@ -381,20 +364,20 @@ class Trainer:
         config = self.config
         version = self.version + 1
         metadata = checkpoint_metadata(config, iteration, self.num_chunks)
+        fault_point("driver.before_commit")
         get_all([s.save.remote(version, metadata) for s in self.stores]
                 + [self.params.save.remote(version, metadata)])
-        self.storage.append_stats(pass_stats)
-        self.storage.save_version(version)
+        fault_point("driver.version_written")
         interval = config.checkpoint_preservation_interval
-        if last_of_epoch and interval and (epoch_idx + 1) % interval == 0:
-            self.storage.preserve_version(version, epoch_idx + 1, config)
-        if self.version > 0:
-            get_all([s.recycle.remote(self.version) for s in self.stores])
-            self.storage.drop_version(self.version, config)
+        preserve = last_of_epoch and interval and (epoch_idx + 1) % interval == 0
+        self.checkpoints.commit(
+            version, pass_stats, config, preserve_as_epoch=epoch_idx + 1 if preserve else None,
+            release=lambda superseded: get_all([s.recycle.remote(superseded) for s in self.stores]))
         if self.init_scratch is not None:  # the stores load from this version now
             shutil.rmtree(self.init_scratch, ignore_errors=True)
             self.init_scratch = None
         self.version = version
+        fault_point("driver.after_commit")
 
 
     def evaluate(self, edge_path: str) -> Dict[str, float]:

@@ -25,6 +25,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
 from pbg_ray.engine.bucket_task import gpus_per_trainer
+from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
@@ -72,7 +73,7 @@ def held_out_metrics(trainer: Trainer, epoch_idx: int) -> Dict[str, float]:
     """What a trial reports after an epoch: the epoch's mean training loss and PBG's
     sampled metrics over all of eval_edge_paths, with the current embeddings."""
     metrics = {"epoch": epoch_idx + 1, "version": trainer.version}
-    train = epoch_means(trainer.storage.load_stats(), TRAIN).get(epoch_idx, {})
+    train = epoch_means(trainer.checkpoints.read_stats(), TRAIN).get(epoch_idx, {})
     if "loss" in train:
         metrics["loss"] = train["loss"]
     held_out = []  # {"count", mean metrics} per path -> one edge-weighted mean
@@ -99,6 +100,7 @@ def run_trial(sampled: Dict[str, Any], base: Dict[str, Any]) -> None:
 
     def report(epoch_idx: int) -> None:
         metrics = held_out_metrics(trainer, epoch_idx)
+        fault_point("tune.report")
         with tempfile.TemporaryDirectory() as directory:
             with open(os.path.join(directory, ENGINE_FILE), "w") as f:
                 json.dump({"checkpoint_path": config.checkpoint_path, "version": trainer.version}, f)

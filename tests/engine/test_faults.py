@@ -1,52 +1,98 @@
-"""Faults injected into the real processes of a run (the driver, a partition store,
-a store's file writes): nothing lost, nothing applied twice, nothing half-written
-made current, and the same command finishes the run."""
+"""Faults injected into the real processes of a run at named points of the engine
+(pbg_ray.engine.faults): the driver, a partition store, the parameter server, a store's
+file writes. Nothing lost, nothing applied twice, nothing half-written made current, and
+the same command finishes the run."""
+
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.faults import EXIT_STATUS, FAULTS_DIR_ENV, FaultInjected, fault_point
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from tests.fault_injection import (
-    Fault, driver_kill_trials, edges_lost_or_doubled, kill_actor, limit_file_size)
+    armed, driver_kill_trials, edges_lost_or_doubled, hits_per_pass, limit_file_size)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
+
+pytestmark = pytest.mark.faults
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
 
 
-def test_driver_killed_at_random_moments_resumes_and_finishes(ray_session, tmp_path):
+def test_an_armed_point_fires_once_at_its_hit_and_only_where_armed():
+    with armed("test.point", hits=2, action="raise") as fired:
+        fault_point("test.point")
+        fault_point("test.other")
+        assert not fired()
+        with pytest.raises(FaultInjected, match="at test.point"):
+            fault_point("test.point")
+        fault_point("test.point")  # fired, so disarmed
+    assert fired()
+    reach = [sys.executable, "-c",
+             "from pbg_ray.engine.faults import fault_point; fault_point('test.point'); "
+             "print('went on')"]
+    unarmed = {k: v for k, v in os.environ.items() if k != FAULTS_DIR_ENV}
+    for action, env, status in (("kill", os.environ, -signal.SIGKILL),
+                                ("exit", os.environ, EXIT_STATUS), ("kill", unarmed, 0)):
+        with armed("test.point", action=action):
+            run = subprocess.run(reach, env=env, capture_output=True, text=True, timeout=120)
+        assert run.returncode == status, (action, run.stderr)
+        assert ("went on" in run.stdout) == (status == 0)
+
+
+def test_driver_killed_at_each_driver_point_resumes_and_finishes(ray_session, tmp_path):
     # Disk placement: a killed pass leaves swap files of its version beside the current one.
-    # Enough epochs that the runs outlast their kills on a fast machine: the random kills
-    # (at most 8 s in) and the kills after a write each take a share of them, and at 16 or
-    # 48 the work was done before the last trials, which then found nothing to kill.
-    num_epochs = 200
+    # One trial per driver point, each killed within its first two passes, so every one
+    # has a pass to die in.
+    trials = 5
+    num_epochs = 2 * trials + 2
     data = config_dict(tmp_path, num_epochs=num_epochs, **SETTINGS,
                        ray={"cpus_per_trainer": 1, "placement": "disk"})
     write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
-    out = driver_kill_trials(data, tmp_path, trials=10, seed=0, max_delay_s=8.0,
+    out = driver_kill_trials(data, tmp_path, trials=trials, seed=0,
                              address=ray_session.get_runtime_context().gcs_address)
-    counts = {k: out[k] for k in ("faults", "ended_before_kill", "during_write", "orphans")}
+    counts = {k: out[k] for k in ("faults", "ended_before_kill", "during_write", "orphans",
+                                  "points")}
     assert out["corrupt"] == []
-    assert out["faults"] >= 9 and out["faults"] + out["ended_before_kill"] == 10, counts
-    assert out["during_write"] >= 3, counts  # every "write" trial, at least
+    assert out["faults"] == trials, counts
+    assert out["during_write"] >= 1, counts  # the driver.version_written trial, at least
     assert out["orphans"] == 0, "a killed driver's actors or tasks lived on"
-    # A second run on the same checkpoint_path was refused while the first held it;
-    # the lock of a killed run never blocked the next one.
+    # A run on a checkpoint_path that another process holds is refused; the lock of a
+    # killed run never blocked the next one.
     second = out["second_run"]
-    assert second["first_alive"] and second["rc"] == 2, second
+    assert second["rc"] == 2, second
     assert "is in use by another training run" in second["log"]
     assert out["finished"], out["final_log"]
     assert out["summary"]["version"] == num_epochs
     assert out["lost_or_doubled"] == 0
 
 
+def test_a_driver_failing_between_writing_a_version_and_naming_it_keeps_the_last(
+        ray_session, tmp_path):
+    config = ConfigSchema.from_dict(config_dict(tmp_path, num_epochs=2, **SETTINGS,
+                                                ray={"placement": "disk"}))
+    write_random_graph(config)
+    with armed("driver.version_written", hits=2, action="raise") as fired:
+        with pytest.raises(FaultInjected):
+            Trainer(config).run()
+    assert fired()
+    assert_valid_checkpoint(config, 1)  # version 2's files and the swap files are gone
+    assert Trainer(config).run().version == 2
+    assert_valid_checkpoint(config, 2)
+    assert edges_lost_or_doubled(config) == 0
+
+
 def mean_loss(stats, epoch):
     return np.mean([s["stats"]["metrics"]["loss"] for s in stats if s["epoch_idx"] == epoch])
 
 
-def test_a_killed_partition_store_comes_back_from_the_checkpoint(ray_session, tmp_path):
+def test_a_killed_actor_comes_back_from_the_checkpoint(ray_session, tmp_path):
     def config(name, placement="memory"):
         return ConfigSchema.from_dict(config_dict(
             tmp_path, num_epochs=4, checkpoint_path=str(tmp_path / name), **SETTINGS,
@@ -54,18 +100,17 @@ def test_a_killed_partition_store_comes_back_from_the_checkpoint(ray_session, tm
 
     write_random_graph(config("reference"), num_edges=2000)
     reference = Trainer(config("reference")).run()
-    # One of the two stores dies in the third pass (the other one survives it); then
-    # the parameter server, whose state the same rule restores.
-    store, params = (lambda trainer: trainer.stores[0]), (lambda trainer: trainer.params)
-    for name, placement, victim in (("store", "memory", store), ("store-disk", "disk", store),
-                                    ("params", "memory", params)):
+    # In the third pass: one of the two stores dies adopting a bucket's result, or writing
+    # version 3 (the other one survives it); then the parameter server exits while adding
+    # a bucket's change, and the same rule restores its state.
+    for name, placement, point, action in (
+            ("store", "memory", "partition_store.update", "kill"),
+            ("store-disk", "disk", "partition_store.save", "kill"),
+            ("params", "memory", "parameter_server.update", "exit")):
         killed = config(name, placement)
-        storage = CheckpointStorage(killed.checkpoint_path)
-        trainer = Trainer(killed)
-        with Fault(lambda: kill_actor(victim(trainer)),
-                   when=lambda: storage.load_version() >= 2) as fault:
-            result = trainer.run()
-        assert fault.done and result.actor_restarts == 1, name
+        with armed(point, hits=2 * hits_per_pass(killed, point) + 2, action=action) as fired:
+            result = Trainer(killed).run()
+        assert fired() and result.actor_restarts == 1, name
         assert result.version == 4
         assert_valid_checkpoint(killed, 4)
         assert edges_lost_or_doubled(killed) == 0
@@ -83,14 +128,17 @@ def test_a_failing_checkpoint_write_leaves_the_last_version_current(ray_session,
     write_random_graph(config)
     storage = CheckpointStorage(config.checkpoint_path)
     trainer = Trainer(config)
-    # Once version 1 is current, the stores can write no file past 1 KiB (as if the
-    # disk were full): version 2's first embeddings file fails.
-    with Fault(lambda: limit_file_size(trainer.stores, 1024),
-               when=lambda: storage.load_version() >= 1) as fault:
-        with pytest.raises(PbgRayError, match=r"writing '.*embeddings_\w+_\d\.v2\.h5' failed: "
-                                              "File too large"):
-            trainer.run()
-    assert fault.done
+    limited = []
+
+    def fill_the_disk(epoch_idx):
+        # Once version 1 is current, the stores can write no file past 1 KiB (as if the
+        # disk were full): version 2's first embeddings file fails.
+        limited.extend(limit_file_size(trainer.stores, 1024))
+
+    with pytest.raises(PbgRayError, match=r"writing '.*embeddings_\w+_\d\.v2\.h5' failed: "
+                                          "File too large"):
+        trainer.run(on_epoch_end=fill_the_disk)
+    assert limited
     assert_valid_checkpoint(config, 1, clean=False)
     assert not list(storage.path.glob(".*tmp*")), "a partial file was left behind"
     # Written elsewhere (a fresh store), the same command finishes.

@@ -7,6 +7,8 @@ from torchbiggraph.config import BucketOrder
 from pbg_ray.engine.scheduler import BucketScheduler, bucket_order
 from pbg_ray.types import Bucket
 
+pytestmark = pytest.mark.oracle
+
 ORDERS = ["random", "affinity", "inside_out", "outside_in"]
 
 

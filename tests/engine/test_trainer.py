@@ -10,7 +10,7 @@ from pbg_ray.checkpoints.storage import CheckpointStorage, checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from tests.fault_injection import Fault, checkpoint_arrays, edges_lost_or_doubled, kill_first
+from tests.fault_injection import armed, checkpoint_arrays, edges_lost_or_doubled
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
@@ -119,26 +119,36 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
     assert CheckpointStorage(config.checkpoint_path).load_version() == 0
 
 
+@pytest.mark.faults
 def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
-    """A train task's worker SIGKILLed mid-bucket: the bucket is trained again, and the
+    """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
+    placement having written its swap files): the bucket is trained again, and the
     checkpoint equals an undisturbed run's bit for bit (one trainer at a time makes a
-    run deterministic), so no update was lost or applied twice."""
-    settings = dict(num_epochs=2, eval_fraction=0.0, ray={"num_trainers": 1})
-    config = small_config(tmp_path, **settings)
-    write_random_graph(config, num_edges=3000)
-    undisturbed = small_config(tmp_path, checkpoint_path=str(tmp_path / "undisturbed"), **settings)
+    run deterministic; disk placement trains what memory placement trains), so no update
+    was lost or applied twice."""
+    settings = dict(num_epochs=2, eval_fraction=0.0)
+    undisturbed = small_config(tmp_path, checkpoint_path=str(tmp_path / "undisturbed"),
+                               ray={"num_trainers": 1}, **settings)
+    write_random_graph(undisturbed, num_edges=3000)
     Trainer(undisturbed).run()
-    with Fault(lambda: kill_first("ray::train_bucket_task")) as fault:
-        result = Trainer(config).run()
-    assert fault.done, "no trainer was running to kill"
-    assert result.version == 2
-    assert_valid_checkpoint(config, 2)
-    # Each bucket trained exactly once per pass in the recorded stats, all its edges counted.
-    assert edges_lost_or_doubled(config) == 0
-    expected, got = checkpoint_arrays(undisturbed), checkpoint_arrays(config)
-    assert expected.keys() == got.keys()
-    for name in expected:
-        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    expected = checkpoint_arrays(undisturbed)
+    # The third bucket of the first pass; the second of the second pass.
+    for point, hits, placement in (("train_task.after_read", 3, "memory"),
+                                   ("train_task.before_return", 6, "disk")):
+        config = small_config(tmp_path, checkpoint_path=str(tmp_path / point),
+                              ray={"num_trainers": 1, "placement": placement}, **settings)
+        with armed(point, hits) as fired:
+            result = Trainer(config).run()
+        assert fired(), point
+        assert result.version == 2
+        assert_valid_checkpoint(config, 2)
+        # Each bucket trained exactly once per pass in the recorded stats, all its edges
+        # counted.
+        assert edges_lost_or_doubled(config) == 0
+        got = checkpoint_arrays(config)
+        assert expected.keys() == got.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{point}: {name}")
 
 
 def test_second_run_on_the_same_checkpoint_path_is_refused(ray_session, tmp_path):

@@ -1,18 +1,15 @@
 """Ray Tune over the engine, for real, in the shared 2-CPU Ray."""
 
 import json
-import os
 import re
-import signal
-from typing import List
 
 import pytest
 
-from pbg_ray.checkpoints.storage import LOCK_FILE, CheckpointStorage
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.tuner import run_tune, search_space, trial_config, trial_resources
 from pbg_ray.errors import PbgRayError
-from tests.fault_injection import Fault, edges_lost_or_doubled
+from tests.fault_injection import armed, edges_lost_or_doubled
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
@@ -97,6 +94,7 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
     assert CheckpointStorage(best["checkpoint_path"]).load_version() == best["version"]
 
 
+@pytest.mark.faults
 def test_a_failed_trial_restarts_from_the_engines_newest_version(ray_session, tmp_path):
     """tune.max_failures: Tune starts a trial whose process died again, and the trial goes
     on from its engine checkpoint's newest version, training each bucket once."""
@@ -106,20 +104,11 @@ def test_a_failed_trial_restarts_from_the_engines_newest_version(ray_session, tm
     write_random_graph(ConfigSchema.from_dict(
         dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=40, seed=1)
 
-    def trained_epoch_2() -> bool:  # (and so reported epoch 1, with its Tune checkpoint)
-        return any(CheckpointStorage(path).load_version() >= 2
-                   for path in (tmp_path / "checkpoints").glob("*_*") if path.is_dir())
-
-    def kill_trial() -> List[int]:  # the process that holds the trial's checkpoint lock
-        for lock in (tmp_path / "checkpoints").glob(f"*_*/{LOCK_FILE}"):
-            pid = int(lock.read_text().split()[1])  # "pid N on host"
-            os.kill(pid, signal.SIGKILL)
-            return [pid]
-        return []
-
-    with Fault(kill_trial, when=trained_epoch_2) as fault:
+    # The trial's process is killed about to report epoch 2 (it reported epoch 1, with its
+    # Tune checkpoint, and trained epoch 2).
+    with armed("tune.report", hits=2) as fired:
         best = run_tune(config)
-    assert fault.done
+    assert fired()
 
     experiment = tmp_path / "checkpoints" / "tune" / "pbg_ray_tune"
     results = [json.loads(line) for line in
