@@ -77,15 +77,16 @@ def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def help_text(doc: str, sections: Sequence[str]) -> str:
+def help_text(doc: str, keys: Sequence[str]) -> str:
     """The command's docstring, how to configure it, and the reference of its keys."""
-    return f"{doc.strip()}\n\n{HOW_TO_CONFIGURE}\n{markdown(sections)}"
+    return f"{doc.strip()}\n\n{HOW_TO_CONFIGURE}\n{markdown(keys)}"
 
 
 def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str,
-                sections: Sequence[str]) -> Callable[[], None]:
+                keys: Sequence[str]) -> Callable[[], None]:
     """Wrap `task(config)` as a Hydra main over conf/config.yaml; `--help` prints `doc` and
-    the key reference of `sections` (prefixes as in pbg_ray.config.reference.SECTIONS)."""
+    the key reference of `keys`: sections by their prefix ("ray."; "" for all PBG keys, as in
+    pbg_ray.config.reference.SECTIONS) and single keys ("entity_path")."""
 
     @hydra.main(version_base=None, config_path="pkg://pbg_ray.conf", config_name="config")
     @report_errors
@@ -95,7 +96,7 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str,
     @report_errors
     def main() -> None:
         if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
-            print(help_text(doc, sections))
+            print(help_text(doc, keys))
             return
         argv = use_pbg_config_file(sys.argv[1:])
         check_overrides(split_overrides(argv))

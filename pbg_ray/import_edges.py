@@ -19,7 +19,9 @@ def run(config: ConfigSchema) -> None:
     print(json.dumps(import_graph(config)))  # Hydra has set up logging: warnings reach stderr
 
 
-main = hydra_entry(run, __doc__, ("importer.", ""))
+main = hydra_entry(run, __doc__, (
+    "importer.", "entity_path", "edge_paths", "eval_edge_paths", "entities", "relations",
+    "dynamic_relations", "entities.<name>.", "relations.<index>."))
 
 if __name__ == "__main__":
     main()

@@ -11,18 +11,24 @@ options.py      option(): a field with its help text; the checks sections share
 components.py   the names of operators, comparators, losses and regularizers
 validation.py   the rules of a whole config, sections' own and those across sections
 convert.py      plain data into the schema's dataclasses, with errors naming the key
-pbg_file.py     PBG config files (get_torchbiggraph_config())
+pbg_file.py     PBG config files (get_torchbiggraph_config()); the PBG keys Ray makes moot
 hydra.py        the schema in Hydra's ConfigStore, command-line overrides checked first
 reference.py    the key reference (docs/configuration.md, --help) from the help texts
 
 Imports nothing of pbg_ray but types and errors, and neither torch, ray nor pyarrow.
 """
 
+from pbg_ray.config.eval import EvalConfig
+from pbg_ray.config.export import ExportConfig
+from pbg_ray.config.importer import ImportConfig
+from pbg_ray.config.incremental import IncrementalConfig
 from pbg_ray.config.pbg_file import load_pbg_config_dict, load_pbg_config_file
 from pbg_ray.config.ray import RayConfig
 from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema
+from pbg_ray.config.tune import TuneConfig
 
 __all__ = [
-    "ConfigSchema", "EntitySchema", "RayConfig", "RelationSchema", "load_pbg_config_dict",
+    "ConfigSchema", "EntitySchema", "EvalConfig", "ExportConfig", "ImportConfig",
+    "IncrementalConfig", "RayConfig", "RelationSchema", "TuneConfig", "load_pbg_config_dict",
     "load_pbg_config_file",
 ]

@@ -41,7 +41,8 @@ def convert(value: Any, hint: Any, key: str, source: str) -> Any:
                     f"Valid keys here: {', '.join(fields)}.")
             kwargs[name] = convert(item, hints[name], f"{key}.{name}" if key else name, source)
         for name, f in fields.items():
-            if name not in kwargs and f.default is MISSING and f.default_factory is dataclasses.MISSING:
+            if (name not in kwargs and f.default is MISSING
+                    and f.default_factory is dataclasses.MISSING):
                 sub = f"{key}.{name}" if key else name
                 raise PbgRayError(f"{source}: missing required key {sub!r}. Set {sub}=<value>.")
         return hint(**kwargs)
@@ -99,10 +100,10 @@ def schema_type(root: type, path: str, source: str = "command line") -> Any:
         if dataclasses.is_dataclass(hint):
             hints = typing.get_type_hints(hint)
             if part not in hints:
-                where = ".".join(done) or "the top level"
+                where, wrong = ".".join(done) or "the top level", ".".join(done + [part])
                 raise PbgRayError(
-                    f"{source}: unknown key {'.'.join(done + [part])!r}"
-                    f"{did_you_mean('.'.join(done + [part]), ['.'.join(done + [h]) for h in hints])}. "
+                    f"{source}: unknown key {wrong!r}"
+                    f"{did_you_mean(wrong, ['.'.join(done + [h]) for h in hints])}. "
                     f"Valid keys at {where}: {', '.join(hints)}.")
             hint = hints[part]
         elif origin in (dict, Dict):
@@ -113,7 +114,8 @@ def schema_type(root: type, path: str, source: str = "command line") -> Any:
                                   f"index (e.g. {'.'.join(done)}.0), not {part!r}.")
             hint = typing.get_args(hint)[0]
         else:
-            raise PbgRayError(f"{source}: {'.'.join(done)!r} is a plain value and has no key {part!r}.")
+            raise PbgRayError(
+                f"{source}: {'.'.join(done)!r} is a plain value and has no key {part!r}.")
         done.append(part)
     return hint
 

@@ -58,8 +58,8 @@ def check_overrides(overrides: List[str]) -> None:
     for override in parsed:
         key = override.key_or_group
         # hydra.* settings and hydra/* group choices (hydra/launcher=ray) are Hydra's.
-        if (key.replace("/", ".").split(".")[0] == "hydra" or key in CONFIG_GROUPS or override.is_add()
-                or override.is_delete() or override.package is not None):
+        if (key.replace("/", ".").split(".")[0] == "hydra" or key in CONFIG_GROUPS
+                or override.is_add() or override.is_delete() or override.package is not None):
             continue  # group choices and additions are checked by Hydra / from_dict
         if key.startswith("tune.search_space.") and isinstance(override.value(), dict):
             # Hydra merges a mapping into the one there: {loguniform} + {uniform} is no spec.

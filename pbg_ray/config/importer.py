@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from pbg_ray.config.options import Fail, option
+from pbg_ray.config.options import Fail, check_not_negative, option
 
 
 @dataclass
@@ -51,9 +51,7 @@ class ImportConfig:
     def validate(self, fail: Fail) -> None:
         """Rules of this section; `fail(key, problem, fix)` raises."""
         for key in ("entity_min_count", "relation_type_min_count"):
-            if getattr(self, key) < 0:
-                fail(f"importer.{key}", f"must not be negative, got {getattr(self, key)}",
-                     f"Set importer.{key} to 0 or more.")
+            check_not_negative(getattr(self, key), f"importer.{key}", fail)
         if self.previous_edge_paths and self.previous_entity_path is None:
             fail("importer.previous_edge_paths", "needs importer.previous_entity_path: the "
                  "entity dictionary those edges were imported with",

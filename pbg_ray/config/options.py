@@ -34,6 +34,11 @@ def check_positive(value: Union[int, float], key: str, fail: Fail) -> None:
         fail(key, f"must be positive, got {value}", f"Set {key} to a value above 0.")
 
 
+def check_not_negative(value: Union[int, float], key: str, fail: Fail) -> None:
+    if value < 0:
+        fail(key, f"must not be negative, got {value}", f"Set {key} to 0 or more.")
+
+
 def check_choice(value: str, choices: Sequence[str], key: str, fail: Fail) -> None:
     if value not in choices:
         fail(key, f"unknown value {value!r}{did_you_mean(value, choices)}",

@@ -5,12 +5,36 @@ dropped (Ray takes that role)."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from pathlib import Path
-from typing import Any, Dict, Union
+from typing import TYPE_CHECKING, Any, Dict, Union
 
-from pbg_ray.config.schema import ConfigSchema, drop_pbg_only_keys
 from pbg_ray.errors import PbgRayError
+
+if TYPE_CHECKING:
+    from pbg_ray.config.schema import ConfigSchema
+
+logger = logging.getLogger("pbg_ray")
+
+# Keys of torchbiggraph's config that describe how *it* distributes work. Ray
+# takes that role here, so they are accepted (a PBG config loads unchanged)
+# and ignored, with a note saying what replaces them.
+PBG_ONLY_KEYS = {
+    "background_io": "partition I/O overlaps training through Ray's object store",
+    "hogwild_delay": "train tasks start as Ray schedules them",
+    "num_machines": "the Ray cluster decides the machines (ray.address)",
+    "num_partition_servers": "partitions live in Ray actors (ray.placement)",
+    "distributed_init_method": "Ray connects the processes (ray.address)",
+    "distributed_tree_init_order": "the bucket scheduler actor orders buckets",
+}
+
+
+def drop_pbg_only_keys(data: Dict[str, Any], source: str) -> Dict[str, Any]:
+    """A copy of a PBG config dict without the keys Ray makes meaningless."""
+    for key in sorted(PBG_ONLY_KEYS.keys() & data.keys()):
+        logger.info("%s: ignoring PBG key %r: %s", source, key, PBG_ONLY_KEYS[key])
+    return {k: v for k, v in data.items() if k not in PBG_ONLY_KEYS}
 
 
 def load_pbg_config_dict(path: Union[str, Path]) -> Dict[str, Any]:
@@ -38,4 +62,7 @@ def load_pbg_config_dict(path: Union[str, Path]) -> Dict[str, Any]:
 
 def load_pbg_config_file(path: Union[str, Path]) -> ConfigSchema:
     """Load and validate a PBG config module, as torchbiggraph_train would."""
+    # Imported here: schema.py imports this module (ConfigSchema.from_dict drops PBG_ONLY_KEYS).
+    from pbg_ray.config.schema import ConfigSchema
+
     return ConfigSchema.from_dict(load_pbg_config_dict(path), source=str(path))

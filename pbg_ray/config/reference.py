@@ -57,17 +57,24 @@ def rows(cls: type, prefix: str) -> Iterator[Tuple[str, str, str, str]]:
                    help_of(field))
 
 
-def section_table(title: str, prefix: str, cls: type) -> str:
+def section_table(title: str, prefix: str, cls: type, keys: Optional[Sequence[str]] = None) -> str:
+    """A section's table: all its keys, or those of `keys`; "" when none of them is there."""
+    chosen = [row for row in rows(cls, prefix) if keys is None or row[0] in keys]
+    if not chosen:
+        return ""
     lines = [f"## {title}", "", (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
              "", "| key | type | default | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{k}` | {t} | {d} | {h.replace('|', '/')} |" for k, t, d, h in rows(cls, prefix)]
+    lines += [f"| `{k}` | {t} | {d} | {h.replace('|', '/')} |" for k, t, d, h in chosen]
     return "\n".join(lines) + "\n"
 
 
-def markdown(sections: Optional[Sequence[str]] = None) -> str:
-    """The reference of the given section prefixes ("" for the PBG keys), or of all."""
-    chosen = [s for s in SECTIONS if sections is None or s[1] in sections]
-    return "\n".join(section_table(*s) for s in chosen)
+def markdown(picks: Optional[Sequence[str]] = None) -> str:
+    """The reference of every section, or of those picked: a section by its prefix ("ray.",
+    "" for the PBG keys) or single keys ("entity_path")."""
+    tables = [section_table(title, prefix, cls,
+                            None if picks is None or prefix in picks else picks)
+              for title, prefix, cls in SECTIONS]
+    return "\n".join(table for table in tables if table)
 
 
 def document() -> str:

@@ -10,7 +10,6 @@ goes through `ConfigSchema.from_dict`, which refuses unknown keys and wrong type
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -24,31 +23,11 @@ from pbg_ray.config.export import ExportConfig
 from pbg_ray.config.importer import ImportConfig
 from pbg_ray.config.incremental import IncrementalConfig
 from pbg_ray.config.options import Fail, check_choice, check_positive, option
+from pbg_ray.config.pbg_file import drop_pbg_only_keys
 from pbg_ray.config.ray import RayConfig
 from pbg_ray.config.tune import TuneConfig
 from pbg_ray.config.validation import validate_config
 from pbg_ray.errors import PbgRayError
-
-logger = logging.getLogger("pbg_ray")
-
-# Keys of torchbiggraph's config that describe how *it* distributes work. Ray
-# takes that role here, so they are accepted (a PBG config loads unchanged)
-# and ignored, with a note saying what replaces them.
-PBG_ONLY_KEYS = {
-    "background_io": "partition I/O overlaps training through Ray's object store",
-    "hogwild_delay": "train tasks start as Ray schedules them",
-    "num_machines": "the Ray cluster decides the machines (ray.address)",
-    "num_partition_servers": "partitions live in Ray actors (ray.placement)",
-    "distributed_init_method": "Ray connects the processes (ray.address)",
-    "distributed_tree_init_order": "the bucket scheduler actor orders buckets",
-}
-
-
-def drop_pbg_only_keys(data: Dict[str, Any], source: str) -> Dict[str, Any]:
-    """A copy of a PBG config dict without the keys Ray makes meaningless."""
-    for key in sorted(PBG_ONLY_KEYS.keys() & data.keys()):
-        logger.info("%s: ignoring PBG key %r: %s", source, key, PBG_ONLY_KEYS[key])
-    return {k: v for k, v in data.items() if k not in PBG_ONLY_KEYS}
 
 
 @dataclass
@@ -198,7 +177,6 @@ class ConfigSchema:
     incremental: IncrementalConfig = option(factory=IncrementalConfig, help=
         "Training a grown graph from init_path (the `incremental` section).")
 
-
     @classmethod
     def from_dict(cls, data: Any, source: str = "config") -> "ConfigSchema":
         """Build and validate a config from plain dicts/lists (PBG's layout).
@@ -206,7 +184,8 @@ class ConfigSchema:
         `source` names where the dict came from, for error messages.
         """
         if not isinstance(data, dict):
-            raise PbgRayError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+            raise PbgRayError(
+                f"{source}: expected a mapping of config keys, got {type(data).__name__}")
         config = convert(drop_pbg_only_keys(data, source), cls, "", source)
         config.validate(source)
         return config

@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from pbg_ray.config.options import Fail, option
-from pbg_ray.errors import did_you_mean
+from pbg_ray.config.options import Fail, check_choice, check_not_negative, option
 
 # Sampler name -> number of arguments (None: a non-empty list of values).
 SAMPLERS: Dict[str, Optional[int]] = {
@@ -65,12 +64,9 @@ class TuneConfig:
 
     def validate(self, fail: Fail) -> None:
         """Rules of this section; `fail(key, problem, fix)` raises."""
-        for key, value, choices in (("tune.metric", self.metric, TRIAL_METRICS),
-                                    ("tune.mode", self.mode, MODES),
-                                    ("tune.scheduler", self.scheduler, SCHEDULERS)):
-            if value not in choices:
-                fail(key, f"unknown value {value!r}{did_you_mean(value, choices)}",
-                     f"Valid values: {', '.join(choices)}.")
+        check_choice(self.metric, TRIAL_METRICS, "tune.metric", fail)
+        check_choice(self.mode, MODES, "tune.mode", fail)
+        check_choice(self.scheduler, SCHEDULERS, "tune.scheduler", fail)
         for key in ("num_samples", "grace_period"):
             if getattr(self, key) < 1:
                 fail(f"tune.{key}", f"must be at least 1, got {getattr(self, key)}",
@@ -81,9 +77,8 @@ class TuneConfig:
         if self.reduction_factor <= 1:
             fail("tune.reduction_factor", f"must be above 1, got {self.reduction_factor}",
                  "Use e.g. 2 (half the trials go on at each rung) or 4.")
-        if self.driver_cpus < 0 or self.max_failures < 0:
-            key = "tune.driver_cpus" if self.driver_cpus < 0 else "tune.max_failures"
-            fail(key, "must not be negative", "Set it to 0 or more.")
+        check_not_negative(self.driver_cpus, "tune.driver_cpus", fail)
+        check_not_negative(self.max_failures, "tune.max_failures", fail)
         for key, spec in flat_search_space(self.search_space).items():
             if key.split(".")[0] in ("ray", "tune"):
                 fail(f"tune.search_space.{key}", "ray and tune settings can't be searched: "

@@ -10,7 +10,7 @@ from pbg_ray.config.components import (
     BUCKET_ORDERS, COMPARATORS, LOSS_FUNCTIONS, REGULARIZERS, SAME_DIMENSION_OPERATORS,
     UNREGULARIZED_OPERATORS)
 from pbg_ray.config.convert import schema_type
-from pbg_ray.config.options import Fail, check_choice, check_positive
+from pbg_ray.config.options import Fail, check_choice, check_not_negative, check_positive
 from pbg_ray.config.tune import flat_search_space
 from pbg_ray.errors import did_you_mean
 
@@ -109,12 +109,9 @@ def _training_keys(config: "ConfigSchema", fail: Fail) -> None:
             check_positive(getattr(config, key), key, fail)
     for key in ("num_batch_negs", "num_uniform_negs", "eval_num_batch_negs",
                 "eval_num_uniform_negs", "num_gpus", "verbose", "lr", "regularization_coef"):
-        if getattr(config, key) < 0:
-            fail(key, f"must not be negative, got {getattr(config, key)}",
-                 f"Set {key} to 0 or more.")
-    if config.relation_lr is not None and config.relation_lr < 0:
-        fail("relation_lr", f"must not be negative, got {config.relation_lr}",
-             "Set it to 0 or more.")
+        check_not_negative(getattr(config, key), key, fail)
+    if config.relation_lr is not None:
+        check_not_negative(config.relation_lr, "relation_lr", fail)
     if not 0 <= config.eval_fraction < 1:
         fail("eval_fraction", f"must be in [0, 1), got {config.eval_fraction}",
              "Use e.g. 0.05 to hold out 5% of each bucket.")

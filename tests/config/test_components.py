@@ -17,3 +17,10 @@ def test_names_match_the_model_registries():
 def test_unregularized_operators_are_those_without_reg_params():
     assert components.UNREGULARIZED_OPERATORS == {
         name for name in OPERATORS.names() if OPERATORS.get(name).reg_params is None}
+
+
+def test_same_dimension_operators_are_those_with_parameters():
+    """An operator's parameters are shaped by one dimension, so it maps a d-dimensional lhs
+    onto a d-dimensional rhs; only the identity ("none") has none."""
+    assert components.SAME_DIMENSION_OPERATORS == {
+        name for name in OPERATORS.names() if OPERATORS.get(name).param_names}

@@ -1,0 +1,43 @@
+"""The rules of a whole config (pbg_ray.config.validation, and each section's validate):
+ConfigSchema.from_dict refuses a config that breaks one, naming the key."""
+
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from tests.util import config_dict
+
+BAD_CONFIGS = [
+    # (overrides, substring of the message)
+    (dict(relations=[{"name": "r", "lhs": "usr", "rhs": "item"}]),
+     "unknown entity type 'usr' (did you mean 'user'?)"),
+    (dict(entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 3},
+                    "tag": {"num_partitions": 1}}), "don't broadcast"),
+    (dict(batch_size=1001, num_batch_negs=50), "not a multiple of num_batch_negs"),
+    (dict(dimension=7, relations=[{"name": "r", "lhs": "user", "rhs": "item",
+                                   "operator": "complex_diagonal"}]), "even dimension"),
+    (dict(disable_lhs_negs=True, disable_rhs_negs=True), "both sides"),
+    (dict(dynamic_relations=True, global_emb=False), "exactly one relation type"),
+    (dict(dynamic_relations=True, relations=[{"name": "r", "lhs": "user", "rhs": "item"}]),
+     "global_emb"),
+    (dict(relations=[{"name": "r", "lhs": "user", "rhs": "item", "operator": "lineer"}]),
+     "relations[0].operator: unknown value 'lineer' (did you mean 'linear'?)"),
+    (dict(comparator="dott"), "comparator: unknown value 'dott' (did you mean 'dot'?)"),
+    (dict(loss_fn="hinge"), "loss_fn: unknown value 'hinge'"),
+    (dict(bucket_order="afinity"), "did you mean 'affinity'"),
+    (dict(entity_path=""), "entity_path: this path is required"),
+    (dict(edge_paths=[]), "edge_paths: this path is required"),
+    (dict(dimension=0), "dimension: must be positive"),
+    (dict(eval_fraction=1.5), "eval_fraction: must be in [0, 1)"),
+    (dict(lr=-1.0), "lr: must not be negative"),
+    (dict(ray={"placement": "cloud"}), "ray.placement: unknown value 'cloud'"),
+    (dict(ray={"cpus_per_trainer": 0}), "ray.cpus_per_trainer: must be positive"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", BAD_CONFIGS)
+def test_bad_config_is_refused_naming_the_key(tmp_path, overrides, message):
+    data = config_dict(tmp_path, **overrides)
+    with pytest.raises(PbgRayError) as info:
+        ConfigSchema.from_dict(data)
+    assert message in str(info.value)
