@@ -3,9 +3,14 @@ original PyTorch-BigGraph): the same run as it sees it."""
 
 from __future__ import annotations
 
+import torch
+from torchbiggraph.checkpoint_manager import CheckpointManager
 from torchbiggraph.config import ConfigSchema as PbgConfigSchema
+from torchbiggraph.model import make_model
+from torchbiggraph.row_adagrad import RowAdagrad
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.io.entities import load_entity_counts
 
 # Keys torchbiggraph 1.0.0 knows that the tests' configs set.
 PBG_1_0_KEYS = {"entities", "relations", "dimension", "global_emb", "comparator", "loss_fn",
@@ -19,3 +24,22 @@ def pbg_config(config: ConfigSchema) -> PbgConfigSchema:
     for econf in data["entities"].values():
         del econf["dimension"]
     return PbgConfigSchema.from_dict(data)
+
+
+def assert_torchbiggraph_loads(config: ConfigSchema, version: int):
+    """torchbiggraph 1.0.0 reads version `version` of config.checkpoint_path as its own:
+    every partition's embeddings with a RowAdagrad state its optimizer takes, and a model
+    state dict its make_model loads."""
+    manager = CheckpointManager(config.checkpoint_path)
+    assert manager.checkpoint_version == version
+    for entity, parts in load_entity_counts(config).items():
+        for part, count in enumerate(parts):
+            embs, optim_state = manager.read(entity, part)
+            assert embs.shape == (count, config.dimension)
+            assert torch.isfinite(embs).all()
+            RowAdagrad([torch.nn.Parameter(embs)], lr=config.lr).load_state_dict(optim_state)
+    state_dict, _ = manager.read_model()
+    model = make_model(pbg_config(config))
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    assert not unexpected, unexpected
+    assert all(k.startswith(("lhs_embs", "rhs_embs")) for k in missing), missing

@@ -7,17 +7,14 @@ from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
-import torch
-from torchbiggraph.checkpoint_manager import CheckpointManager
-from torchbiggraph.row_adagrad import RowAdagrad
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import (
     load_entity_count, load_entity_counts, num_relation_ids, save_entity_count, save_entity_names,
     save_relation_names)
-from pbg_ray.model.params import param_layout
+from pbg_ray.model.params import param_layout, params_from_checkpoint
 from pbg_ray.types import Bucket, EdgeList
 
 
@@ -74,25 +71,29 @@ def write_random_graph(config: ConfigSchema, num_edges: int = 200, seed: int = 0
 
 
 def assert_valid_checkpoint(config: ConfigSchema, version: int, clean: bool = True):
-    """Version `version` is current, complete, finite, and torchbiggraph 1.0.0 loads it;
-    `clean`: alone as well, no older version or temporary file beside it (a killed run
-    leaves those for the next run to remove)."""
+    """Version `version` is current and complete, and pbg_ray's own readers find every
+    partition's embeddings (its count of rows, finite) with a RowAdagrad state that decodes,
+    and every parameter of the config's model; `clean`: alone as well, no older version or
+    temporary file beside it (a killed run leaves those for the next run to remove).
+    The oracle tests add the original PBG's own load check (tests/oracle.py)."""
     storage = CheckpointStorage(config.checkpoint_path)
     assert storage.load_version() == version
     storage.check_version(version, config)
     if clean:
         assert not list(storage.path.glob(f"*.v{version - 1}.h5")), "old version not dropped"
         assert not list(storage.path.glob(".*tmp*")), "temporary files left behind"
-    counts = load_entity_counts(config)
-    manager = CheckpointManager(config.checkpoint_path)  # torchbiggraph reads it
-    for entity, parts in counts.items():
+    for entity, parts in load_entity_counts(config).items():
         for part, count in enumerate(parts):
-            embs, optim_state = manager.read(entity, part)
+            embs, optim_state = storage.load_entity_partition(version, entity, part)
             assert embs.shape == (count, config.dimension)
-            assert torch.isfinite(embs).all()
-            RowAdagrad([torch.nn.Parameter(embs)], lr=config.lr).load_state_dict(optim_state)
-    state_dict, _ = manager.read_model()
-    assert "rhs_operators.0.translation" in state_dict
+            assert np.isfinite(embs).all()
+            sums = row_adagrad_sums(optim_state, count, f"{entity} partition {part}")
+            assert sums is not None and np.isfinite(sums).all()
+    arrays, optim_state = storage.load_model(version)
+    num_relations = num_relation_ids(config)
+    assert set(arrays) == {name for name, _ in param_layout(config, num_relations)}
+    assert all(np.isfinite(value).all() for value in arrays.values())
+    params_from_checkpoint(config, num_relations, arrays, optim_state, where=f"version {version}")
 
 
 def random_checkpoint(config: ConfigSchema, version: int = 1, seed: int = 0,

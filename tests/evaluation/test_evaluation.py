@@ -182,6 +182,7 @@ def torchbiggraph_metrics(config, monkeypatch):
     return stats.metrics
 
 
+@pytest.mark.oracle
 def test_sampled_metrics_equal_torchbiggraph_eval_with_all_negs(ray_session, tmp_path, monkeypatch):
     config = make(tmp_path, comparator="dot", num_epochs=1, eval_fraction=0.0, relations=[
         {"name": n, "lhs": l, "rhs": r, "operator": op, "all_negs": True}

@@ -3,6 +3,7 @@
 import io
 
 import numpy as np
+import pytest
 import torch
 from torchbiggraph.checkpoint_manager import CheckpointManager
 from torchbiggraph.config import ConfigSchema as PbgConfigSchema
@@ -19,6 +20,8 @@ from pbg_ray.io.entities import load_entity_count, load_entity_names
 from pbg_ray.types import Bucket
 from tests.oracle import pbg_config
 from tests.util import config_dict, write_random_graph
+
+pytestmark = pytest.mark.oracle
 
 
 def test_torchbiggraph_reads_our_edges_and_entities(make_config):

@@ -8,7 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, locate_version
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io import storage
 from pbg_ray.io.edges import EdgeAppender, read_edges, write_edges
@@ -111,9 +112,9 @@ def test_checkpoint_versions_and_snapshots_on_s3(s3_root, make_config):
             checkpoint.drop_version(version - 1, config)
     assert checkpoint.load_version() == 2
     assert not checkpoint.model_file(1).exists()
-    older, version = locate_version(config, 1, "eval.version")
+    older, version = CheckpointManager(config.checkpoint_path).locate(config, 1, "eval.version")
     assert version == 1 and str(older.path) == str(checkpoint.path / "epoch_1")
-    np.testing.assert_array_equal(older.load_entity_partition(1, "user", 1)[0], embs)
+    np.testing.assert_array_equal(older.read_partition(1, "user", 1)[0], embs)
     np.testing.assert_array_equal(checkpoint.load_entity_partition(2, "user", 1)[0], embs * 2)
 
 

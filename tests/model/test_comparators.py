@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 
 from pbg_ray.model.comparators import make_comparator
@@ -11,6 +12,8 @@ from pbg_ray.model.comparators import make_comparator
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from torchbiggraph.model import L2Comparator as TbgL2
+
+pytestmark = pytest.mark.oracle
 
 
 def test_l2_positive_has_no_gradient_at_zero_distance():

@@ -12,6 +12,8 @@ from pbg_ray.checkpoints.storage import state_dict_key
 from tests.model.pbg_oracle import dense_row_grads, make_case, oracle, ours
 from tests.model.test_oracle import assert_close
 
+pytestmark = pytest.mark.oracle
+
 
 def weighted_loss(name: str, margin: float, weight: torch.Tensor):
     """Later PBG's weighted losses: each edge's loss (all its negatives' terms) times its weight."""

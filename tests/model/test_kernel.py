@@ -22,6 +22,8 @@ with warnings.catch_warnings():
     from torchbiggraph.entitylist import EntityList
     from torchbiggraph.eval import RankingEvaluator
 
+pytestmark = pytest.mark.oracle
+
 
 def edges_of_two_relations(case, rng):
     case.edges.rel[:] = rng.integers(0, 2, len(case.edges))
@@ -148,6 +150,7 @@ def test_params_from_checkpoint_defaults_and_errors():
                                None)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu():
     case = make_case(num_edges=200, operator="complex_diagonal", loss_fn="softmax")

@@ -8,6 +8,8 @@ from pbg_ray.model import KnownRows, train_bucket
 from pbg_ray.types import Bucket
 from tests.model.pbg_oracle import make_case
 
+pytestmark = pytest.mark.oracle
+
 KNOWN = {("a", 0): 7, ("b", 0): 5}  # of 13 and 11 rows
 
 

@@ -19,6 +19,8 @@ from pbg_ray.model.losses import LOSS_FUNCTIONS as LOSSES_REGISTRY
 from pbg_ray.model.operators import OPERATORS as OPERATORS_REGISTRY
 from tests.model.pbg_oracle import dense_row_grads, make_case, oracle, oracle_step, ours, pbg_layout
 
+pytestmark = pytest.mark.oracle
+
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 

@@ -23,7 +23,10 @@ from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
 from pbg_ray.plot import main as plot_main
+from tests.oracle import assert_torchbiggraph_loads
 from tests.util import assert_valid_checkpoint, config_dict
+
+pytestmark = pytest.mark.oracle
 
 NAMES = [f"n{i}" for i in range(40)]
 
@@ -51,7 +54,7 @@ def uri_config(root, tmp_path, **overrides):
     return ConfigSchema.from_dict(data).with_absolute_paths()
 
 
-@pytest.fixture(params=["s3", "file"])
+@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), "file"])
 def root(request, tmp_path):
     if request.param == "s3":
         return request.getfixturevalue("s3_root")
@@ -111,6 +114,7 @@ def test_import_train_resume_eval_export_predict(ray_session, root, tmp_path):
     pafs.copy_files(source_path, str(local), source_filesystem=source,
                     destination_filesystem=pafs.LocalFileSystem())
     assert_valid_checkpoint(dataclasses.replace(config, checkpoint_path=str(local)), 2)
+    assert_torchbiggraph_loads(dataclasses.replace(config, checkpoint_path=str(local)), 2)
 
     model = Predictor.load(config.checkpoint_path)
     top = model.top_rhs(names[0], "a", k=3, exclude=config.edge_paths)
@@ -125,6 +129,7 @@ def test_import_train_resume_eval_export_predict(ray_session, root, tmp_path):
     assert model_source[:3] == ("init", str(storage.path), 2)
 
 
+@pytest.mark.s3
 def test_a_second_run_on_an_object_storage_checkpoint_is_refused(s3_root):
     storage = CheckpointStorage(join(s3_root, "model"))
     with storage.lock():
@@ -140,6 +145,7 @@ def test_an_unquoted_uri_on_the_command_line_gets_the_fix():
         check_overrides(["checkpoint_path=s3://b/x?endpoint_override=127.0.0.1:9000&scheme=http"])
 
 
+@pytest.mark.s3
 def test_command_line_takes_quoted_uris(s3_root, tmp_path):
     """URIs hold '=' and '&', so on Hydra's command line they are quoted."""
     config = uri_config(s3_root, tmp_path)

@@ -1,4 +1,4 @@
-"""training_stats.json lines (per-edge means with counts, torchbiggraph's and pbg_ray's) into figures."""
+"""training_stats.json lines (per-edge means with counts, PBG's and pbg_ray's) into figures."""
 
 import pytest
 

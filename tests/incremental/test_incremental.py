@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from torchbiggraph.graph_storages import FileEntityStorage
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
@@ -20,7 +20,10 @@ from pbg_ray.io.entities import load_entity_names, load_relation_names
 from pbg_ray.model import init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
 from tests.importer.util import decoded, random_rows, write_text
+from tests.oracle import assert_torchbiggraph_loads
 from tests.util import assert_valid_checkpoint, config_dict
+
+pytestmark = pytest.mark.oracle
 
 NPARTS = 2
 
@@ -222,21 +225,22 @@ def test_frozen_update_keeps_known_rows_and_learns_the_new_entities(day0):
     config = update_config(root, old, new, "frozen", known_lr_scale=0.0, new_entity_edges_only=True)
     trainer = Trainer(config)
     result = trainer.run()
-    assert_valid_checkpoint(config, result.version)  # v1, and torchbiggraph loads it
-    before = CheckpointStorage(old.checkpoint_path)
-    after = CheckpointStorage(config.checkpoint_path)
-    known = init_rows(config, before, before.load_version())
+    assert_valid_checkpoint(config, result.version)  # v1
+    assert_torchbiggraph_loads(config, result.version)
+    before = CheckpointManager(old.checkpoint_path)
+    after = CheckpointManager(config.checkpoint_path)
+    known = init_rows(config, before, before.version())
     for part in range(NPARTS):
-        old_embs, old_state = before.load_entity_partition(before.load_version(), "node", part)
-        embs, state = after.load_entity_partition(result.version, "node", part)
+        old_embs, old_state = before.read_partition(before.version(), "node", part)
+        embs, state = after.read_partition(result.version, "node", part)
         n = known["node", part]
         assert n == len(old_embs) < len(embs)
         assert embs[:n].tobytes() == old_embs.tobytes()  # bit-identical
         assert state["state"][0]["sum"][:n].numpy().tobytes() == \
             old_state["state"][0]["sum"].numpy().tobytes()
         assert (state["state"][0]["sum"][n:].numpy() > 0).mean() > 0.9  # the new rows trained
-    old_model, _ = before.load_model(before.load_version())
-    new_model, _ = after.load_model(result.version)
+    old_model, _ = before.read_model(before.version())
+    new_model, _ = after.read_model(result.version)
     assert all(np.array_equal(old_model[k], new_model[k]) for k in old_model)
 
     # The new entities' held-out edges score far above chance; the old ones still do.
@@ -249,12 +253,12 @@ def test_frozen_update_keeps_known_rows_and_learns_the_new_entities(day0):
 def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
     root, old, new = day0
     config = update_config(root, old, new, "unused", new_rows_init="neighbors")
-    storage = CheckpointStorage(old.checkpoint_path)
-    version = storage.load_version()
+    checkpoint = CheckpointManager(old.checkpoint_path)
+    version = checkpoint.version()
     counts = {"node": [len(p) for p in names_of(new)]}
-    means = neighbor_means(config, storage, version, counts)
-    known = init_rows(config, storage, version)
-    tables = {p: storage.load_entity_partition(version, "node", p)[0] for p in range(NPARTS)}
+    means = neighbor_means(config, checkpoint, version, counts)
+    known = init_rows(config, checkpoint, version)
+    tables = {p: checkpoint.read_partition(version, "node", p)[0] for p in range(NPARTS)}
     # Brute force over the new edges: each new node's known neighbours.
     neighbours = collections.defaultdict(list)
     for lhs_p in range(NPARTS):

@@ -17,7 +17,7 @@ from pbg_ray.config import load_pbg_config_file
 from pbg_ray.io.edges import count_edges
 from pbg_ray.types import Bucket
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize("name", ["fb15k", "livejournal"])
