@@ -35,7 +35,7 @@ DIM = 100
 
 
 def matmul_rate(threads: int, size: int = 2048, repeats: int = 7) -> float:
-    """Median float32 GFLOP/s of a size x size matmul on `threads` threads."""
+    """Median GFLOP/s of a float32 size x size matmul on `threads` threads."""
     torch.set_num_threads(threads)
     a, b = torch.randn(size, size), torch.randn(size, size)
     torch.mm(a, b)

@@ -94,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of 10M edges / 1M entities")
     parser.add_argument("--pbg-edges", type=int, default=100_000,
-                        help="lines imported by torchbiggraph (it runs at ~7k edges/s)")
+                        help="lines imported by torchbiggraph (its importer is far slower)")
     args = parser.parse_args()
     num_edges, num_entities = int(10_000_000 * args.scale), int(1_000_000 * args.scale)
     results = {"edges": num_edges, "entities": num_entities, "partitions": NUM_PARTITIONS}

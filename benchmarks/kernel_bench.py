@@ -11,9 +11,9 @@ process_in_batches with its Trainer and RowAdagrad), pbg_ray through `train_buck
 Also measures the machine's float32 matmul GFLOP/s (with --workers threads) right before
 and after each of pbg_ray's runs and prints the matmul FLOPs per edge pbg_ray needs, so that
 each run is given as a fraction of the compute bound of the machine as it was during that
-run; the setting's fraction is the median over runs. The machine is shared and its rate
-drifts by +-20% within seconds: a rate measured once, apart from the runs, made the fraction
-swing by as much. Each trainer's edges/s is the best of --repeats runs. The last line is
+run; the setting's fraction is the median over runs. A shared machine's rate drifts
+within seconds: a rate measured once, apart from the runs, made the fraction swing with
+it. Each trainer's edges/s is the best of --repeats runs. The last line is
 one JSON object with all the figures.
 
 Run: python benchmarks/kernel_bench.py [--edges-a 300000] [--edges-b 60000] [--device cuda]

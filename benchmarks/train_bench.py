@@ -15,8 +15,8 @@ the figures.
 
 Each trainer trains each setting twice: once sampled for peak memory, then once
 timed with nothing watching it, whose checkpoint is scored. (Sampling the PSS of
-every process reads its page tables: every 0.2 s that took 15-25% off the edges/s
-of both trainers on a 2-core machine, more off the one with more processes.)
+every process reads its page tables, which slows both trainers on a small machine, and
+more the one with more processes.)
 
     python benchmarks/train_bench.py                 # 1M entities, 10M edges
     python benchmarks/train_bench.py --scale 0.05    # a quick run
@@ -105,7 +105,7 @@ def role(proc: psutil.Process) -> str:
 
 
 class PeakMemory:
-    """Peak of the summed PSS of a process and all its descendants, sampled every 0.2 s;
+    """Peak of the summed PSS of a process and all its descendants, sampled five times a second;
     `breakdown` holds the PSS per role at that peak."""
 
     def __init__(self, pid: int) -> None:
@@ -232,7 +232,7 @@ def mrr(config: dict, version: int, test_path: str) -> float:
     from pbg_ray.engine.trainer import Trainer
 
     config = ConfigSchema.from_dict(dict(config, num_epochs=version, num_edge_chunks=1))
-    # A Ray of its own, shut down after: idle, it would take ~5% of a core from the next runs.
+    # A Ray of its own, shut down after: even idle, its processes take CPU from the next runs.
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         return Trainer(config).evaluate(test_path)["mrr"]

@@ -61,7 +61,7 @@ def _load_count(path: StoragePath, what: str) -> int:
 
 
 def _save_names(path: StoragePath, names: List[str]) -> None:
-    # json.dumps then one write: ~10x faster than json.dump for millions of names.
+    # json.dumps then one write: json.dump makes a write call per name.
     write_text_atomic(path, json.dumps(names))
 
 

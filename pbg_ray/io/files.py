@@ -83,8 +83,8 @@ def write_bytes_atomic(path: PathLike, *data) -> None:
 
 def write_bytes_in_place(path: PathLike, *data) -> None:
     """Write the `data` buffers as `path` over its own bytes: an existing local file keeps
-    its blocks, so nothing is allocated (nor freed, which with online discard costs
-    ~20 ms per 50 MB here), and its cached pages are simply overwritten. Neither atomic
+    its blocks, so nothing is allocated (nor freed, which on a disk mounted with online
+    discard waits for the device), and its cached pages are simply overwritten. Neither atomic
     nor fsync'ed (`sync_file` does that later): for files nothing reads before the write
     succeeded. On object storage it is an upload. A failed write raises `write_failed`'s
     PbgRayError."""

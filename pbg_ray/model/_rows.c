@@ -3,10 +3,10 @@
  *
  * On a table far larger than the cache nearly every row is a miss, and torch's
  * index_select / index_add_ wait for one row at a time. These loops prefetch the row
- * PREFETCH positions ahead, so several misses are in flight: on a 1M x 100 table the
- * gather takes ~0.35 ms instead of ~0.5 ms per 6,000 rows, and the RowAdagrad step
- * (folding duplicates, accumulators and the row update in one pass) ~0.5 ms instead of
- * ~1.5 ms. The arithmetic is that of pbg_ray.model.optim.row_adagrad_, operation for
+ * PREFETCH positions ahead, so several misses are in flight and less time is spent
+ * waiting on memory; the RowAdagrad step also folds duplicates, accumulators and the row
+ * update into one pass where torch makes several over the rows. The arithmetic is that
+ * of pbg_ray.model.optim.row_adagrad_, operation for
  * operation, except the order of the squared-gradient sum.
  *
  * Arguments are addresses of contiguous tensors (checked by the Python caller) and
@@ -44,7 +44,7 @@ static PyObject *index_error(const int64_t *ids, int64_t i, int64_t n_rows) {
 }
 
 /* Sum of squares with 16 independent partial sums: a single running sum is a chain of
- * dependent adds that the compiler may not reorder (~4x slower at D = 100). */
+ * dependent adds that the compiler may not reorder, each waiting for the one before. */
 static float sum_of_squares(const float *x, int64_t d) {
     float acc[16] = {0};
     int64_t j = 0;

@@ -51,7 +51,8 @@ class _Workspace(threading.local):
     def get(self, key: Any, like: Tensor, shape: Optional[Tuple[int, ...]] = None) -> Tensor:
         """A buffer of like's dtype and device: contiguous of `shape`, or by default of like's
         shape and dimension order. (A transposed block gets a transposed buffer, so that
-        elementwise ops between them run in memory order: ~20x faster than across it.)"""
+        elementwise ops between them run in memory order: across it, every access is a
+        strided one that misses the cache.)"""
         buf = self.buffers.get(key)
         if shape is None:
             if buf is None or buf.shape != like.shape or buf.device != like.device \

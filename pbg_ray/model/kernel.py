@@ -32,7 +32,7 @@ from pbg_ray.types import Bucket, EdgeList
 
 # The environment a process running the kernel should start with: large score
 # temporaries otherwise go through mmap/munmap every batch and pay page faults
-# each time (~2x slower with 1000 batch + 1000 uniform negatives). glibc reads
+# each time, which with large negative blocks costs as much as the arithmetic. glibc reads
 # these at start-up, so they must be set before the process starts.
 KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
