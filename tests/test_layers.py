@@ -149,3 +149,47 @@ def test_light_modules_load_no_heavy_package(module):
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.split()
     assert loaded == [], f"import {module} loaded {loaded}"
+
+
+TESTS = PACKAGE.parent / "tests"
+# The oracle's helper modules: torchbiggraph's own code seen from the tests.
+ORACLE_HELPERS = {"tests.oracle", "tests.model.pbg_oracle"}
+
+
+def marked_oracle(node: ast.AST) -> bool:
+    """Whether a decorator list or a `pytestmark = ...` value names the oracle marker."""
+    return "mark.oracle" in ast.unparse(node)
+
+
+def oracle_imports_outside_oracle_tests(path: Path) -> List[str]:
+    """`line N` of each import of torchbiggraph or an oracle helper that is neither in a
+    module marked oracle nor in a test (or class) marked oracle."""
+    tree = ast.parse(path.read_text(), str(path))
+    if any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark"
+                                             for t in n.targets) and marked_oracle(n.value)
+           for n in tree.body):
+        return []
+    wrong: List[str] = []
+
+    def visit(node: ast.AST, marked: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            marked = marked or any(marked_oracle(d) for d in node.decorator_list)
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        if not marked and any(n.split(".")[0] == "torchbiggraph" or n in ORACLE_HELPERS
+                              for n in names):
+            wrong.append(f"line {node.lineno}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, marked)
+
+    visit(tree, False)
+    return wrong
+
+
+def test_torchbiggraph_is_imported_only_by_oracle_tests():
+    """`pytest -m "not oracle"` runs without torchbiggraph: only tests marked oracle (or
+    modules whose pytestmark says so) import it or the helpers that wrap it."""
+    helper_paths = {TESTS.parent / (h.replace(".", "/") + ".py") for h in ORACLE_HELPERS}
+    wrong = {str(p.relative_to(TESTS.parent)): lines for p in sorted(TESTS.rglob("*.py"))
+             if p not in helper_paths and (lines := oracle_imports_outside_oracle_tests(p))}
+    assert not wrong, f"imports of torchbiggraph outside tests marked oracle: {wrong}"

@@ -3,8 +3,6 @@ metrics equal torchbiggraph_eval's with all_negs, and python -m pbg_ray.eval's o
 
 import dataclasses
 import json
-import typing
-import warnings
 
 import numpy as np
 import pytest
@@ -155,34 +153,8 @@ def test_filtered_ranks_over_partitions_match_brute_force(ray_session, tmp_path)
     assert len((tmp_path / "checkpoints" / "eval_stats.json").read_text().splitlines()) == 2
 
 
-def unpack_optional(type_):
-    """torchbiggraph 1.0.0 recognizes Optional[X] by identity, which fails on Python 3.9+."""
-    args = typing.get_args(type_)
-    if typing.get_origin(type_) is typing.Union and len(args) == 2 and type(None) in args:
-        return next(a for a in args if a is not type(None))
-    raise TypeError("Not an optional type")
-
-
-def torchbiggraph_metrics(config, monkeypatch):
-    import torchbiggraph.schema
-    from torchbiggraph.config import ConfigSchema as PbgConfigSchema
-
-    monkeypatch.setattr(torchbiggraph.schema, "unpack_optional", unpack_optional)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from torchbiggraph.eval import do_eval_and_report_stats
-    keys = ("entities", "relations", "dimension", "global_emb", "comparator", "bias",
-            "entity_path", "checkpoint_path", "batch_size", "num_batch_negs",
-            "num_uniform_negs")
-    data = {k: v for k, v in config.to_dict().items() if k in keys}
-    for econf in data["entities"].values():
-        del econf["dimension"]
-    data.update(edge_paths=config.eval_edge_paths, workers=1)
-    *_, (_, _, stats) = do_eval_and_report_stats(PbgConfigSchema.from_dict(data))
-    return stats.metrics
-
-
 @pytest.mark.oracle
+@pytest.mark.slow
 def test_sampled_metrics_equal_torchbiggraph_eval_with_all_negs(ray_session, tmp_path, monkeypatch):
     config = make(tmp_path, comparator="dot", num_epochs=1, eval_fraction=0.0, relations=[
         {"name": n, "lhs": l, "rhs": r, "operator": op, "all_negs": True}
@@ -194,7 +166,9 @@ def test_sampled_metrics_equal_torchbiggraph_eval_with_all_negs(ray_session, tmp
     Trainer(config).run()  # a real checkpoint, trained by the engine
     config.eval.filtered = False
     ours = evaluate_checkpoint(config)["metrics"]["all"]["sampled"]
-    theirs = torchbiggraph_metrics(config, monkeypatch)
+    from tests.oracle import torchbiggraph_eval_metrics
+
+    theirs = torchbiggraph_eval_metrics(config, monkeypatch)
     for key in ("pos_rank", "mrr", "r1", "r10", "r50"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-4), key
     assert ours["auc"] == pytest.approx(theirs["auc"], abs=0.2)  # both draw random pairs
