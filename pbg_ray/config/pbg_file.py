@@ -1,6 +1,7 @@
 """PBG config files: a Python module defining get_torchbiggraph_config(), loaded as
 torchbiggraph_train loads it, with the keys that only describe how PBG distributes work
-dropped (Ray takes that role)."""
+dropped (Ray takes that role); those and the PBG keys accepted but not acted on are
+warned about."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import importlib.util
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Union
+from typing import TYPE_CHECKING, Any, Dict, Set, Union
 
 from pbg_ray.errors import PbgRayError
 
@@ -19,21 +20,33 @@ logger = logging.getLogger("pbg_ray")
 
 # Keys of torchbiggraph's config that describe how *it* distributes work. Ray
 # takes that role here, so they are accepted (a PBG config loads unchanged)
-# and ignored, with a note saying what replaces them.
+# and dropped, with a warning saying what replaces them.
 PBG_ONLY_KEYS = {
     "background_io": "partition I/O overlaps training through Ray's object store",
-    "hogwild_delay": "train tasks start as Ray schedules them",
     "num_machines": "the Ray cluster decides the machines (ray.address)",
-    "num_partition_servers": "partitions live in Ray actors (ray.placement)",
+    "num_partition_servers": "partitions live in Ray actors (ray.num_partition_stores)",
     "distributed_init_method": "Ray connects the processes (ray.address)",
     "distributed_tree_init_order": "the bucket scheduler actor orders buckets",
 }
+# PBG keys the schema keeps (config.json carries them) but training does not act on:
+# key -> (default, what replaces it); a value other than the default gets the warning.
+IGNORED_KEYS = {
+    "workers": (None, "each train task runs int(ray.cpus_per_trainer) Hogwild threads, and "
+                      "ray.num_trainers tasks run at once"),
+    "half_precision": (False, "pbg_ray trains in float32"),
+}
+_warned: Set[str] = set()  # keys warned about in this process
 
 
 def drop_pbg_only_keys(data: Dict[str, Any], source: str) -> Dict[str, Any]:
-    """A copy of a PBG config dict without the keys Ray makes meaningless."""
-    for key in sorted(PBG_ONLY_KEYS.keys() & data.keys()):
-        logger.info("%s: ignoring PBG key %r: %s", source, key, PBG_ONLY_KEYS[key])
+    """A copy of a PBG config dict without the keys Ray makes meaningless. Each such key,
+    and each of IGNORED_KEYS set, is warned about once a process."""
+    ignored = {k: PBG_ONLY_KEYS[k] for k in PBG_ONLY_KEYS.keys() & data.keys()}
+    ignored.update((k, instead) for k, (default, instead) in IGNORED_KEYS.items()
+                   if data.get(k, default) != default)
+    for key in sorted(ignored.keys() - _warned):
+        _warned.add(key)
+        logger.warning("%s: PBG key %r is ignored: %s", source, key, ignored[key])
     return {k: v for k, v in data.items() if k not in PBG_ONLY_KEYS}
 
 

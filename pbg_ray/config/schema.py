@@ -134,7 +134,21 @@ class ConfigSchema:
     bucket_order: str = option("inside_out", help=
         "The order buckets are trained in: random, affinity, inside_out or outside_in.")
     workers: Optional[int] = option(None, help=
-        "Hogwild threads of each train task; null: the task's CPUs.")
+        "PBG's count of Hogwild processes; accepted and ignored, with a warning: each train "
+        "task runs int(ray.cpus_per_trainer) Hogwild threads, ray.num_trainers tasks at once.")
+    hogwild_delay: float = option(2.0, help=
+        "PBG's warm-up, in seconds: in the first epoch each bucket's first Hogwild thread "
+        "trains alone this long before the task's other threads join (at once if the bucket's "
+        "batches run out sooner), as PBG's Hogwild processes other than the first wait this "
+        "long. The first, largest updates of the shared parameters (relation operators, "
+        "global embeddings) then come without races. Matters with ray.cpus_per_trainer of 2 "
+        "or more; 0: no warm-up.")
+    seed: int = option(0, help=
+        "pbg_ray extension: the seed of training: new embeddings, the shuffle of each "
+        "bucket's edges into batches, the negatives, the held-out edges (eval_fraction) and "
+        "the bucket order. With one train task of one thread (ray.num_trainers=1, "
+        "ray.cpus_per_trainer=1) two runs write identical checkpoints; more threads or tasks "
+        "add only Hogwild's races. The importer's shuffle has its own importer.seed.")
     batch_size: int = option(1000, help="Edges per batch.")
     num_batch_negs: int = option(50, help=
         "Negatives per positive edge taken from the other edges of its batch.")
@@ -160,7 +174,8 @@ class ConfigSchema:
         "GPUs of each train task when ray.gpus_per_trainer is 0 (PBG's GPU trainer key); 0: "
         "CPU training.")
     half_precision: bool = option(False, help=
-        "Accepted for PBG compatibility (PBG's GPU trainer's fp16 switch).")
+        "PBG's GPU trainer's fp16 switch; accepted and ignored, with a warning: pbg_ray "
+        "trains in float32.")
     verbose: int = option(0, help="Logging verbosity: 0 warnings, 1 and more progress details.")
 
     ray: RayConfig = option(factory=RayConfig, help=

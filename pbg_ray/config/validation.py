@@ -108,7 +108,8 @@ def _training_keys(config: "ConfigSchema", fail: Fail) -> None:
         if getattr(config, key) is not None:
             check_positive(getattr(config, key), key, fail)
     for key in ("num_batch_negs", "num_uniform_negs", "eval_num_batch_negs",
-                "eval_num_uniform_negs", "num_gpus", "verbose", "lr", "regularization_coef"):
+                "eval_num_uniform_negs", "num_gpus", "verbose", "lr", "regularization_coef",
+                "hogwild_delay", "seed"):
         check_not_negative(getattr(config, key), key, fail)
     if config.relation_lr is not None:
         check_not_negative(config.relation_lr, "relation_lr", fail)

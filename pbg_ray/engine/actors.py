@@ -220,8 +220,8 @@ class BucketSchedulerActor:
         self.scheduler = BucketScheduler(nparts_lhs, nparts_rhs, order,
                                          lock_lhs=lock_lhs, lock_rhs=lock_rhs, seed=seed)
 
-    def new_pass(self) -> List[Bucket]:
-        return self.scheduler.new_pass()
+    def new_pass(self, iteration: int) -> List[Bucket]:
+        return self.scheduler.new_pass(iteration)
 
     def acquire(self) -> Optional[Bucket]:
         return self.scheduler.acquire()

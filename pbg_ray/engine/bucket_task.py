@@ -69,6 +69,18 @@ def gpus_per_trainer(config: ConfigSchema) -> float:
     return 1.0 if config.num_gpus > 0 else 0.0
 
 
+def task_seed(config: ConfigSchema, iteration: int, bucket: Bucket) -> int:
+    """The seed of a bucket's training and held-out evaluation in pass `iteration`, from
+    the run's seed: a bucket trained again (its trainer died) draws the same."""
+    sequence = np.random.SeedSequence([config.seed, iteration, bucket.lhs, bucket.rhs])
+    return int(sequence.generate_state(1, np.uint64)[0])
+
+
+def warmup_seconds(config: ConfigSchema, iteration: int, num_chunks: int) -> float:
+    """hogwild_delay in the passes of the first epoch, 0 later."""
+    return config.hogwild_delay if iteration < len(config.edge_paths) * num_chunks else 0.0
+
+
 def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[EdgeList, EdgeList]:
     """(held-out, train) edges. The held-out set depends only on `seed` (not the
     epoch), so held-out edges are never trained on in any epoch. (The kernel
@@ -191,19 +203,23 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     if known is not None and config.incremental.new_entity_edges_only:
         edges = edges[np.flatnonzero(touches_new(config, bucket, edges, known))]
     held_out, train_edges = split_held_out(
-        edges, config.eval_fraction, [bucket.lhs, bucket.rhs, chunk_idx])
+        edges, config.eval_fraction, [config.seed, bucket.lhs, bucket.rhs, chunk_idx])
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
 
     stats: Dict[str, Any] = {}
+    seed = task_seed(config, iteration, bucket)
     if len(held_out):
-        stats["eval_stats_before"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
+        stats["eval_stats_before"] = evaluate_bucket(config, bucket, held_out, arrays, local,
+                                                     seed=seed)
     train_stats = train_bucket(config, bucket, train_edges, arrays, local,
-                               num_threads=num_threads, device=device, seed=iteration,
+                               num_threads=num_threads, device=device, seed=seed,
+                               warmup_s=warmup_seconds(config, iteration, num_chunks),
                                known=known)
     if len(held_out):
-        stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local, seed=iteration)
+        stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local,
+                                                    seed=seed)
     t_trained = time.perf_counter()
 
     results: List[Any] = []

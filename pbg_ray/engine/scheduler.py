@@ -98,7 +98,9 @@ class BucketScheduler:
     locked partition index; a bucket given back as failed goes out again.
 
     `lock_lhs` / `lock_rhs`: whether the lhs / rhs side of buckets touches
-    partitioned entity types (an unpartitioned side needs no lock).
+    partitioned entity types (an unpartitioned side needs no lock). A pass's order
+    follows the run's `seed` and the pass alone, so a resumed run trains in the order
+    an uninterrupted one would have.
     """
 
     def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, *,
@@ -106,15 +108,17 @@ class BucketScheduler:
         self.nparts_lhs, self.nparts_rhs = nparts_lhs, nparts_rhs
         self.order = order
         self.lock_lhs, self.lock_rhs = lock_lhs, lock_rhs
-        self.rng = random.Random(seed)
+        self.seed = seed
         self.pending: List[Bucket] = []
         self.active: Set[Bucket] = set()
         self.done: List[Bucket] = []
 
-    def new_pass(self) -> List[Bucket]:
+    def new_pass(self, iteration: int) -> List[Bucket]:
+        """Start pass `iteration` (its index in the run): its buckets in order."""
         if self.active:
             raise RuntimeError(f"new pass while buckets {sorted(self.active)} are still held")
-        self.pending = bucket_order(self.order, self.nparts_lhs, self.nparts_rhs, self.rng)
+        rng = random.Random(f"{self.seed}/{iteration}")
+        self.pending = bucket_order(self.order, self.nparts_lhs, self.nparts_rhs, rng)
         self.done = []
         return list(self.pending)
 

@@ -122,7 +122,8 @@ class Trainer:
                                              self.entity_counts[entity][part],
                                              new_rows.get((entity, part)))
                 else:
-                    sources[entity, part] = ("random", self.entity_counts[entity][part], 0)
+                    sources[entity, part] = ("random", self.entity_counts[entity][part],
+                                             config.seed)
         if self.version > 0:
             model_source: Optional[Source] = ("checkpoint", str(self.checkpoints.path),
                                               self.version)
@@ -147,7 +148,7 @@ class Trainer:
             self.config.entities[getattr(r, side)].num_partitions > 1 for r in self.config.relations)
         self.scheduler = BucketSchedulerActor.remote(
             self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
-            partitioned("lhs"), partitioned("rhs"), self.version)
+            partitioned("lhs"), partitioned("rhs"), self.config.seed)
         for _ in range(self.max_trainers()):
             start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
                                          num_gpus=gpus_per_trainer(self.config)).remote()
@@ -249,7 +250,7 @@ class Trainer:
                   bucket_index: int) -> List[Dict[str, Any]]:
         config = self.config
         edge_path = config.edge_paths[path_idx]
-        ray.get(self.scheduler.new_pass.remote())
+        ray.get(self.scheduler.new_pass.remote(iteration))
         running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, List[bool], float]] = {}
         pass_stats: List[Dict[str, Any]] = []
         max_trainers = self.max_trainers()

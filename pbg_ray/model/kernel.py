@@ -7,16 +7,18 @@ products (blas.py). Entity partitions and shared parameters are updated in place
 `num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
 the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild
 processes do: the ~100 small ops of a batch do not scale with intra-op threads,
-independent batches do.
+independent batches do. A bucket's batches and each batch's negatives follow its seed
+alone, whichever thread trains the batch, so threads add only Hogwild's races.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -172,19 +174,56 @@ def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Ten
     return grads.loss, grads.reg, grads.violators["lhs"], grads.violators["rhs"]
 
 
-def _run_workers(num_workers: int, batches: List[np.ndarray], work) -> List[Any]:
-    """Run work(worker_idx, its batches) on num_workers Hogwild threads."""
-    shares = [batches[i::num_workers] for i in range(num_workers)]
+class BatchQueue:
+    """Batch indices 0..count-1, handed to a bucket's Hogwild threads one at a time, as each
+    thread is free (none idles while another still has a share).
+
+    The warm-up is PBG's hogwild_delay: PBG's Hogwild processes other than the first
+    sleep that many seconds at each bucket of the first epoch, so the first one trains
+    alone meanwhile. Here the other threads wait up to `warmup_s` seconds before their
+    first batch, and join at once when the batches run out sooner."""
+
+    def __init__(self, count: int, warmup_s: float = 0.0) -> None:
+        self.count = count
+        self.warmup_s = warmup_s
+        self._next = itertools.count()  # next() on it is atomic under the GIL
+        self._drained = threading.Event()
+
+    def take(self) -> Optional[int]:
+        """The next batch's index, or None once every batch is taken."""
+        i = next(self._next)
+        if i < self.count:
+            return i
+        self._drained.set()
+        return None
+
+    def join(self) -> None:
+        """Wait out the warm-up (threads other than the first, before their first batch)."""
+        if self.warmup_s > 0:
+            self._drained.wait(self.warmup_s)
+
+    def close(self) -> None:
+        """Hand out no more batches (a thread failed: the others stop soon)."""
+        self.count = 0
+        self._drained.set()
+
+
+def _run_workers(num_workers: int, queue: BatchQueue, work: Callable[[int], Any]) -> List[Any]:
+    """Run work(worker index) on num_workers Hogwild threads taking batches from `queue`;
+    the threads other than the first join after its warm-up."""
     if num_workers == 1:
-        return [work(0, shares[0])]
+        return [work(0)]
     results: List[Any] = [None] * num_workers
     errors: List[BaseException] = []
 
     def run(i: int) -> None:
         try:
-            results[i] = work(i, shares[i])
+            if i > 0:
+                queue.join()
+            results[i] = work(i)
         except BaseException as err:  # re-raised in the caller
             errors.append(err)
+            queue.close()
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(num_workers)]
     for t in threads:
@@ -199,10 +238,16 @@ def _run_workers(num_workers: int, batches: List[np.ndarray], work) -> List[Any]
 def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                  partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
                  params: ModelParams, *, num_threads: int = 1, device: str = "cpu",
-                 seed: int = 0, known: Optional[KnownRows] = None) -> Dict[str, Any]:
+                 seed: int = 0, warmup_s: float = 0.0,
+                 known: Optional[KnownRows] = None) -> Dict[str, Any]:
     """Train one pass over `edges` in batches of config.batch_size, updating the partitions'
     embeddings and row-Adagrad sums and the shared params in place (what `known` names
     at its scaled learning rate).
+
+    `seed` (a non-negative int below 2**64) decides the shuffle of the edges into batches
+    and every batch's uniform negatives (batch i draws from seed + 1 + i), whichever
+    thread trains it. With `warmup_s` the first thread trains alone for that long before
+    the others join (BatchQueue), as in PBG's first epoch.
 
     Returns PBG's stats layout, metrics summed over batches:
     {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.
@@ -210,24 +255,25 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     start = time.perf_counter()
     dev = torch.device(device)
     num_workers = max(1, num_threads) if dev.type == "cpu" else 1
-    rng = np.random.default_rng(seed)
-    batches = edge_batches(config, edges.rel, config.batch_size, rng)
+    batches = edge_batches(config, edges.rel, config.batch_size, np.random.default_rng(seed))
+    queue = BatchQueue(len(batches), warmup_s)
     state = KernelState(config, partitions, params, dev, writable=True, known=known)
     tensors = EdgeTensors(edges, dev)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
 
-    def work(worker: int, share: List[np.ndarray]) -> np.ndarray:
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + worker)
+    def work(worker: int) -> np.ndarray:
+        generator = torch.Generator()
         owners = {k: torch.empty(n, dtype=torch.long, device=dev) for k, n in sizes.items()}
         totals = np.zeros(4)
-        for idx in share:
-            batch = build_batch(config, bucket, tensors, torch.from_numpy(idx).to(dev),
+        while (i := queue.take()) is not None:
+            generator.manual_seed((seed + 1 + i) % 2**64)
+            batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]).to(dev),
                                 config.num_batch_negs, config.num_uniform_negs, sizes, generator)
             totals += train_batch(state, batch, owners)
         return totals
 
     with cpu_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
-        totals = sum(_run_workers(num_workers, batches, work), np.zeros(4))
+        totals = sum(_run_workers(num_workers, queue, work), np.zeros(4))
     state.copy_back(partitions, params)
     elapsed = time.perf_counter() - start
     return {
