@@ -25,6 +25,7 @@ more the one with more processes.)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import psutil
@@ -47,16 +48,23 @@ from pbg_ray.types import Bucket, EdgeList
 DIM = 100
 
 
-def generate(root: Path, num_entities: int, num_edges: int, nparts: int, seed: int = 0) -> None:
-    """One entity type, one relation, planted communities of ~1000 nodes (90% of
-    edges stay inside), partitioned into `nparts`; 1% of edges held out in test/."""
+def generate(root: Path, num_entities: int, num_edges: int, nparts: int, seed: int = 0,
+             num_relations: int = 1, community: int = 1000) -> None:
+    """One entity type, planted communities of ~`community` nodes (90% of edges end in
+    the community their relation leads to), partitioned into `nparts`; 1% of edges held
+    out in test/. Relation r leads from community c to community c + r * step (a knowledge
+    graph's relations: each maps one group onto another; relation 0 stays inside)."""
     rng = np.random.default_rng(seed)
-    num_comm = max(1, num_entities // 1000)
+    num_comm = max(1, num_entities // community)
     comm = rng.integers(num_comm, size=num_entities)
     members = np.argsort(comm, kind="stable")
     starts = np.searchsorted(comm[members], np.arange(num_comm + 1))
     src = rng.integers(num_entities, size=num_edges)
     c = comm[src]
+    rel = np.zeros(num_edges, np.int64)
+    if num_relations > 1:
+        rel = rng.integers(num_relations, size=num_edges)
+        c = (c + rel * max(1, num_comm // num_relations)) % num_comm
     dst = members[starts[c] + (rng.random(num_edges) * (starts[c + 1] - starts[c])).astype(np.int64)]
     noise = rng.random(num_edges) < 0.1
     dst[noise] = rng.integers(num_entities, size=int(noise.sum()))
@@ -69,24 +77,30 @@ def generate(root: Path, num_entities: int, num_edges: int, nparts: int, seed: i
         ids = order[bounds[p]:bounds[p + 1]]
         part[ids], offset[ids] = p, np.arange(len(ids))
         save_entity_count(root / "entities", "node", p, len(ids))
-    save_relation_names(root / "entities", ["link"])
+    save_relation_names(root / "entities", relation_names(num_relations))
     is_test = rng.random(num_edges) < 0.01
     for split, mask in (("train", ~is_test), ("test", is_test)):
-        s, d = src[mask], dst[mask]
+        s, d, r = src[mask], dst[mask], rel[mask]
         key = part[s] * nparts + part[d]
         by_bucket = np.argsort(key, kind="stable")
         bucket_starts = np.searchsorted(key[by_bucket], np.arange(nparts * nparts + 1))
         for b in range(nparts * nparts):
             idx = by_bucket[bucket_starts[b]:bucket_starts[b + 1]]
             write_edges(root / split, Bucket(b // nparts, b % nparts),
-                        EdgeList(offset[s[idx]], offset[d[idx]], np.zeros(len(idx), np.int64)))
+                        EdgeList(offset[s[idx]], offset[d[idx]], r[idx]))
 
 
-def config_dict(root: Path, nparts: int, checkpoint: Path, epochs: int) -> dict:
+def relation_names(num_relations: int) -> list:
+    return ["link"] if num_relations == 1 else [f"rel{i}" for i in range(num_relations)]
+
+
+def config_dict(root: Path, nparts: int, checkpoint: Path, epochs: int,
+                num_relations: int = 1) -> dict:
     """The run both programs train, in PBG's keys (setting A: PBG's CPU defaults)."""
     return dict(
         entities={"node": {"num_partitions": nparts}},
-        relations=[{"name": "link", "lhs": "node", "rhs": "node", "operator": "complex_diagonal"}],
+        relations=[{"name": name, "lhs": "node", "rhs": "node", "operator": "complex_diagonal"}
+                   for name in relation_names(num_relations)],
         dimension=DIM, comparator="dot", loss_fn="softmax", global_emb=False,
         num_batch_negs=50, num_uniform_negs=100, batch_size=1000, lr=0.1, num_epochs=epochs,
         eval_fraction=0.0, bucket_order="inside_out", workers=2,
@@ -224,20 +238,44 @@ def blas_kernels(env: dict) -> str:
                           text=True, check=True).stdout.strip()
 
 
-def mrr(config: dict, version: int, test_path: str) -> float:
-    """Sampled MRR (PBG's, 1000 batch + 1000 uniform negatives) of a checkpoint on test/."""
+def as_pbg_ray(config: dict) -> dict:
+    """`config` as pbg_ray trains it: PBG's `workers` (which pbg_ray ignores, with a
+    warning) as one train task of that many Hogwild threads."""
+    ours_cfg = {k: v for k, v in config.items() if k != "workers"}
+    threads = float(config["workers"])
+    return dict(ours_cfg, ray={**config.get("ray", {}), "cpus_per_trainer": threads})
+
+
+@contextlib.contextmanager
+def local_ray() -> Iterator[None]:
+    """A Ray of its own, shut down after: even idle, its processes take CPU from the next runs."""
     import ray
 
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def mrr(config: dict, version: int, test_path: str) -> float:
+    """Sampled MRR (PBG's, 1000 batch + 1000 uniform negatives) of a checkpoint on test/."""
     from pbg_ray.config import ConfigSchema
     from pbg_ray.engine.trainer import Trainer
 
     config = ConfigSchema.from_dict(dict(config, num_epochs=version, num_edge_chunks=1))
-    # A Ray of its own, shut down after: even idle, its processes take CPU from the next runs.
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
-    try:
+    with local_ray():
         return Trainer(config).evaluate(test_path)["mrr"]
-    finally:
-        ray.shutdown()
+
+
+def bench_env() -> dict:
+    """The environment both trainers run in. Some machines of this workplace pin OpenBLAS
+    to its AVX2 (Haswell) kernels for the sake of old OpenBLAS builds; numpy's current one
+    picks its kernels itself, as it does on a user's machine: both run without the pin."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def main() -> None:
@@ -251,11 +289,7 @@ def main() -> None:
     args = parser.parse_args()
     num_entities, num_edges = int(1_000_000 * args.scale), int(10_000_000 * args.scale)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="train_bench_"))
-    # Some machines of this workplace pin OpenBLAS to its AVX2 (Haswell) kernels for the
-    # sake of old OpenBLAS builds; numpy's current one picks its kernels itself, as it does
-    # on a user's machine. Both trainers run without the pin.
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    env["OMP_NUM_THREADS"] = "1"
+    env = bench_env()
     print(f"graph: {num_entities:,} entities, {num_edges:,} edges, d={DIM}, "
           f"complex_diagonal/dot/softmax, 50 batch + 100 uniform negatives, {args.epochs} epoch(s) "
           f"({args.disk_epochs} in disk mode); "
@@ -268,8 +302,8 @@ def main() -> None:
             generate(root, num_entities, num_edges, nparts)
         epochs = args.epochs if placement == "memory" else args.disk_epochs
         train_edges = num_edges * 0.99 * epochs
-        ours_cfg = dict(config_dict(root, nparts, work / f"ckpt_ours_{name}", epochs),
-                        ray={"placement": placement, "cpus_per_trainer": 2.0})
+        ours_cfg = as_pbg_ray(dict(config_dict(root, nparts, work / f"ckpt_ours_{name}", epochs),
+                             ray={"placement": placement}))
         ours = run(RUN_PBG_RAY, ours_cfg, env)
         ours["edges_per_s"] = train_edges / ours["seconds"]
         ours["mrr"] = mrr(ours_cfg, epochs, str(root / "test"))
@@ -313,8 +347,9 @@ def large_tables(work: Path, num_entities: int, env: dict) -> dict:
         root = work / f"large_graph_{nparts}"
         if not (root / "entities").is_dir():
             generate(root, num_entities, 1_000_000, nparts)
-        cfg = dict(config_dict(root, nparts, work / f"ckpt_large_{nparts}p_{placement}", 1),
-                   ray={"placement": placement, "cpus_per_trainer": 2.0})
+        checkpoint = work / f"ckpt_large_{nparts}p_{placement}"
+        cfg = as_pbg_ray(dict(config_dict(root, nparts, checkpoint, 1),
+                              ray={"placement": placement}))
         _, sampler = train(RUN_PBG_RAY, cfg, env, memory=True)
         shutil.rmtree(cfg["checkpoint_path"])
         figures[f"{nparts}p_{placement}"] = {"peak_pss_bytes": sampler.peak,
