@@ -43,7 +43,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pbg_ray.config import ConfigSchema  # noqa: E402
-from pbg_ray.model import init_params, train_bucket  # noqa: E402
+from pbg_ray.model.kernel import train_bucket  # noqa: E402
+from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
 
 SETTINGS: Dict[str, Dict[str, Any]] = {

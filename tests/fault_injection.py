@@ -167,7 +167,7 @@ def checkpoint_arrays(config: ConfigSchema) -> Dict[str, np.ndarray]:
         for part in range(len(counts)):
             embs, state = storage.load_entity_partition(version, entity, part)
             arrays[f"{entity}_{part}"] = embs
-            arrays[f"{entity}_{part} sums"] = state["state"][0]["sum"].numpy()
+            arrays[f"{entity}_{part} sums"] = state["state"][0]["sum"]
     arrays.update(storage.load_model(version)[0])
     return arrays
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
+import torch
 
 from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
@@ -114,3 +115,14 @@ def random_checkpoint(config: ConfigSchema, version: int = 1, seed: int = 0,
     layout = param_layout(config, num_relation_ids(config))
     storage.save_model(version, {k: (v if integer else v + draw(v.shape)) for k, v in layout}, None)
     storage.save_version(version)
+
+
+def as_torch(value: Any) -> Any:
+    """`value` with its numpy arrays as torch tensors (what torch.load gives back)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy(order="C"))
+    if isinstance(value, dict):
+        return {k: as_torch(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(as_torch(v) for v in value)
+    return value

@@ -12,8 +12,9 @@ Inside `checkpoint_path`:
 
 Every file is written under a temporary name and renamed; version N+1 becomes
 current only when checkpoint_version.txt is replaced, after all its files exist.
-Optimizer state blobs are `torch.save`d state dicts exactly as torchbiggraph
-writes them, so either program resumes the other's run.
+Optimizer state blobs are state dicts in torch.save's format, as torchbiggraph writes
+them, so either program resumes the other's run (torch_format.py reads and writes them
+without torch: tensors are numpy arrays here).
 
 This is the file layer: the rest of pbg_ray reaches it through CheckpointManager
 (manager.py), which owns one and speaks in versions.
@@ -31,8 +32,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import h5py
 import numpy as np
-import torch
 
+from pbg_ray.checkpoints import torch_format
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import (
@@ -86,19 +87,15 @@ def public_name(private_key: str) -> Optional[str]:
 
 
 def serialize_optim_state(state: Optional[Mapping[str, Any]]) -> Optional[bytes]:
-    if state is None:
-        return None
-    with io.BytesIO() as bf:
-        torch.save(state, bf)
-        return bf.getvalue()
+    return None if state is None else torch_format.dumps(state)
 
 
 def deserialize_optim_state(blob: Optional[bytes], where: str) -> Optional[Dict[str, Any]]:
     if blob is None:
         return None
     try:
-        return torch.load(io.BytesIO(blob), weights_only=True)
-    except Exception as err:
+        return torch_format.loads(blob)
+    except Exception as err:  # noqa: BLE001  whatever is wrong with the bytes, name the file
         raise PbgRayError(f"{where}: the optimizer state blob can't be read ({err}). "
                           "The file is damaged; restore it or start from an earlier version.") from None
 
@@ -106,8 +103,7 @@ def deserialize_optim_state(blob: Optional[bytes], where: str) -> Optional[Dict[
 def row_adagrad_state(sums: np.ndarray, lr: float, step: int = 0) -> Dict[str, Any]:
     """PBG's RowAdagrad state dict for one partition: one accumulator per row. sums: [N]."""
     return {
-        # A copy: sums may be a read-only view of the object store, which torch warns about.
-        "state": {0: {"step": step, "sum": torch.from_numpy(np.array(sums, np.float32))}},
+        "state": {0: {"step": step, "sum": np.asarray(sums, np.float32)}},
         "param_groups": [{"lr": lr, "lr_decay": 0, "weight_decay": 0, "params": [0]}],
     }
 
@@ -123,7 +119,7 @@ def row_adagrad_sums(state: Optional[Mapping[str, Any]], num_rows: int, where: s
         if isinstance(state, Mapping) and state.get("state") == {}:
             return None
         raise PbgRayError(f"{where}: optimizer state is not a RowAdagrad state dict.") from None
-    sums = sums.numpy() if isinstance(sums, torch.Tensor) else np.asarray(sums)
+    sums = np.asarray(sums)
     if sums.shape != (num_rows,):
         raise PbgRayError(f"{where}: optimizer state has shape {sums.shape}, expected "
                           f"({num_rows},) for {num_rows} embeddings.")

@@ -21,7 +21,8 @@ from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile, load_parti
 from pbg_ray.engine.scheduler import BucketScheduler
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
-from pbg_ray.model import ModelParams, init_params, params_from_checkpoint, params_to_checkpoint
+from pbg_ray.model.params import (
+    ModelParams, init_params, params_from_checkpoint, params_to_checkpoint)
 from pbg_ray.types import Bucket
 
 

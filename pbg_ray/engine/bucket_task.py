@@ -27,8 +27,8 @@ from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
-from pbg_ray.model import KnownRows, ModelParams, evaluate_bucket, train_bucket
-from pbg_ray.model.kernel import KERNEL_ENV, partition_key
+from pbg_ray.model.kernel import KERNEL_ENV, evaluate_bucket, train_bucket
+from pbg_ray.model.params import KnownRows, ModelParams, partition_key
 from pbg_ray.types import Bucket, EdgeList
 
 

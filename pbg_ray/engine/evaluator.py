@@ -30,8 +30,7 @@ from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats,
 from pbg_ray.evaluation.scoring import SIDES, Scorer
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
-from pbg_ray.model import ModelParams, params_from_checkpoint
-from pbg_ray.model.kernel import partition_key
+from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_key
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]

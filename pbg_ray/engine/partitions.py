@@ -13,7 +13,7 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.incremental.growth import grow_partition
-from pbg_ray.model import init_partition
+from pbg_ray.model.params import init_partition
 
 PartitionKey = Tuple[str, int]
 # Where a partition's values come from: ("checkpoint", path, version), ("init", path,

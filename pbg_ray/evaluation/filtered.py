@@ -25,8 +25,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.scoring import SIDES, Scorer
 from pbg_ray.io.edges import check_edges, read_edges
-from pbg_ray.model.kernel import partition_key
-from pbg_ray.model.params import PartitionKey
+from pbg_ray.model.params import PartitionKey, partition_key
 from pbg_ray.types import Bucket, EdgeList
 
 # Score blocks of QUERY_BLOCK x CANDIDATE_BLOCK floats (2 MB) stay in cache between the

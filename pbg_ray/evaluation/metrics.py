@@ -21,7 +21,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.model import ModelParams, evaluate_bucket
+from pbg_ray.model.kernel import evaluate_bucket
+from pbg_ray.model.params import ModelParams
 from pbg_ray.types import Bucket, EdgeList
 
 Stats = Dict[str, Any]

@@ -32,7 +32,7 @@ from pbg_ray.evaluation.filtered import KnownEdges, check_rankable
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_names, load_relation_names, num_relation_ids
-from pbg_ray.model import params_from_checkpoint
+from pbg_ray.model.params import params_from_checkpoint
 from pbg_ray.types import Bucket
 
 Ranked = List[Tuple[str, float]]  # (entity name, score), best first

@@ -18,8 +18,7 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.edges import count_edges, read_edges
-from pbg_ray.model.kernel import partition_key
-from pbg_ray.model.params import KnownRows, PartitionKey, init_partition
+from pbg_ray.model.params import KnownRows, PartitionKey, init_partition, partition_key
 from pbg_ray.types import Bucket, EdgeList
 
 NEIGHBOR_CHUNK = 1 << 22  # edges read at a time when averaging neighbours

@@ -2,21 +2,17 @@
 the CPU: random-row gathers, RowAdagrad steps and the softmax loss in C, rows.py and
 losses.py; batched products through numpy's BLAS, blas.py).
 
-Never imports Ray: the engine calls these functions from its tasks, tests call them directly.
+kernel.py        one pass of training or evaluation over a bucket's edge chunk
+                 (`train_bucket`, `evaluate_bucket`)
+embedder.py      scores, loss and gradients of one batch
+operators.py     relation operators; comparators.py  comparators; losses.py  losses
+negatives.py     negative sampling; regularizers.py  N3
+optim.py         Adagrad and RowAdagrad updates; rows.py  random-row access (C loops)
+blas.py          batched products through numpy's BLAS
+params.py        shared parameters, partition initialisation, PBG checkpoint layout
+registry.py      components picked by name
+
+Never imports Ray. params.py and operators.py's layout load without torch (the partition
+stores and the parameter server hold numpy arrays and never import it); the rest is torch.
+This file imports nothing, so importing one module loads only what that module needs.
 """
-
-from pbg_ray.model.kernel import evaluate_bucket, train_bucket
-from pbg_ray.model.params import (
-    KnownRows,
-    ModelParams,
-    PartitionKey,
-    init_params,
-    init_partition,
-    params_from_checkpoint,
-    params_to_checkpoint,
-)
-
-__all__ = [
-    "KnownRows", "ModelParams", "PartitionKey", "evaluate_bucket", "init_params", "init_partition",
-    "params_from_checkpoint", "params_to_checkpoint", "train_bucket",
-]

@@ -29,7 +29,7 @@ from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
 from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
 from pbg_ray.model.optim import adagrad_, row_adagrad_
-from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, relation_lr
+from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_key, relation_lr
 from pbg_ray.types import Bucket, EdgeList
 
 # The environment a process running the kernel should start with: large score
@@ -37,11 +37,6 @@ from pbg_ray.types import Bucket, EdgeList
 # each time, which with large negative blocks costs as much as the arithmetic. glibc reads
 # these at start-up, so they must be set before the process starts.
 KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-
-
-def partition_key(config: ConfigSchema, entity: str, part: int) -> PartitionKey:
-    """The partition of `entity` a bucket side uses (0 for unpartitioned types)."""
-    return entity, (part if config.entities[entity].num_partitions > 1 else 0)
 
 
 def edge_batches(config: ConfigSchema, rel: np.ndarray, batch_size: int,

@@ -12,15 +12,16 @@ dynamic operators (the same tensors with a leading [num_relations] dimension).
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from pbg_ray.model.registry import Registry
 
-Params = Dict[str, Tensor]
+if TYPE_CHECKING:  # the math uses tensor methods only, so the layout loads without torch
+    from torch import Tensor
+
+Params = Dict[str, "Tensor"]
 
 
 def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
@@ -93,13 +94,13 @@ class TranslationOperator(Operator):
 def _linear(x: Tensor, a: Tensor) -> Tensor:
     # PBG computes matmul(A, x.unsqueeze(-1)): y_i = sum_j A_ij x_j.
     if a.dim() == 3:  # one matrix per row
-        return torch.bmm(a, x.unsqueeze(-1)).squeeze(-1)
+        return a.bmm(x.unsqueeze(-1)).squeeze(-1)
     return x @ a.t()
 
 
 def _linear_backward(x: Tensor, a: Tensor, dy: Tensor) -> Tuple[Tensor, Tensor]:
     if a.dim() == 3:
-        return torch.bmm(dy.unsqueeze(1), a).squeeze(1), dy.unsqueeze(-1) * x.unsqueeze(-2)
+        return dy.unsqueeze(1).bmm(a).squeeze(1), dy.unsqueeze(-1) * x.unsqueeze(-2)
     d = a.shape[0]
     return dy @ a, dy.reshape(-1, d).t() @ x.reshape(-1, d)
 
@@ -156,10 +157,19 @@ class ComplexDiagonalOperator(Operator):
     def _swap(x: Tensor) -> Tensor:
         return x.roll(x.shape[-1] // 2, dims=-1)
 
+    @staticmethod
+    def _halves(first: Tensor, second: Tensor) -> Tensor:
+        """[first, second] along the last dimension."""
+        h = first.shape[-1]
+        out = first.new_empty(*first.shape[:-1], 2 * h)
+        out[..., :h] = first
+        out[..., h:] = second
+        return out
+
     def forward(self, x, p):
         # In place on the one new buffer: these vectors are large and memory-bound.
         r, i = p["real"], p["imag"]
-        return self._swap(x).mul_(torch.cat([-i, i], -1)).addcmul_(x, torch.cat([r, r], -1))
+        return self._swap(x).mul_(self._halves(-i, i)).addcmul_(x, self._halves(r, r))
 
     def backward(self, x, p, dy):
         r, i = p["real"], p["imag"]
@@ -169,5 +179,5 @@ class ComplexDiagonalOperator(Operator):
         t = _sum_to(dy * x, like)
         dx = self._swap(dy)
         s = _sum_to(dx * x, like)
-        dx.mul_(torch.cat([i, -i], -1)).addcmul_(dy, torch.cat([r, r], -1))
+        dx.mul_(self._halves(i, -i)).addcmul_(dy, self._halves(r, r))
         return dx, {"real": t[..., :h] + t[..., h:], "imag": s[..., :h] - s[..., h:]}

@@ -7,13 +7,17 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import torch
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.model.operators import OPERATORS
 
 PartitionKey = Tuple[str, int]  # (entity type, partition)
+
+
+def partition_key(config: ConfigSchema, entity: str, part: int) -> PartitionKey:
+    """The partition of `entity` a bucket side uses (0 for unpartitioned types)."""
+    return entity, (part if config.entities[entity].num_partitions > 1 else 0)
 
 
 @dataclasses.dataclass
@@ -93,6 +97,12 @@ def init_partition(config: ConfigSchema, entity: str, count: int, rng: np.random
     return embs, sums
 
 
+# The other hyperparameters torch.optim.Adagrad's state_dict() records, at their defaults.
+ADAGRAD_DEFAULTS = {"lr_decay": 0, "eps": 1e-10, "weight_decay": 0,
+                    "initial_accumulator_value": 0, "foreach": None, "maximize": False,
+                    "differentiable": False, "fused": None}
+
+
 def relation_lr(config: ConfigSchema) -> float:
     return config.lr if config.relation_lr is None else config.relation_lr
 
@@ -103,11 +113,12 @@ def params_to_checkpoint(config: ConfigSchema, params: ModelParams
     names = list(params.arrays)
     if not names:
         return {}, {}  # PBG's DummyOptimizer state
-    tensors = [torch.from_numpy(np.array(params.arrays[n], np.float32)) for n in names]
-    optimizer = torch.optim.Adagrad(tensors, lr=relation_lr(config))
-    for name, tensor in zip(names, tensors):
-        optimizer.state[tensor]["sum"].copy_(torch.from_numpy(params.sums[name]))
-    return dict(params.arrays), optimizer.state_dict()
+    # torch.optim.Adagrad(...).state_dict() with these sums, in numpy arrays, so that the
+    # processes that hold parameters never import torch.
+    state = {i: {"step": np.zeros((), np.float32), "sum": np.array(params.sums[n], np.float32)}
+             for i, n in enumerate(names)}
+    group = {"lr": relation_lr(config), **ADAGRAD_DEFAULTS, "params": list(range(len(names)))}
+    return dict(params.arrays), {"state": state, "param_groups": [group]}
 
 
 @dataclasses.dataclass

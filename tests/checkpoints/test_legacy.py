@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from pbg_ray.checkpoints.legacy import migrate_run, resolve_init_path
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, state_dict_key
+from pbg_ray.checkpoints.storage import CheckpointStorage, state_dict_key
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_count, num_relation_ids
 from pbg_ray.migrate import main as migrate_main
 from pbg_ray.model.params import ModelParams, param_layout, params_to_checkpoint
-from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
+from tests.util import as_torch, assert_valid_checkpoint, config_dict, write_random_graph
 
 
 def camel_case(data):
@@ -29,6 +29,12 @@ def camel_case(data):
     data["entities"] = {n: {camel(k): v for k, v in e.items()} for n, e in data["entities"].items()}
     data["relations"] = [{camel(k): v for k, v in r.items()} for r in data["relations"]]
     return data
+
+
+def pbg_row_adagrad_state(sums):
+    """A partition's optimizer state as torchbiggraph's RowAdagrad.state_dict() gives it."""
+    return {"state": {0: {"step": 0, "sum": torch.from_numpy(sums)}},
+            "param_groups": [{"lr": 0.1, "lr_decay": 0, "weight_decay": 0, "params": [0]}]}
 
 
 def write_legacy_run(tmp_path, base=1, version=3, parameter=True):
@@ -52,7 +58,7 @@ def write_legacy_run(tmp_path, base=1, version=3, parameter=True):
             sums = rng.random(count).astype(np.float32)
             tensor = torch.from_numpy(embs)
             torch.save((torch.nn.Parameter(tensor) if parameter else tensor,
-                        row_adagrad_state(sums, 0.1)), outdir / f"{entity}_{part + base}.pt{ext}")
+                        pbg_row_adagrad_state(sums)), outdir / f"{entity}_{part + base}.pt{ext}")
             arrays[entity, part] = embs, sums
     layout = param_layout(config, num_relation_ids(config))
     params = ModelParams({k: v + rng.standard_normal(v.shape).astype(np.float32) for k, v in layout},
@@ -60,7 +66,7 @@ def write_legacy_run(tmp_path, base=1, version=3, parameter=True):
     _, optim_state = params_to_checkpoint(config, params)
     state = {state_dict_key(k): torch.nn.Parameter(torch.from_numpy(v)) for k, v in params.arrays.items()}
     for v in (version - 1, version):
-        torch.save((camel_case(config.to_dict()), 0, v, state, optim_state),
+        torch.save((camel_case(config.to_dict()), 0, v, state, as_torch(optim_state)),
                    outdir / f"METADATA_{base}.pt.{v}" if v else outdir / f"METADATA_{base}.pt")
     return outdir, arrays, params
 
@@ -79,7 +85,7 @@ def test_migrate_writes_a_v1_run_torchbiggraph_loads(tmp_path, capsys, base):
     for (entity, part), (embs, sums) in arrays.items():
         ours, state = storage.load_entity_partition(3, entity, part)
         np.testing.assert_array_equal(ours, embs)
-        np.testing.assert_array_equal(state["state"][0]["sum"].numpy(), sums)
+        np.testing.assert_array_equal(state["state"][0]["sum"], sums)
         assert load_entity_count(config.entity_path, entity, part) == len(embs)
     model, optim_state = storage.load_model(3)
     assert model.keys() == params.arrays.keys()

@@ -9,7 +9,7 @@ from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
 from pbg_ray.engine.bucket_task import (
     PartitionCopies, partition_keys, run_bucket, split_held_out, start_trainer_worker, writable)
 from pbg_ray.engine.partitions import SwapFile, load_partition
-from pbg_ray.model import init_params
+from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import write_random_graph
 

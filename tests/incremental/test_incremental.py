@@ -17,7 +17,7 @@ from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_names, load_relation_names
-from pbg_ray.model import init_params, params_from_checkpoint, params_to_checkpoint
+from pbg_ray.model.params import init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
 from tests.importer.util import decoded, random_rows, write_text
 from tests.oracle import assert_torchbiggraph_loads
@@ -192,7 +192,7 @@ def day0(tmp_path_factory, ray_session):
     splits = grown_graph(1000, 20000, growth=0.1, num_communities=40, seed=3)
     files = {name: write_text(root / f"{name}.tsv", rows) for name, rows in splits.items()}
     old = grown_config(root / "day0", [files["old_train"], files["old_test"]],
-                       outputs=("train", "test"), num_epochs=6)
+                       outputs=("train", "test"), num_epochs=3)
     import_graph(old)
     Trainer(old).run()
     new = grown_config(root / "day1", [files["new_train"], files["new_test"], files["old_test"]],
@@ -203,7 +203,7 @@ def day0(tmp_path_factory, ray_session):
 
 def update_config(root, old, new, name, **incremental):
     return ConfigSchema.from_dict({**new.to_dict(), "checkpoint_path": str(root / name),
-                                   "init_path": old.checkpoint_path, "num_epochs": 8,
+                                   "init_path": old.checkpoint_path, "num_epochs": 4,
                                    "incremental": incremental})
 
 
@@ -236,9 +236,8 @@ def test_frozen_update_keeps_known_rows_and_learns_the_new_entities(day0):
         n = known["node", part]
         assert n == len(old_embs) < len(embs)
         assert embs[:n].tobytes() == old_embs.tobytes()  # bit-identical
-        assert state["state"][0]["sum"][:n].numpy().tobytes() == \
-            old_state["state"][0]["sum"].numpy().tobytes()
-        assert (state["state"][0]["sum"][n:].numpy() > 0).mean() > 0.9  # the new rows trained
+        assert state["state"][0]["sum"][:n].tobytes() == old_state["state"][0]["sum"].tobytes()
+        assert (state["state"][0]["sum"][n:] > 0).mean() > 0.9  # the new rows trained
     old_model, _ = before.read_model(before.version())
     new_model, _ = after.read_model(result.version)
     assert all(np.array_equal(old_model[k], new_model[k]) for k in old_model)

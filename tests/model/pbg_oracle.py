@@ -23,10 +23,9 @@ with warnings.catch_warnings():
 
 from pbg_ray.checkpoints.storage import state_dict_key
 from pbg_ray.config import ConfigSchema
-from pbg_ray.model import ModelParams, init_params
 from pbg_ray.model.embedder import Batch
 from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch
-from pbg_ray.model.params import relation_lr
+from pbg_ray.model.params import ModelParams, init_params, relation_lr
 from pbg_ray.types import Bucket, EdgeList, FeatureList
 
 SIZES = {"a": 13, "b": 11, "f": 9}  # rows per entity type (f: featurized, rows = features)

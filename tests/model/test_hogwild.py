@@ -6,8 +6,8 @@ from typing import Dict
 import numpy as np
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.model import init_params, init_partition, train_bucket
-from pbg_ray.model.kernel import BatchQueue
+from pbg_ray.model.kernel import BatchQueue, train_bucket
+from pbg_ray.model.params import init_params, init_partition
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import config_dict
 

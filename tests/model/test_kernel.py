@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from pbg_ray.checkpoints.storage import state_dict_key
-from pbg_ray.model import (
-    evaluate_bucket, init_params, init_partition, params_from_checkpoint, params_to_checkpoint,
-    train_bucket)
-from pbg_ray.model.params import APPROX_RAND_BLOCK
+from pbg_ray.model.kernel import evaluate_bucket, train_bucket
+from pbg_ray.model.params import (
+    APPROX_RAND_BLOCK, init_params, init_partition, params_from_checkpoint, params_to_checkpoint)
 from pbg_ray.types import Bucket
 from tests.model.pbg_oracle import make_case, oracle, ours, pbg_model
 

@@ -4,7 +4,8 @@ lr * lr_scale, and stay bit-identical when frozen (lr_scale 0)."""
 import numpy as np
 import pytest
 
-from pbg_ray.model import KnownRows, train_bucket
+from pbg_ray.model.kernel import train_bucket
+from pbg_ray.model.params import KnownRows
 from pbg_ray.types import Bucket
 from tests.model.pbg_oracle import make_case
 
