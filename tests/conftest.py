@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pbg_ray.config import ConfigSchema
-from tests.util import config_dict
+from tests.util import config_dict, write_random_graph
 
 # Fake credentials for the S3 server the storage tests start (moto), set before the shared
 # Ray starts so that its workers inherit them, as a local Ray inherits a user's; no test
@@ -31,12 +31,29 @@ def make_config(tmp_path):
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray (2 CPUs) shared by every test that needs it, shut down at the end."""
+    """One local Ray (2 CPUs) shared by every test that needs it, shut down at the end; a new
+    one, never a cluster another run started on this machine (`ray start`, test_multinode)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def trained_config(tmp_path_factory, ray_session) -> ConfigSchema:
+    """The config of a small run the engine trained once for the session (2 epochs, held-out
+    stats), for the tests that read a real checkpoint and its training_stats.json (they add
+    files beside them at most, never a version)."""
+    from pbg_ray.engine.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("trained")
+    config = ConfigSchema.from_dict(config_dict(root, num_epochs=2, eval_fraction=0.2,
+                                                eval_num_batch_negs=10, eval_num_uniform_negs=10))
+    write_random_graph(config, num_edges=200)
+    Trainer(config).run()
+    return config
 
 
 @pytest.fixture(scope="session")

@@ -59,6 +59,7 @@ def test_train_a_pbg_config_module_from_another_directory(tmp_path):
     assert (tmp_path / "data" / "checkpoints" / "checkpoint_version.txt").read_text() == "1\n"
 
 
+@pytest.mark.slow
 def test_multirun_jobs_get_their_own_checkpoints_and_share_one_ray(tmp_path):
     data, module = tiny_pbg_module(tmp_path)
     sweep = tmp_path / "sweep"

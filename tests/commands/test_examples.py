@@ -42,6 +42,7 @@ def run_script(args, data: Path):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_fb15k_example_runs_end_to_end_on_a_tiny_stand_in(tmp_path):
     rng = np.random.default_rng(0)
     raw = tmp_path / "FB15k"

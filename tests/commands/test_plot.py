@@ -2,22 +2,16 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib.image
 
-from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.trainer import Trainer
 from pbg_ray.plot import main
-from tests.util import config_dict, write_random_graph
 
 
-def test_plot_of_a_trained_checkpoint_is_a_real_png(ray_session, tmp_path, capsys):
-    config = ConfigSchema.from_dict(config_dict(tmp_path, num_epochs=2, eval_fraction=0.2,
-                                                eval_num_batch_negs=10, eval_num_uniform_negs=10))
-    write_random_graph(config, num_edges=200)
-    Trainer(config).run()
-    main([config.checkpoint_path])
-    output = tmp_path / "checkpoints" / "training_stats.png"
+def test_plot_of_a_trained_checkpoint_is_a_real_png(trained_config, tmp_path, capsys):
+    main([trained_config.checkpoint_path])
+    output = Path(trained_config.checkpoint_path) / "training_stats.png"
     assert capsys.readouterr().out.strip() == str(output)
     image = matplotlib.image.imread(output)  # decodes as a PNG
     assert image.shape[:2] == (800, 1200) and output.stat().st_size > 20_000
@@ -25,7 +19,7 @@ def test_plot_of_a_trained_checkpoint_is_a_real_png(ray_session, tmp_path, capsy
     assert len({tuple(p) for p in image.reshape(-1, image.shape[-1])[::97]}) > 20
 
     other = tmp_path / "elsewhere" / "plot.png"
-    main([config.checkpoint_path, "--output", str(other)])
+    main([trained_config.checkpoint_path, "--output", str(other)])
     assert other.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

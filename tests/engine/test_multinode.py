@@ -12,7 +12,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
-pytestmark = pytest.mark.multinode
+pytestmark = [pytest.mark.multinode, pytest.mark.slow]
 
 
 def test_two_nodes_train_disjoint_buckets_concurrently(ray_session, tmp_path):

@@ -54,7 +54,7 @@ def uri_config(root, tmp_path, **overrides):
     return ConfigSchema.from_dict(data).with_absolute_paths()
 
 
-@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), "file"])
+@pytest.fixture(params=[pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow]), "file"])
 def root(request, tmp_path):
     if request.param == "s3":
         return request.getfixturevalue("s3_root")
