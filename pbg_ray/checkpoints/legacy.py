@@ -289,6 +289,17 @@ def migrate_run(old_dir: PathLike, new_dir: PathLike,
             "partitions": len(keys), "entities": sum(counts.values())}
 
 
+def check_init_path(init_path: str) -> None:
+    """Refuse an init_path that holds nothing to start from."""
+    path = Path(init_path)
+    if not (CheckpointManager(init_path).exists() or bundle.is_bundle(path)
+            or is_legacy_checkpoint(path)):
+        raise PbgRayError(
+            f"init_path {init_path!r} holds no checkpoint: it is neither a checkpoint_path "
+            "with checkpoint_version.txt, a pre-1.0 PBG run nor a model bundle. Point it at "
+            "one, or set init_path=null to start from random embeddings.")
+
+
 def resolve_init_path(init_path: str, scratch_dir: PathLike) -> str:
     """init_path as a v1 checkpoint directory: a v1 one as it is; a pre-1.0 directory
     (its newest version) or a model bundle (its newest tag) converted into scratch_dir,

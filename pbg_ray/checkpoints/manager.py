@@ -51,9 +51,8 @@ class CheckpointManager:
     # --- a training run ---------------------------------------------------
 
     def resume(self, config: ConfigSchema) -> int:
-        """The current version (0 for a new directory), refused when incomplete or when
-        it holds a different graph or model than `config`."""
-        self.storage.prepare()
+        """The current version (0 for a new directory, which is not created yet), refused
+        when incomplete or when it holds a different graph or model than `config`."""
         version = self.storage.load_version()
         if version > 0:
             self.storage.check_version(version, config)

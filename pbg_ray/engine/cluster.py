@@ -8,11 +8,26 @@ import ray
 
 from pbg_ray.config import RayConfig
 
+# Ray's notice, each time ray.init() starts a local Ray, that it turned token authentication
+# on: nothing the user of a local run can act on. Only the notice is dropped: authentication
+# stays as Ray sets it, and joining a cluster (ray.address) is left as it is.
+TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
+TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def not_token_notice(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(TOKEN_NOTICE)
+
 
 def connect_ray(ray_config: RayConfig) -> None:
     """Join ray.address, or start a local Ray; keep one already connected."""
     if ray.is_initialized():
         return
-    ray.init(address=ray_config.address, num_cpus=ray_config.num_cpus,
-             object_store_memory=ray_config.object_store_memory,
-             include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    token_logger = logging.getLogger(TOKEN_LOGGER)
+    token_logger.addFilter(not_token_notice)
+    try:
+        ray.init(address=ray_config.address, num_cpus=ray_config.num_cpus,
+                 object_store_memory=ray_config.object_store_memory,
+                 include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    finally:
+        token_logger.removeFilter(not_token_notice)

@@ -14,6 +14,7 @@ import itertools
 import logging
 import math
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -24,7 +25,7 @@ from ray.exceptions import (
     NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError)
 from tqdm import tqdm
 
-from pbg_ray.checkpoints.legacy import resolve_init_path
+from pbg_ray.checkpoints.legacy import check_init_path, resolve_init_path
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
@@ -76,6 +77,8 @@ class Trainer:
         self.config = config
         self.checkpoints = CheckpointManager(config.checkpoint_path)
         self.version = self.checkpoints.resume(config)
+        if self.version == 0 and config.init_path:
+            check_init_path(config.init_path)
         self.entity_counts = load_entity_counts(config)
         self.num_relation_ids = num_relation_ids(config)
         self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
@@ -86,6 +89,7 @@ class Trainer:
             for path in config.edge_paths}
         self.num_chunks = config.num_edge_chunks or max(1, math.ceil(
             max(max(c.values()) for c in self.edge_counts.values()) / config.max_edges_per_chunk))
+        self.num_passes = config.num_epochs * len(config.edge_paths) * self.num_chunks
         # What init_path trained, when it trains apart from the new rows (incremental runs).
         self.known = known_rows(config)
         # The conversion of a pre-1.0 or bundle init_path, read until version 1 exists.
@@ -178,7 +182,7 @@ class Trainer:
         called once an epoch's last version is current (Ray Tune reports there)."""
         config = self.config
         passes_per_epoch = len(config.edge_paths) * self.num_chunks
-        total = config.num_epochs * passes_per_epoch
+        total = self.num_passes
         if self.version >= total:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
                         self.checkpoints.path, self.version)
@@ -259,7 +263,7 @@ class Trainer:
         concurrent = max_trainers > 1 and num_buckets > 1
         desc = (f"epoch {epoch_idx + 1}/{config.num_epochs} path {path_idx + 1}/"
                 f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
-        bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True)
+        bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True, disable=None)
         t_pass = time.perf_counter()
         pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
@@ -330,10 +334,15 @@ class Trainer:
                     "epoch_idx": epoch_idx, "edge_path_idx": path_idx, "edge_chunk_idx": chunk_idx,
                     "lhs_partition": bucket.lhs, "rhs_partition": bucket.rhs,
                     "index": bucket_index + len(pass_stats), **stats})
-                mean = stats_mean([pass_sums])
-                bar.set_postfix(edges_per_s=f"{pass_sums['count'] / (time.perf_counter() - t_pass):.3g}",
-                                loss=f"{mean.get('loss', float('nan')):.4g}")
+                rate = pass_sums["count"] / (time.perf_counter() - t_pass)
+                mean_loss = stats_mean([pass_sums]).get("loss", float("nan"))
+                bar.set_postfix(edges_per_s=f"{rate:.3g}", loss=f"{mean_loss:.4g}")
                 bar.update(1)
+        except KeyboardInterrupt:
+            # Ctrl-C: the driver leaves at once, and Ray ends the tasks it started (cancelling
+            # them here as well can crash Ray's core worker); what one still writes is a
+            # leftover that the next run on this checkpoint removes before it starts.
+            raise
         except BaseException:
             # Nothing of this pass may go on behind the error: a task in flight could
             # still write its swap files after the caller removed the pass's leftovers.
@@ -343,6 +352,9 @@ class Trainer:
                 ray.wait(list(running), num_returns=len(running), timeout=60)
             raise
         bar.close()
+        if bar.disable and pass_stats:  # no terminal (a log): a plain line per pass
+            print(f"{desc}: {len(pass_stats)} buckets, {rate:.3g} edges/s, loss {mean_loss:.4g}",
+                  file=sys.stderr, flush=True)
         return pass_stats
 
     def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
