@@ -46,6 +46,7 @@ def test_an_armed_point_fires_once_at_its_hit_and_only_where_armed():
         assert ("went on" in run.stdout) == (status == 0)
 
 
+@pytest.mark.slow  # several runs, each killed and resumed
 def test_driver_killed_at_each_driver_point_resumes_and_finishes(ray_session, tmp_path):
     # Disk placement: a killed pass leaves swap files of its version beside the current one.
     # One trial per driver point, each killed within its first two passes, so every one
@@ -92,6 +93,7 @@ def mean_loss(stats, epoch):
     return np.mean([s["stats"]["metrics"]["loss"] for s in stats if s["epoch_idx"] == epoch])
 
 
+@pytest.mark.slow  # several runs, each killed and resumed
 def test_a_killed_actor_comes_back_from_the_checkpoint(ray_session, tmp_path):
     def config(name, placement="memory"):
         return ConfigSchema.from_dict(config_dict(

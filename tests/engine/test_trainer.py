@@ -120,6 +120,7 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
 
 
 @pytest.mark.faults
+@pytest.mark.slow
 def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
     placement having written its swap files): the bucket is trained again, and the
