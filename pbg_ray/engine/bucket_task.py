@@ -23,7 +23,7 @@ import torch
 from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.faults import fault_point
-from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile
+from pbg_ray.engine.partitions import Partition, PartitionKey, Source, SwapFile, resolved
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
@@ -284,11 +284,12 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
 @ray.remote
 def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
-                         *partitions: Tuple[np.ndarray, np.ndarray], per_relation: bool = False,
+                         *partitions: Partition, per_relation: bool = False,
                          seed: int = 0) -> Dict[Any, Dict[str, Any]]:
     """PBG's sampled metrics of every edge of one bucket of `edge_path` (no update):
     {ALL: stats} and, with per_relation, {relation id: stats} (evaluation.metrics)."""
     edges = read_edges(edge_path, bucket)
+    partitions = resolved(config, keys, partitions)
     counts = partition_counts(keys, partitions)
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")

@@ -3,7 +3,8 @@ with one task per (bucket, candidate partition, query chunk); the driver adds th
 
 Partitions reach the tasks as ObjectRefs (zero-copy numpy): the trainer's partition
 stores during training, or load tasks reading any checkpoint version
-(`checkpoint_partitions`) for `python -m pbg_ray.eval`.
+(`checkpoint_partitions`) for `python -m pbg_ray.eval`. In disk placement each task reads
+the partitions it needs from the checkpoint itself, so that no table is ever whole in memory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
 from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.engine.partitions import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
@@ -50,12 +52,12 @@ def _get(refs):
 def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                        num_chunks: int, cand_part: int, filter_paths: List[str],
                        num_rel: int, keys: List[PartitionKey], params: ModelParams,
-                       *partitions: Tuple[np.ndarray, np.ndarray]
-                       ) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+                       *partitions: Partition) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
     """(relation ids [E], per side the counts [E] of candidate partition cand_part) of
     edge chunk chunk_idx of `bucket` (see evaluation.filtered)."""
     torch.set_num_threads(max(1, int(config.ray.cpus_per_trainer)))
-    counts = partition_counts(keys, list(partitions))
+    partitions = resolved(config, keys, partitions)
+    counts = partition_counts(keys, partitions)
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
     check_edges(edges, bucket, config, counts, num_rel,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
@@ -83,7 +85,8 @@ def _partitioned(config: ConfigSchema, side: str) -> bool:
 class Evaluator:
     """Evaluates edge paths with the model held in Ray's object store.
 
-    partitions: (entity type, partition) -> ref to (embeddings [N, D], sums);
+    partitions: (entity type, partition) -> ref to (embeddings [N, D], sums), or in disk
+    placement the OnDisk that a task reads it from;
     params: ref to the ModelParams."""
 
     def __init__(self, config: ConfigSchema, partitions: Mapping[PartitionKey, ray.ObjectRef],
@@ -174,13 +177,17 @@ def load_partition_task(path: str, version: int, entity: str, part: int
 
 
 def checkpoint_partitions(config: ConfigSchema, checkpoint: CheckpointManager, version: int,
-                          num_rel: int) -> Tuple[Dict[PartitionKey, ray.ObjectRef], ray.ObjectRef]:
-    """(partition refs, params ref) of checkpoint `version` in `checkpoint`. Partitions are
-    loaded by tasks, into the object store, never through the driver."""
+                          num_rel: int) -> Tuple[Dict[PartitionKey, Any], ray.ObjectRef]:
+    """(what each task gets per partition, params ref) of checkpoint `version` in
+    `checkpoint`. Memory placement: refs of partitions that load tasks put in the object
+    store (never through the driver). Disk placement: OnDisk, so that each task reads
+    the partitions it needs itself and memory holds only those of the tasks in flight."""
     arrays, optim_state = checkpoint.read_model(version)
     params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state,
                                             where=str(checkpoint.model_file(version))))
     keys = [(e, p) for e, c in config.entities.items() for p in range(c.num_partitions)]
+    if config.ray.placement == "disk":
+        return {key: OnDisk(("checkpoint", str(checkpoint.path), version)) for key in keys}, params
     refs = {key: load_partition_task.remote(str(checkpoint.path), version, *key) for key in keys}
     return refs, params
 

@@ -1,11 +1,11 @@
-"""Where an entity partition's values come from, and in disk placement where a
-train task writes them back."""
+"""Where an entity partition's values come from, and in disk placement how a task reads
+them itself (OnDisk) and where a train task writes them back (SwapFile)."""
 
 from __future__ import annotations
 
 import dataclasses
 import zlib
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -47,16 +47,37 @@ def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
 
 
 @dataclasses.dataclass(frozen=True)
-class SwapFile:
-    """Disk placement: a partition that its bucket's train task reads itself, from
-    `source`, and writes to `staged`, a swap file that holds no partition's newest
-    values. Neither way goes through Ray's object store, whose shared memory stays
-    resident at its high-water mark, so memory holds only the partitions of the
-    buckets in flight. The partition store takes `staged` as the partition's newest
-    values only once the task succeeded: a task that dies changed nothing.
-    `token` is unique to the lease, so `written` names what this task writes."""
+class OnDisk:
+    """Disk placement: a partition that a task reads itself, from `source`, instead of
+    receiving it through Ray's object store (whose shared memory stays resident at its
+    high-water mark), so memory holds only the partitions of the tasks in flight."""
 
     source: Source
+
+    def load(self, config: ConfigSchema, key: PartitionKey,
+             empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
+        return load_partition(config, key, self.source, empty)
+
+
+Partition = Union[Tuple[np.ndarray, np.ndarray], OnDisk]  # what a task receives per key
+
+
+def resolved(config: ConfigSchema, keys: List[PartitionKey], partitions: Sequence[Partition]
+             ) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The (embeddings, sums) of each partition a read-only task received: as they came
+    through the object store, or read here from disk."""
+    return [p.load(config, key) if isinstance(p, OnDisk) else p
+            for key, p in zip(keys, partitions)]
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapFile(OnDisk):
+    """A partition that its bucket's train task reads itself and writes to `staged`, a
+    swap file that holds no partition's newest values. The partition store takes
+    `staged` as the partition's newest values only once the task succeeded: a task that
+    dies changed nothing. `token` is unique to the lease, so `written` names what this
+    task writes."""
+
     staged: str
     token: str
 
@@ -64,10 +85,6 @@ class SwapFile:
     def written(self) -> Source:
         """Where the values this task writes are, once written."""
         return ("swap", self.staged, self.token)
-
-    def load(self, config: ConfigSchema, key: PartitionKey,
-             empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
-        return load_partition(config, key, self.source, empty)
 
     def write(self, config: ConfigSchema, embs: np.ndarray, sums: np.ndarray,
               metadata: Dict[str, Any]) -> None:

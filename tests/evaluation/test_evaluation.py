@@ -8,15 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import evaluate_checkpoint
+from pbg_ray.engine.evaluator import checkpoint_partitions, evaluate_checkpoint
+from pbg_ray.engine.partitions import OnDisk
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
+from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.model.params import global_emb_key, operator_key
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import config_dict, random_checkpoint, write_random_graph
@@ -151,6 +154,20 @@ def test_filtered_ranks_over_partitions_match_brute_force(ray_session, tmp_path)
     raw = evaluate_checkpoint(config)["metrics"]["all"]
     assert "sampled" not in raw and raw["filtered"]["mr"] >= report["metrics"]["all"]["filtered"]["mr"]
     assert len((tmp_path / "checkpoints" / "eval_stats.json").read_text().splitlines()) == 2
+
+
+def test_disk_placement_evaluates_out_of_core_to_the_same_metrics(ray_session, tmp_path):
+    config = make(tmp_path)
+    write_random_graph(config, num_edges=50)
+    write_test_edges(config)
+    random_checkpoint(config)
+    in_memory = evaluate_checkpoint(config)["metrics"]
+    config.ray.placement = "disk"
+    checkpoint = CheckpointManager(config.checkpoint_path)
+    given, _ = checkpoint_partitions(config, checkpoint, 1, num_relation_ids(config))
+    # No partition goes through the driver or the object store: each task reads its own.
+    assert given and all(isinstance(p, OnDisk) for p in given.values())
+    assert evaluate_checkpoint(config)["metrics"] == in_memory
 
 
 @pytest.mark.oracle
