@@ -183,7 +183,7 @@ import ray
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
-ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
 t = time.perf_counter()
 result = Trainer(config).run()
 seconds = time.perf_counter() - t
@@ -248,10 +248,11 @@ def as_pbg_ray(config: dict) -> dict:
 
 @contextlib.contextmanager
 def local_ray() -> Iterator[None]:
-    """A Ray of its own, shut down after: even idle, its processes take CPU from the next runs."""
+    """A Ray of its own (never another one running on the machine), shut down after: even
+    idle, its processes take CPU from the next runs."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         yield
     finally:
