@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from pbg_ray.config.options import Fail, check_not_negative, option
+from pbg_ray.config.options import Fail, check_choice, check_not_negative, option
+
+ENGINES = ("local", "ray", "auto")
 
 
 @dataclass
@@ -13,8 +15,10 @@ class ImportConfig:
     """`python -m pbg_ray.import_edges`: raw edge files into entity_path and edge paths."""
 
     inputs: List[str] = option(factory=list, help=
-        "Raw files, one per output edge path: edge_paths then eval_edge_paths, in that order. "
-        "Entity and relation dictionaries come from the first file.")
+        "Raw inputs, one per output edge path: edge_paths then eval_edge_paths, in that order. "
+        "Each is a file, a directory of shards (its files below it; names starting with _ or . "
+        "left out) or a glob, on a local path or a URI (s3://, gs://, hdfs://; credentials "
+        "from the environment). Entity and relation dictionaries come from the first input.")
     format: Optional[str] = option(None, help=
         "tsv, csv or parquet; null: from the extension (.tsv/.txt, .csv, .parquet/.pq, each "
         "optionally .gz). Gzip is recognised by the file's first bytes.")
@@ -38,6 +42,14 @@ class ImportConfig:
     seed: int = option(0, help="Seeds the shuffle that spreads entities over partitions.")
     overwrite: bool = option(False, help=
         "Replace a different graph already in the output directories.")
+    engine: str = option("auto", help=
+        "local: one process reads the inputs one after the other; ray: Ray Data reads shards "
+        "in parallel, counts names by hash partition and writes buckets in parallel tasks "
+        "(on ray.address, or a local Ray); auto: ray when joining a multi-node cluster "
+        "(ray.address set) or when the inputs hold more than ray_min_bytes, else local. Both "
+        "give the same entity files and the same edges in every bucket.")
+    ray_min_bytes: int = option(4 << 30, help=
+        "engine=auto: inputs of more bytes are imported with Ray Data.")
     previous_entity_path: Optional[str] = option(None, help=
         "Incremental import: a previous import's entity_path (never modified). Its entities "
         "keep their partition and offset (and, with dynamic_relations, its relations their "
@@ -50,7 +62,8 @@ class ImportConfig:
 
     def validate(self, fail: Fail) -> None:
         """Rules of this section; `fail(key, problem, fix)` raises."""
-        for key in ("entity_min_count", "relation_type_min_count"):
+        check_choice(self.engine, ENGINES, "importer.engine", fail)
+        for key in ("entity_min_count", "relation_type_min_count", "ray_min_bytes"):
             check_not_negative(getattr(self, key), f"importer.{key}", fail)
         if self.previous_edge_paths and self.previous_entity_path is None:
             fail("importer.previous_edge_paths", "needs importer.previous_entity_path: the "

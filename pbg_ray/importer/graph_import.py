@@ -10,21 +10,24 @@ splits its work):
     staging.py       everything written to staging directories, then moved into place
 
 One parse per input. The first input (for edge_paths[0]) fixes the dictionaries; later
-inputs (eval_edge_paths) look their names up in them.
+inputs (eval_edge_paths) look their names up in them. `run_import` is what every engine
+shares (checks, the manifest, staging, commit, stats); `local_phases` runs the phases in
+this process, pbg_ray/engine/importer.py on Ray Data.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict, List, Tuple
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.dictionaries import build_dictionaries, load_previous
 from pbg_ray.importer.read import IdReader
 from pbg_ray.importer.routing import BucketRouter
-from pbg_ray.importer.staging import ImportTarget, staging
+from pbg_ray.importer.staging import ImportTarget, Staging, staging
+from pbg_ray.io.entities import entity_count_file, load_entity_count
 from pbg_ray.io.storage import storage_path
 
 logger = logging.getLogger("pbg_ray")
@@ -72,39 +75,63 @@ def check_config(config: ConfigSchema, target: ImportTarget) -> None:
                               "the grown graph's edges to new directories.")
 
 
-def import_graph(config: ConfigSchema) -> Dict[str, Any]:
-    """Import `config.importer.inputs` into config's entity_path and edge paths; returns stats."""
+# An engine's phases: (config, staging directories) -> (stats per input, entity count per
+# entity type, number of relations), every file written to the staging directories.
+Phases = Callable[[ConfigSchema, Staging], Tuple[List[Dict[str, Any]], Dict[str, int], int]]
+
+
+def run_import(config: ConfigSchema, phases: Phases, shared: bool = False) -> Dict[str, Any]:
+    """Check the config, skip an import already in place, run an engine's `phases` into
+    fresh staging directories (`shared`: writable by tasks on any node) and commit them
+    with the import's stats, which it returns."""
     target = ImportTarget(config)
     check_config(config, target)
-    reader = IdReader(config)
-    previous = load_previous(config, reader)  # seeds the reader: known names come first
     done = target.done()
     if done is not None:
         logger.warning("%s already holds this import; nothing to do.", target.entity_path)
         return done
     started = time.perf_counter()
-    with staging(target) as stages:
-        per_input = []
-        for number, (stage, output) in enumerate(zip(stages.edges, target.edge_paths)):
-            spill = stage / "spill.bin"
-            stats: Dict[str, Any] = {"output": str(output), **reader.read(number, spill)}
-            if number == 0:  # the first input fixes the dictionaries
-                dictionaries = build_dictionaries(config, reader, previous)
-                router = BucketRouter(config, reader.types, reader.spill_dtype, dictionaries)
-            previous_edges = config.importer.previous_edge_paths[number:number + 1]
-            stats.update(router.write_buckets(spill, stage,
-                                              previous_edges[0] if previous_edges else None))
-            spill.unlink()
-            per_input.append(stats)
-        dictionaries.write(config, stages.entities)
+    with staging(target, shared) as stages:
+        per_input, counts, num_relations = phases(config, stages)
         seconds = time.perf_counter() - started
-        counts = dictionaries.entity_counts()
         result: Dict[str, Any] = {"inputs": per_input, "entities": counts}
-        if config.importer.previous_entity_path:
-            result["new_entities"] = {name: n - sum(map(len, previous.entities.get(name, [])))
-                                      for name, n in counts.items()}
+        previous = config.importer.previous_entity_path
+        if previous:
+            result["new_entities"] = {
+                name: n - sum(load_entity_count(previous, name, p)
+                              for p in range(config.entities[name].num_partitions)
+                              if entity_count_file(previous, name, p).is_file())
+                for name, n in counts.items()}
         rows = sum(s["rows"] for s in per_input)
-        result.update(relations=len(dictionaries.relation_names), seconds=round(seconds, 3),
+        result.update(relations=num_relations, seconds=round(seconds, 3),
                       rows_per_second=round(rows / seconds) if seconds else None)
         target.commit(stages, result)
     return result
+
+
+def local_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, Any]],
+                                                                 Dict[str, int], int]:
+    """The phases in this process, input by input, through spill files."""
+    reader = IdReader(config)
+    previous = load_previous(config, reader)  # seeds the reader: known names come first
+    per_input = []
+    for number, (stage, output) in enumerate(zip(stages.edges, config.edge_paths
+                                                 + config.eval_edge_paths)):
+        spill = stage / "spill.bin"
+        stats: Dict[str, Any] = {"output": str(storage_path(output)), **reader.read(number, spill)}
+        if number == 0:  # the first input fixes the dictionaries
+            dictionaries = build_dictionaries(config, reader, previous)
+            router = BucketRouter(config, reader.types, reader.spill_dtype, dictionaries)
+        previous_edges = config.importer.previous_edge_paths[number:number + 1]
+        stats.update(router.write_buckets(spill, stage,
+                                          previous_edges[0] if previous_edges else None))
+        spill.unlink()
+        per_input.append(stats)
+    dictionaries.write(config, stages.entities)
+    return per_input, dictionaries.entity_counts(), len(dictionaries.relation_names)
+
+
+def import_graph(config: ConfigSchema) -> Dict[str, Any]:
+    """Import `config.importer.inputs` into config's entity_path and edge paths in this
+    process; returns stats. (pbg_ray.import_graph also offers the Ray Data engine.)"""
+    return run_import(config, local_phases)

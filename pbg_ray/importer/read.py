@@ -1,6 +1,8 @@
 """The read phase: each raw input's names become ids, its edges a spill file of id records.
 
-io/raw.py streams an input file as batches of names (RawTable). Here every name gets
+An input is a file, a directory of shards or a glob, local or a URI (io/raw.py:
+input_shards); its shards are read in name order. io/raw.py streams each as batches of
+names (RawTable). Here every name gets
 an id (name_index.NameIndex: one index per entity type, one of relation names; ids in
 order of first appearance) and each edge is written as a compact (lhs, rhs, rel[,
 weight]) record to a spill file, which the routing phase reads back into buckets. The
@@ -13,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +24,7 @@ from tqdm import tqdm
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import did_you_mean
 from pbg_ray.importer.name_index import NameIndex
-from pbg_ray.io.raw import RawBatch, RawTable
+from pbg_ray.io.raw import MAX_EXAMPLES, RawBatch, RawTable, input_shards
 
 logger = logging.getLogger("pbg_ray")
 
@@ -93,45 +95,63 @@ class IdReader:
             rhs_ids[rmask] = ids[len(lhs):]
         return lhs_ids, rhs_ids
 
+    def batches(self, table: RawTable, learn: bool) -> Iterator[Tuple[RawBatch, np.ndarray]]:
+        """(batch, relation ids) of a raw table; rows naming a relation the config doesn't
+        have are refused (skip_bad_rows: left out). With dynamic_relations and not `learn`,
+        relations the index doesn't know have id -1."""
+        for batch in table.batches():
+            rel = self._relation_ids(batch, learn)
+            if not self.config.dynamic_relations and (rel < 0).any():
+                bad = rel < 0
+                name = batch.rel[int(np.argmax(bad))].as_py()
+                names = [r.name for r in self.config.relations]
+                table.refuse(batch, bad, f"unknown relation name {name!r}"
+                             f"{did_you_mean(name, names)}",
+                             f"Relation names must be among the config's relations {names} "
+                             "(or set dynamic_relations=true).")
+                batch, rel = batch.take(~bad), rel[~bad]
+            yield batch, rel
+
     def read(self, number: int, spill_path: Path) -> Dict[str, Any]:
-        """Input `number` into a spill file of id records (the first input learns
-        names); returns its stats."""
-        path = self.settings.inputs[number]
-        table = RawTable(path, self.settings)
+        """Input `number` (its shards in name order) into a spill file of id records (the
+        first input learns names); returns its stats."""
+        spec = self.settings.inputs[number]
         learn = number == 0
         unseen = 0
+        tables = []
         with open(spill_path, "wb") as spill, \
-                tqdm(desc=f"import {Path(path).name}", unit=" edges", unit_scale=True,
-                     disable=None, mininterval=1.0) as progress:
-            for batch in table.batches():
-                rel = self._relation_ids(batch, learn)
-                if not self.config.dynamic_relations and (rel < 0).any():
-                    bad = rel < 0
-                    name = batch.rel[int(np.argmax(bad))].as_py()
-                    names = [r.name for r in self.config.relations]
-                    table.refuse(batch, bad, f"unknown relation name {name!r}"
-                                 f"{did_you_mean(name, names)}",
-                                 f"Relation names must be among the config's relations {names} "
-                                 "(or set dynamic_relations=true).")
-                    batch, rel = batch.take(~bad), rel[~bad]
-                lhs, rhs = self._entity_ids(batch, rel, learn)
-                known = (lhs >= 0) & (rhs >= 0) & (rel >= 0)
-                unseen += int(len(known) - known.sum())
-                records = np.empty(int(known.sum()), self.spill_dtype)
-                records["lhs"], records["rhs"], records["rel"] = lhs[known], rhs[known], rel[known]
-                if "weight" in self.spill_dtype.names:
-                    records["weight"] = batch.weight[known]
-                records.tofile(spill)
-                progress.update(len(batch))
-        stats = dict(input=str(path), format=table.format, rows=table.num_rows,
-                     bad_rows=table.bad_rows, bad_row_examples=table.bad_examples)
-        if not learn:
-            stats["dropped_unseen"] = unseen
-            if unseen:
-                logger.warning("%s: %d edges name entities or relations the first input (%s) "
-                               "never mentions; they are left out.", path, unseen,
-                               self.settings.inputs[0])
-        if table.bad_rows:
-            logger.warning("%s: skipped %d bad rows, e.g. %s", path, table.bad_rows,
-                           "; ".join(table.bad_examples))
-        return stats
+                tqdm(desc=f"import {spec}", unit=" edges", unit_scale=True, disable=None,
+                     mininterval=1.0) as progress:
+            for shard in input_shards(spec):
+                tables.append(RawTable(shard.path, self.settings))
+                for batch, rel in self.batches(tables[-1], learn):
+                    lhs, rhs = self._entity_ids(batch, rel, learn)
+                    known = (lhs >= 0) & (rhs >= 0) & (rel >= 0)
+                    unseen += int(len(known) - known.sum())
+                    records = np.empty(int(known.sum()), self.spill_dtype)
+                    records["lhs"], records["rhs"], records["rel"] = (lhs[known], rhs[known],
+                                                                      rel[known])
+                    if "weight" in self.spill_dtype.names:
+                        records["weight"] = batch.weight[known]
+                    records.tofile(spill)
+                    progress.update(len(batch))
+        return read_stats(spec, tables, None if learn else unseen, self.settings.inputs[0])
+
+
+def read_stats(spec: str, tables: List[RawTable], unseen: Optional[int],
+               first_input: str) -> Dict[str, Any]:
+    """The stats of one input read as `tables` (its shards), with warnings for what was
+    left out; `unseen`: edges of a later input naming what the first input never did."""
+    examples = [e for t in tables for e in t.bad_examples][:MAX_EXAMPLES]
+    stats = dict(input=spec, format="/".join(sorted({t.format for t in tables})),
+                 shards=len(tables), rows=sum(t.num_rows for t in tables),
+                 bad_rows=sum(t.bad_rows for t in tables), bad_row_examples=examples)
+    if unseen is not None:
+        stats["dropped_unseen"] = unseen
+        if unseen:
+            logger.warning("%s: %d edges name entities or relations the first input (%s) "
+                           "never mentions; they are left out.", spec, unseen, first_input)
+    if stats["bad_rows"]:
+        logger.warning("%s: skipped %d bad rows, e.g. %s", spec, stats["bad_rows"],
+                       "; ".join(examples))
+    return stats

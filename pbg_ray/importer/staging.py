@@ -1,8 +1,10 @@
 """The staging and commit phase: an import's files appear in place all at once, or not at all.
 
 Every file is first written into staging directories: inside each output directory when
-it is local (then renamed into place), in local scratch space for object storage (then
-uploaded). Once all are written, `ImportTarget.commit` moves them into place: the graph
+it is local (then renamed into place); for object storage in local scratch space (then
+uploaded), or, when tasks on other nodes write them (the Ray Data engine), under the
+output's prefix (then copied inside the store). Once all are written,
+`ImportTarget.commit` moves them into place: the graph
 files already there are removed (the manifest first, so that a half-replaced graph never
 looks complete), then buckets are moved, entity files next, the manifest last. Staging
 directories are removed however the import ends, so a failure before the commit leaves
@@ -21,13 +23,15 @@ import json
 import os
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import write_text_atomic
-from pbg_ray.io.storage import StoragePath, move_into, storage_path
+from pbg_ray.io.raw import input_shards
+from pbg_ray.io.storage import ObjectPath, StoragePath, move_into, replace, storage_path
 
 MANIFEST = "pbg_ray_import.json"
 GRAPH_FILE_PATTERNS = ("entity_count_*.txt", "entity_names_*.json", "dynamic_rel_count.txt",
@@ -49,14 +53,14 @@ class ImportTarget:
                        for p in d.glob(pattern)})
 
     def identity(self) -> Dict[str, Any]:
-        """What makes two imports the same: inputs (with size and mtime), graph, settings."""
-        inputs = []
-        for path in self.config.importer.inputs:
-            stat = Path(path).stat() if Path(path).is_file() else None
-            inputs.append({"path": os.path.abspath(path), "size": stat and stat.st_size,
-                           "mtime_ns": stat and stat.st_mtime_ns})
+        """What makes two imports the same: inputs (each shard with size and mtime), graph,
+        settings (the engine aside: both give the same graph)."""
+        inputs = [{"path": str(storage_path(spec).absolute()),
+                   "shards": [[str(s.path), s.size, s.mtime_ns] for s in input_shards(spec)]}
+                  for spec in self.config.importer.inputs]
         config = self.config.to_dict()
-        settings = {k: v for k, v in config["importer"].items() if k not in ("inputs", "overwrite")}
+        settings = {k: v for k, v in config["importer"].items()
+                    if k not in ("inputs", "overwrite", "engine", "ray_min_bytes")}
         return {"inputs": inputs, "outputs": [str(p) for p in self.edge_paths],
                 "entities": config["entities"], "relations": config["relations"],
                 "dynamic_relations": config["dynamic_relations"], "importer": settings}
@@ -90,12 +94,26 @@ class ImportTarget:
             path.unlink()
         for stage, output in zip(stages.edges, self.edge_paths):
             for path in sorted(stage.glob("edges_*_*.h5")):
-                move_into(path, output / path.name)
+                _into_place(path, output / path.name)
         for path in sorted(stages.entities.iterdir()):
             if path.name != MANIFEST:
-                move_into(path, self.entity_path / path.name)
+                _into_place(path, self.entity_path / path.name)
         write_text_atomic(self.entity_path / MANIFEST,
                           json.dumps({"identity": self.identity(), "stats": stats}, indent=1))
+
+
+def _into_place(staged: StoragePath, target: StoragePath) -> None:
+    """A staged file to its place: renamed, uploaded, or copied inside the object store."""
+    (replace if isinstance(staged, ObjectPath) else move_into)(staged, target)
+
+
+def _remove(stage: StoragePath) -> None:
+    """A staging directory and its files, whatever is left of them."""
+    if isinstance(stage, ObjectPath):
+        with contextlib.suppress(OSError):
+            stage.fs.delete_dir(stage.fs_path)
+    else:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 @dataclasses.dataclass
@@ -103,20 +121,21 @@ class Staging:
     """The staging directories of one import: `entities` for entity_path, `edges[i]` for
     output edge path i."""
 
-    entities: Path
-    edges: List[Path]
+    entities: StoragePath
+    edges: List[StoragePath]
 
 
 @contextlib.contextmanager
-def staging(target: ImportTarget) -> Iterator[Staging]:
+def staging(target: ImportTarget, shared: bool = False) -> Iterator[Staging]:
     """Fresh staging directories for `target`, removed however the block ends. Files
-    for a local output directory are staged inside it (then renamed into place), those
-    for object storage in local scratch space (then uploaded)."""
-    tag = f".import-{os.getpid()}"
+    for a local output directory are staged inside it (then renamed into place); those
+    for object storage in local scratch space (then uploaded), or with `shared` (written
+    by tasks on any node) under the output's prefix (then copied inside the store)."""
+    tag = f".import-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     scratch = Path(tempfile.mkdtemp(prefix="pbg_ray-import-"))
 
-    def stage_dir(output: StoragePath) -> Path:
-        return output if isinstance(output, Path) else scratch
+    def stage_dir(output: StoragePath) -> StoragePath:
+        return output if isinstance(output, Path) or shared else scratch
 
     stages = Staging(stage_dir(target.entity_path) / f"{tag}-entities",
                      [stage_dir(path) / f"{tag}-edges{i}"
@@ -128,4 +147,4 @@ def staging(target: ImportTarget) -> Iterator[Staging]:
         yield stages
     finally:
         for stage in dirs:
-            shutil.rmtree(stage, ignore_errors=True)
+            _remove(stage)

@@ -1,6 +1,9 @@
 """Raw edge tables (TSV, CSV, Parquet; plain or gzip) read in Arrow record batches.
 
-`RawTable` streams one input file: a reader thread parses the next batch while
+An importer input is a file, a directory of shards or a glob, on a local path or a URI
+that pyarrow.fs opens (io/storage.py); `input_shards` lists its files (a directory's
+files below it, names starting with `_` or `.` left out, as Spark's `_SUCCESS` and
+`.crc`). `RawTable` streams one shard: a reader thread parses the next batch while
 the caller works on the current one, so memory holds about two batches, never
 the file. Rows that can't be edges (wrong number of fields, empty or null
 names, weights that aren't numbers) stop the import with the file and line, or
@@ -10,29 +13,107 @@ Settings: `importer.` (pbg_ray.config.importer.ImportConfig).
 
 from __future__ import annotations
 
-import gzip
+import contextlib
+import fnmatch
+import io
 import queue
 import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pbg_ray.config.importer import ImportConfig
 from pbg_ray.errors import PbgRayError, did_you_mean
+from pbg_ray.io.storage import ObjectPath, StoragePath, is_uri, storage_path
 
 FORMATS = ("tsv", "csv", "parquet")
 ROLES = ("lhs", "rel", "rhs", "weight")
 TEXT_BLOCK_BYTES = 16 << 20  # bytes of text Arrow parses per batch
 PARQUET_BATCH_ROWS = 1 << 19
 MAX_EXAMPLES = 5  # bad rows quoted in the report
+GLOB_CHARS = "*?["
+CREDENTIAL_KEYS = {"access_key", "secret_key", "session_token"}  # pyarrow's S3 URI options
 
+
+def _file_system(path: StoragePath) -> Tuple[pafs.FileSystem, str]:
+    """(pyarrow file system, its name of `path`) for local paths and URIs alike."""
+    if isinstance(path, ObjectPath):
+        return path.fs, path.fs_path
+    return pafs.LocalFileSystem(), str(Path(path).absolute())
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of an importer input."""
+
+    path: StoragePath
+    size: int
+    mtime_ns: Optional[int]
+
+
+def _split_glob(spec: str) -> Tuple[str, Optional[str]]:
+    """(the directory above the first path segment with a wildcard, the pattern below it);
+    (spec, None) without wildcards."""
+    parts = urlsplit(spec) if is_uri(spec) else None
+    segments = (parts.path if parts else spec).split("/")
+    first = next((i for i, s in enumerate(segments) if any(c in s for c in GLOB_CHARS)), None)
+    if first is None:
+        return spec, None
+    base = "/".join(segments[:first]) or ("/" if segments[0] == "" else ".")
+    return (urlunsplit(parts._replace(path=base)) if parts else base), "/".join(segments[first:])
+
+
+@contextlib.contextmanager
+def _storage_errors(what: str) -> Iterator[None]:
+    """Failures to reach a file (network, permissions, credentials) as one clear line."""
+    try:
+        yield
+    except OSError as err:
+        raise PbgRayError(f"can't read {what}: {err}. Check the path, the credentials in the "
+                          "environment (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the "
+                          "node's role) and the URI's endpoint settings.") from None
+
+
+def input_shards(spec: str) -> List[Shard]:
+    """The files of one importer input (a file, a directory or a glob), in name order."""
+    if is_uri(spec) and (urlsplit(spec).password or CREDENTIAL_KEYS & set(parse_qs(
+            urlsplit(spec).query))):
+        raise PbgRayError("an importer input's URI carries credentials; they would end up in "
+                          "logs and in the import's manifest. Remove them from the URI and set "
+                          "them in the environment (e.g. AWS_ACCESS_KEY_ID / "
+                          "AWS_SECRET_ACCESS_KEY, or the node's role).")
+    base_spec, pattern = _split_glob(spec)
+    base = storage_path(base_spec)
+    fs, fs_path = _file_system(base)
+    with _storage_errors(f"importer input {spec!r}"):
+        info = fs.get_file_info(fs_path)
+        if pattern is None and info.type == pafs.FileType.File:
+            return [Shard(base, info.size, info.mtime_ns)]
+        found = (fs.get_file_info(pafs.FileSelector(fs_path, recursive=True))
+                 if info.type == pafs.FileType.Directory else [])
+    shards = []
+    for entry in sorted(found, key=lambda e: e.path):
+        relative = entry.path[len(fs_path):].strip("/")
+        hidden = any(s.startswith(("_", ".")) for s in relative.split("/"))
+        if entry.type != pafs.FileType.File or hidden:
+            continue
+        if pattern is None or fnmatch.fnmatchcase(relative, pattern):
+            shards.append(Shard(base / relative, entry.size, entry.mtime_ns))
+    if not shards:
+        what = "matches no file" if pattern else (
+            "is an empty directory" if info.type == pafs.FileType.Directory else "does not exist")
+        raise PbgRayError(f"importer input {spec!r} {what}. Give a file, a directory of "
+                          "shards or a glob that matches files (check importer.inputs).")
+    return shards
 
 
 @dataclass
@@ -56,13 +137,13 @@ class RawBatch:
                         None if self.weight is None else self.weight[keep], self.rows[keep])
 
 
-def detect_format(path: Path, fmt: Optional[str]) -> str:
+def detect_format(path: StoragePath, fmt: Optional[str]) -> str:
     if fmt is not None:
         if fmt not in FORMATS:
             raise PbgRayError(f"importer.format: unknown format {fmt!r}{did_you_mean(fmt, FORMATS)}. "
                               f"Valid values: {', '.join(FORMATS)} (or null to use the extension).")
         return fmt
-    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    suffixes = [s.lower() for s in Path(path.name).suffixes if s.lower() != ".gz"]
     ext = suffixes[-1] if suffixes else ""
     by_ext = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
     if ext not in by_ext:
@@ -71,23 +152,26 @@ def detect_format(path: Path, fmt: Optional[str]) -> str:
     return by_ext[ext]
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
 class RawTable:
-    """One raw input file; iterate `batches()` once."""
+    """One raw input file (a shard of an input); iterate `batches()` once."""
 
-    def __init__(self, path: str, settings: ImportConfig) -> None:
-        self.path = Path(path)
+    def __init__(self, path: Any, settings: ImportConfig) -> None:
+        self.path = storage_path(path)
         self.settings = settings
-        if not self.path.is_file():
-            raise PbgRayError(f"input file {path!r} does not exist. Check importer.inputs.")
-        if self.path.stat().st_size == 0:
-            raise PbgRayError(f"input file {path!r} is empty. Give a file with at least one edge.")
+        self._fs, self._fs_path = _file_system(self.path)
+        with self._reading():
+            info = self._fs.get_file_info(self._fs_path)
+        if info.type != pafs.FileType.File:
+            raise PbgRayError(f"input file {str(path)!r} does not exist. Check importer.inputs.")
+        if info.size == 0:
+            raise PbgRayError(f"input file {str(path)!r} is empty. Give a file with at least "
+                              "one edge.")
         self.format = detect_format(self.path, settings.format)
-        self.gzip = self.format != "parquet" and _is_gzip(self.path)
+        self.gzip = False
+        if self.format != "parquet":
+            with self._reading(), self._fs.open_input_stream(self._fs_path,
+                                                             compression=None) as f:
+                self.gzip = f.read(2) == b"\x1f\x8b"
         self.columns: Dict[str, Optional[int]] = {}  # role -> column index
         self.num_rows = 0
         self.bad_rows = 0
@@ -100,6 +184,10 @@ class RawTable:
             self._open_text()
 
     # --- opening ---------------------------------------------------------
+
+    def _reading(self) -> Any:
+        """A context in which storage failures become one line naming the file."""
+        return _storage_errors(f"input file {str(self.path)!r}")
 
     def _resolve(self, names: Optional[List[str]], num_columns: int) -> None:
         """Role -> column index, refusing columns the file doesn't have."""
@@ -131,7 +219,12 @@ class RawTable:
                 self.columns[role] = names.index(spec)
 
     def _open_text_stream(self) -> pa.NativeFile:
-        return pa.input_stream(str(self.path), compression="gzip" if self.gzip else None)
+        stream = self._fs.open_input_stream(self._fs_path, compression=None)
+        return pa.CompressedInputStream(stream, "gzip") if self.gzip else stream
+
+    def _open_lines(self, errors: str = "strict") -> io.TextIOWrapper:
+        return io.TextIOWrapper(self._open_text_stream(), encoding="utf-8", errors=errors,
+                                newline="")
 
     def _open_text(self) -> None:
         settings = self.settings
@@ -149,9 +242,10 @@ class RawTable:
         self._num_columns = len(fields)
 
     def _first_line(self) -> Optional[str]:
-        opener = gzip.open if self.gzip else open
+        with self._reading():
+            lines = self._open_lines()
         try:
-            with opener(self.path, "rt", encoding="utf-8", newline="") as f:
+            with lines as f:
                 for line in f:
                     line = line.rstrip("\r\n")
                     if line:
@@ -163,7 +257,9 @@ class RawTable:
 
     def _open_parquet(self) -> None:
         try:
-            self._parquet = pq.ParquetFile(str(self.path), pre_buffer=False)
+            with self._reading():
+                source = self._fs.open_input_file(self._fs_path)
+            self._parquet = pq.ParquetFile(source, pre_buffer=False)
         except (pa.ArrowException, OSError) as err:
             raise PbgRayError(f"input file {str(self.path)!r} is not a readable Parquet file: "
                               f"{err}. Check the file or set importer.format.") from None
@@ -183,8 +279,12 @@ class RawTable:
 
         def on_invalid_row(row) -> str:
             if self.settings.skip_bad_rows:
-                self._bad(f"{row.actual_columns} fields instead of {row.expected_columns}: "
-                          f"{row.text[:200]!r}")
+                self.bad_rows += 1
+                if len(self.bad_examples) < MAX_EXAMPLES:
+                    self.bad_examples.append(
+                        f"{self._where_line(self._line_of_text(row.text))}: "
+                        f"{row.actual_columns} fields instead of {row.expected_columns}: "
+                        f"{row.text[:200]!r}")
                 return "skip"
             self._invalid_text = row.text
             return "error"
@@ -332,14 +432,9 @@ class RawTable:
                               f"{fix + ' ' if fix else ''}Fix the row or set "
                               "importer.skip_bad_rows=true to leave such rows out.")
         room = MAX_EXAMPLES - len(self.bad_examples)
-        self.bad_examples += [f"{reason}: data row {int(batch.rows[i]) + 1}"
+        self.bad_examples += [f"{self.where(int(batch.rows[i]))}: {reason}"
                               for i in np.flatnonzero(bad)[:max(room, 0)]]
         self.bad_rows += int(bad.sum())
-
-    def _bad(self, example: str) -> None:
-        self.bad_rows += 1
-        if len(self.bad_examples) < MAX_EXAMPLES:
-            self.bad_examples.append(example)
 
     # --- where a row is ----------------------------------------------------
 
@@ -357,9 +452,10 @@ class RawTable:
     def _scan_lines(self, stop: Callable[[int, str], bool]) -> Optional[int]:
         """The 1-based number of the first line (after the header) where `stop`
         holds, given the count of non-empty data lines before it. Only runs on errors."""
-        opener = gzip.open if self.gzip else open
         seen = 0
-        with opener(self.path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+        with self._reading():
+            lines = self._open_lines(errors="replace")
+        with lines as f:
             for number, line in enumerate(f, start=1):
                 line = line.rstrip("\r\n")
                 if number <= self._header_lines or not line:
