@@ -26,7 +26,7 @@ _K1, _K2, _K3, _K4 = (_U(0x9E3779B97F4A7C15), _U(0xBF58476D1CE4E5B9),
                       _U(0x94D049BB133111EB), _U(0xFF51AFD7ED558CCD))
 
 
-def _mix(h: np.ndarray) -> np.ndarray:
+def mix(h: np.ndarray) -> np.ndarray:
     """splitmix64's finalizer (in place): every input bit reaches every output bit."""
     h ^= h >> _U(30)
     h *= _K2
@@ -67,18 +67,18 @@ def name_keys(names: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
     len64 = length.astype(_U)
     w0 = word(0)
     short = length <= 7
-    hashed = _mix(w0 ^ (len64 * _K1))
-    check = _mix((w0 + _K4) * (len64 | _U(1)))
+    hashed = mix(w0 ^ (len64 * _K1))
+    check = mix((w0 + _K4) * (len64 | _U(1)))
     w1 = word(1)
     more = length > 8
-    hashed[more] = _mix(hashed[more] ^ w1[more])
-    check[more] = _mix(check[more] + w1[more] * _K4)
+    hashed[more] = mix(hashed[more] ^ w1[more])
+    check[more] = mix(check[more] + w1[more] * _K4)
     rows = np.flatnonzero(length > 16)
     j = 2
     while len(rows):  # names longer than 16 bytes: one more word per round
         w = word(j, rows)
-        hashed[rows] = _mix(hashed[rows] ^ w)
-        check[rows] = _mix(check[rows] + w * _K4)
+        hashed[rows] = mix(hashed[rows] ^ w)
+        check[rows] = mix(check[rows] + w * _K4)
         j += 1
         rows = rows[length[rows] > 8 * j]
     key = np.where(short, w0 | (len64 << _U(56)), hashed | _HASHED)
@@ -123,8 +123,9 @@ class NameIndex:
     def __len__(self) -> int:
         return self._checks.size
 
-    def add(self, names: pa.Array) -> np.ndarray:
-        """Ids of `names` (a string array), new names getting new ids; counts each occurrence."""
+    def add(self, names: pa.Array, counts: Optional[np.ndarray] = None) -> np.ndarray:
+        """Ids of `names` (a string array), new names getting new ids; counts each occurrence
+        (`counts`: as that many occurrences each)."""
         keys, checks = name_keys(names)
         prior = len(self)
         # A fresh vector per call: pandas hands out a view of it and then refuses to grow it.
@@ -139,7 +140,7 @@ class NameIndex:
             self._counts.extend(np.zeros(len(first), np.int64))
             self._names.append(names.take(pa.array(first)).cast(pa.large_string()))
         self._verify(ids, keys, checks, names)
-        self._counts.array[:] += np.bincount(ids, minlength=len(self))
+        self._counts.array[:] += np.bincount(ids, counts, minlength=len(self)).astype(np.int64)
         return ids
 
     def lookup(self, names: pa.Array) -> np.ndarray:
@@ -163,6 +164,10 @@ class NameIndex:
     def counts(self) -> np.ndarray:
         """Occurrences of each id so far."""
         return self._counts.array
+
+    def checks(self) -> np.ndarray:
+        """The second hash of each id (0 for exactly packed names), compared on every sighting."""
+        return self._checks.array
 
     def keys(self) -> np.ndarray:
         """The key of each id: a canonical order of the names that doesn't depend

@@ -38,18 +38,35 @@ def spill(path, router, weights=None):
     return path
 
 
-def expected_buckets():
+def expected_buckets(router):
     """Each bucket's (lhs offset, rhs offset, rel), edge by edge in input order; the
-    unpartitioned tag side goes to partition (edge's position) % 2."""
+    unpartitioned tag side goes to the partition the router spreads that edge to."""
     buckets = {Bucket(lhs, rhs): [] for lhs in range(2) for rhs in range(2)}
     dictionary = (NODE, TAG)
-    for position, (lhs, rhs, rel) in enumerate(RECORDS):
+    for lhs, rhs, rel in RECORDS:
         if NODE.part[lhs] < 0 or dictionary[rel].part[rhs] < 0:
             continue
-        rhs_part = position % 2 if rel else NODE.part[rhs]
-        buckets[Bucket(NODE.part[lhs], rhs_part)].append(
-            (NODE.offset[lhs], dictionary[rel].offset[rhs], rel))
+        edge = (NODE.offset[lhs], dictionary[rel].offset[rhs], rel)
+        index, = router.buckets(np.array([rel]), NODE.part[[lhs]], np.array([edge[0]]),
+                                dictionary[rel].part[[rhs]], np.array([edge[1]]))
+        assert rel or index == 2 * NODE.part[lhs] + NODE.part[rhs]
+        buckets[router.bucket(index)].append(edge)
     return buckets
+
+
+def test_unpartitioned_sides_spread_by_the_edge_alone(tmp_path):
+    router = router_for(tmp_path)
+    n = 1000
+    rel, lhs = np.ones(n, np.int64), np.arange(n) % 7
+    rhs, parts = np.arange(n) // 7, np.zeros(n, np.int64)
+    buckets = router.buckets(rel, parts, lhs, parts, rhs)
+    assert set(buckets.tolist()) == {0, 1}  # lhs partition 0, the tag side spread over both
+    assert abs(int((buckets == 1).sum()) - n // 2) < n // 10
+    # The same edge in another batch, at another position: the same bucket.
+    again = router.buckets(rel[::-1], parts, lhs[::-1], parts, rhs[::-1])
+    assert again.tolist() == buckets[::-1].tolist()
+    dropped = router.buckets(rel, parts - 1, lhs, parts, rhs)
+    assert (dropped == -1).all()
 
 
 def written(directory):
@@ -69,7 +86,7 @@ def test_edges_land_in_their_bucket_in_input_order(tmp_path, monkeypatch, chunk,
     monkeypatch.setattr(routing, "MAX_OPEN_BUCKETS", open_buckets)
     router = router_for(tmp_path)
     stats = router.write_buckets(spill(tmp_path / "spill.bin", router), tmp_path, None)
-    expected = expected_buckets()
+    expected = expected_buckets(router)
     assert written(tmp_path) == expected
     assert stats == {"edges": sum(map(len, expected.values())), "dropped_rare": 1}
     assert len(expected[Bucket(1, 0)]) > 1 and len(expected[Bucket(0, 1)]) > 1
@@ -90,7 +107,7 @@ def test_a_previous_import_s_edges_come_first(tmp_path):
     stats = router.write_buckets(spill(tmp_path / "spill.bin", router, weights), out,
                                  str(previous))
     assert stats["previous_edges"] == 4
-    expected = expected_buckets()
+    expected = expected_buckets(router)
     assert written(out) == {b: old[b] + expected[b] for b in expected}
     # The previous edges had no weights: they weigh 1.
     assert read_edges(out, Bucket(0, 0)).weight[:2].tolist() == [1.0, 1.0]
