@@ -36,7 +36,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "ConfigSchema": ("pbg_ray.config", "ConfigSchema"),
     "load_pbg_config_file": ("pbg_ray.config", "load_pbg_config_file"),
-    "import_graph": ("pbg_ray.importer", "import_graph"),
+    "import_graph": ("pbg_ray.engine.importer", "import_graph"),
     # The command module itself: calling it trains (pbg_ray/train.py).
     "train": ("pbg_ray", "train"),
     "evaluate": ("pbg_ray.engine.evaluator", "evaluate_checkpoint"),

@@ -12,7 +12,7 @@ import json
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer import import_graph
+from pbg_ray.engine.importer import import_graph
 
 
 def run(config: ConfigSchema) -> None:

@@ -1,0 +1,27 @@
+"""Run by test_importer.py in its own process: a two-node Ray cluster on this machine
+(ray.cluster_utils.Cluster), one import on Ray Data, a JSON summary on stdout."""
+
+import json
+import sys
+
+import ray
+from ray.cluster_utils import Cluster
+from ray.util.state import list_tasks
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.importer import import_graph
+
+config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True})
+cluster.add_node(num_cpus=2)
+try:
+    ray.init(address=cluster.address, log_to_driver=False)
+    cluster.wait_for_nodes()
+    stats = import_graph(config)
+    tasks = list_tasks(filters=[("state", "=", "FINISHED")], limit=10000,
+                       raise_on_missing_output=False)
+    print(json.dumps({"stats": stats, "nodes": len([n for n in ray.nodes() if n["Alive"]]),
+                      "task_nodes": sorted({t.node_id for t in tasks if t.node_id})}))
+finally:
+    ray.shutdown()
+    cluster.shutdown()
