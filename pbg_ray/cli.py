@@ -1,37 +1,40 @@
-"""What every Hydra command (`python -m pbg_ray.<command>`) shares: the Hydra main over
-conf/config.yaml, a `--help` that teaches the command's keys, per-job paths in a multirun,
-and bad input turned into one clear error line."""
+"""What every command (`python -m pbg_ray.<command>`) shares: a `--help` in one style (usage,
+arguments, the keys set most often, examples, where the full reference is), bad input and
+Ctrl-C turned into one line, and for the Hydra commands the Hydra main over conf/config.yaml
+with per-job paths in a multirun."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import logging
 import os
+import shlex
 import sys
 from typing import Any, Callable, Optional, Sequence
 
 import hydra
+import yaml
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.config.hydra import check_overrides, split_overrides, to_config, use_pbg_config_file
-from pbg_ray.config.reference import markdown
+from pbg_ray.config.hydra import (
+    check_overrides, composition_error, config_dirs, name_sweep_jobs, split_overrides, to_config,
+    use_pbg_config_file)
+from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolver
-from pbg_ray.io.storage import join
+from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolvers
+from pbg_ray.io.storage import sibling
 
 logger = logging.getLogger("pbg_ray")
 
-HOW_TO_CONFIGURE = """\
-Configuration: with no argument, the built-in demo graph (conf/config.yaml). A PBG config
-file (a .py defining get_torchbiggraph_config(), as torchbiggraph_train takes) as the first
-argument replaces it. Any key is set with key=value after it (lr=0.05, ray.placement=disk,
-relations.0.operator=diagonal); Hydra's multirun sweeps with -m and comma lists
-(lr=0.01,0.1). Every key: docs/configuration.md; Hydra's own flags: --hydra-help.
-"""
+# Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED = 130
 
 
 def setup_logging(config: ConfigSchema) -> None:
@@ -41,66 +44,118 @@ def setup_logging(config: ConfigSchema) -> None:
 
 
 def per_job_paths(config: ConfigSchema) -> ConfigSchema:
-    """In a Hydra multirun, each job's own checkpoint_path and tensorboard_dir.
-
-    A path inside the job's output directory (the demo graph's default) is already the
-    job's own; any other one gets the job's sweep subdirectory appended (`.../0`,
-    `.../1`, as under hydra.sweep.dir), so no job resumes or overwrites another's
-    checkpoint, and rerunning the sweep resumes each job where it stopped.
-    """
+    """In a Hydra multirun, each job's own checkpoint_path and tensorboard_dir: the configured
+    ones with the job's swept values appended (`model-lr=0.1`; its number when nothing is
+    swept), beside them, never inside another run's; rerunning the sweep resumes each job."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return config
-    hydra_config = HydraConfig.get()
-    output_dir = os.path.abspath(hydra_config.runtime.output_dir)
-    subdir = os.path.relpath(output_dir, os.path.abspath(hydra_config.sweep.dir))
-
-    def own(path: Optional[str]) -> Optional[str]:
-        if path is None or path == output_dir or path.startswith(output_dir + os.sep):
-            return path
-        return join(path, subdir)
-
+    job = HydraConfig.get().job
+    name = job.override_dirname.replace("/", "_") or str(job.num)
+    own = lambda path: path and sibling(path, name)  # noqa: E731
     return dataclasses.replace(config, checkpoint_path=own(config.checkpoint_path),
                                tensorboard_dir=own(config.tensorboard_dir))
 
 
+def user_error(err: BaseException) -> Optional[PbgRayError]:
+    """The PbgRayError that `err` is or carries (a Ray task's error wraps its cause)."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, PbgRayError):
+        return cause
+    return err if isinstance(err, PbgRayError) else None
+
+
 def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Print a PbgRayError as one line and exit with status 2 (no traceback)."""
+    """Print a PbgRayError as one line and exit with status 2, and Ctrl-C as one line
+    (what the command says about it, if anything) with status 130: no traceback."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except PbgRayError as err:
-            print(f"pbg_ray: error: {err}", file=sys.stderr)
+        except KeyboardInterrupt as err:
+            print(f"pbg_ray: interrupted{f'; {err}' if str(err) else ''}", file=sys.stderr)
+            sys.exit(INTERRUPTED)
+        except Exception as err:
+            error = user_error(err)
+            if error is None:
+                raise
+            print(f"pbg_ray: error: {error}", file=sys.stderr)
             sys.exit(2)
 
     return wrapper
 
 
-def help_text(doc: str, keys: Sequence[str]) -> str:
-    """The command's docstring, how to configure it, and the reference of its keys."""
-    return f"{doc.strip()}\n\n{HOW_TO_CONFIGURE}\n{markdown(keys)}"
+def command_parser(doc: str, examples: Sequence[str], keys: Sequence[str] = (),
+                   reference: str = "") -> argparse.ArgumentParser:
+    """The parser, or for a Hydra command the help, of a command whose module docstring is
+    `doc` (first paragraph: the usage line; the rest: what it does): `keys` listed with their
+    meanings and defaults, then `examples`, then where the full reference is."""
+    usage, _, description = doc.strip().partition("\n\n")
+    epilog = []
+    if keys:
+        epilog.append("keys set most often (defaults are the schema's, PBG's for PBG's keys; "
+                      "conf/'s options\nsuch as tune=asha and the demo's graph set some):\n"
+                      + key_help(keys))
+    epilog.append("examples:\n" + "\n".join(f"  {example}" for example in examples))
+    epilog.append(f"reference: {reference or REFERENCE}")
+    return argparse.ArgumentParser(
+        prog=" ".join(usage.split()[:3]), usage=usage, description=description,
+        epilog="\n\n".join(epilog),
+        formatter_class=functools.partial(argparse.RawDescriptionHelpFormatter, width=100))
 
 
-def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str,
-                keys: Sequence[str]) -> Callable[[], None]:
-    """Wrap `task(config)` as a Hydra main over conf/config.yaml; `--help` prints `doc` and
-    the key reference of `keys`: sections by their prefix ("ray."; "" for all PBG keys, as in
-    pbg_ray.config.reference.SECTIONS) and single keys ("entity_path")."""
+def hydra_help(doc: str, keys: Sequence[str], examples: Sequence[str]) -> str:
+    """`--help` of a Hydra command, in the style of the argparse ones."""
+    parser = command_parser(doc, examples, keys)
+    parser.add_argument("config", nargs="?", metavar="PBG_CONFIG.py", help=(
+        "a PBG config file: a .py defining get_torchbiggraph_config(), as torchbiggraph_train "
+        "takes; without it, the built-in demo graph (conf/config.yaml)"))
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=(
+        "set any key, over the file's value: lr=0.05 ray.placement=disk "
+        "relations.0.operator=diagonal 'eval_edge_paths=[data/test]'"))
+    parser.add_argument("-m", "--multirun", action="store_true", help=(
+        "a Hydra sweep: one job per combination of comma-separated values (lr=0.01,0.1)"))
+    parser.add_argument("--cfg", metavar="job", help="print the composed config; run nothing")
+    parser.add_argument("--hydra-help", action="store_true", help="Hydra's own flags")
+    return parser.format_help()
+
+
+def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[str],
+                examples: Sequence[str]) -> Callable[[], None]:
+    """Wrap `task(config)` as a Hydra main over conf/config.yaml (or the PBG config file given
+    first); `--help` prints `doc`, the arguments, `keys` (single keys, or sections by their
+    prefix: "ray.") with their meanings and defaults, and `examples`."""
+
+    given = {"command": ""}  # the command line as typed, for the line Ctrl-C prints
 
     @hydra.main(version_base=None, config_path="pkg://pbg_ray.conf", config_name="config")
     @report_errors
     def run(cfg: DictConfig) -> Any:
-        return task(to_config(cfg))
+        config = to_config(cfg)
+        setup_logging(config)
+        try:
+            return task(config)
+        except KeyboardInterrupt as err:
+            if str(err):  # the task said what is complete: the same command goes on from there
+                raise KeyboardInterrupt(f"{err}; rerun `{given['command']}` to resume") from None
+            raise
 
     @report_errors
     def main() -> None:
-        if any(arg in ("--help", "-h") for arg in sys.argv[1:]):
-            print(help_text(doc, keys))
+        argv = sys.argv[1:]
+        if any(arg in ("--help", "-h") for arg in argv):
+            print(hydra_help(doc, keys, examples), end="")
             return
-        argv = use_pbg_config_file(sys.argv[1:])
-        check_overrides(split_overrides(argv))
-        sys.argv = sys.argv[:1] + argv
-        run()
+        given["command"] = shlex.join(doc.split()[:3] + argv)
+        argv = use_pbg_config_file(argv)
+        overrides = split_overrides(argv)
+        check_overrides(overrides)
+        sys.argv = sys.argv[:1] + argv + name_sweep_jobs(argv, overrides)
+        # Hydra then raises its own errors instead of printing them: one line each here.
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            run()
+        except (HydraException, OmegaConfBaseException, yaml.YAMLError) as err:
+            raise composition_error(err, config_dirs(argv)) from None
 
     return main

@@ -9,17 +9,22 @@ tasks. Prints a table and one JSON line, and appends the JSON line to
 
 from __future__ import annotations
 
-from pbg_ray.cli import hydra_entry, setup_logging
+from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint, print_report
 
+EXAMPLES = (
+    "python -m pbg_ray.eval                                # the demo's checkpoint",
+    "python -m pbg_ray.eval config.py 'eval.edge_paths=[data/test]'",
+    "python -m pbg_ray.eval config.py eval.version=5 eval.filtered=false   # sampled metrics only",
+)
+
 
 def run(config: ConfigSchema) -> None:
-    setup_logging(config)
     print_report(evaluate_checkpoint(config))
 
 
-main = hydra_entry(run, __doc__, ("eval.",))
+main = hydra_entry(run, __doc__, ("checkpoint_path", "eval.", "ray.address"), EXAMPLES)
 
 if __name__ == "__main__":
     main()

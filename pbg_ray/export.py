@@ -18,15 +18,21 @@ from pbg_ray.checkpoints.export import export_checkpoint, print_sizes
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
 
+EXAMPLES = (
+    "python -m pbg_ray.export                                 # the demo's checkpoint, as TSV",
+    "python -m pbg_ray.export config.py export.format=parquet export.output=embeddings",
+    "python -m pbg_ray.export config.py export.format=bundle 'export.variants=[fp32,int8]'",
+)
+
 
 def run(config: ConfigSchema) -> None:
     result = export_checkpoint(config)
     if result["format"] == "bundle":
         print_sizes(result["tags"])
-    print(json.dumps(result))  # Hydra has set up logging: warnings reach stderr
+    print(json.dumps(result))
 
 
-main = hydra_entry(run, __doc__, ("export.",))
+main = hydra_entry(run, __doc__, ("checkpoint_path", "export."), EXAMPLES)
 
 if __name__ == "__main__":
     main()

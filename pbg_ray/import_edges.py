@@ -1,4 +1,4 @@
-"""python -m pbg_ray.import_edges [PBG_CONFIG.py] importer.inputs=[train.tsv,test.tsv] [key=value ...]
+"""python -m pbg_ray.import_edges [PBG_CONFIG.py] 'importer.inputs=[FILE,...]' [key=value ...]
 
 Turns raw edge files (TSV, CSV, Parquet; plain or gzip) into the config's
 entity_path and edge paths (edge_paths, then eval_edge_paths: one input file
@@ -14,14 +14,24 @@ from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.importer import import_graph
 
+EXAMPLES = (
+    "python -m pbg_ray.import_edges config.py 'importer.inputs=[train.tsv]'",
+    "python -m pbg_ray.import_edges config.py 'importer.inputs=[train.tsv,test.tsv]' \\\n"
+    "      'eval_edge_paths=[data/test]'        # one edge path per input file",
+    "python -m pbg_ray.import_edges config.py 'importer.inputs=[edges.csv]' \\\n"
+    "      importer.lhs_col=src importer.rel_col=null importer.rhs_col=dst   # by column name",
+)
+
 
 def run(config: ConfigSchema) -> None:
-    print(json.dumps(import_graph(config)))  # Hydra has set up logging: warnings reach stderr
+    print(json.dumps(import_graph(config)))
 
 
 main = hydra_entry(run, __doc__, (
-    "importer.", "entity_path", "edge_paths", "eval_edge_paths", "entities", "relations",
-    "dynamic_relations", "entities.<name>.", "relations.<index>."))
+    "importer.inputs", "importer.format", "importer.lhs_col", "importer.rel_col",
+    "importer.rhs_col", "importer.header", "importer.entity_min_count", "importer.skip_bad_rows",
+    "importer.overwrite", "importer.previous_entity_path", "entity_path", "edge_paths",
+    "eval_edge_paths", "entities.<name>.num_partitions", "dynamic_relations"), EXAMPLES)
 
 if __name__ == "__main__":
     main()

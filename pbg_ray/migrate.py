@@ -15,12 +15,17 @@ import sys
 from typing import Optional, Sequence
 
 from pbg_ray.checkpoints.legacy import migrate_run
-from pbg_ray.cli import report_errors
+from pbg_ray.cli import command_parser, report_errors
+
+EXAMPLES = (
+    "python -m pbg_ray.migrate old_run/ model/",
+    "python -m pbg_ray.migrate old_run/ model/ --entity-path old_data/entities",
+)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pbg_ray.migrate",
-                                     description=__doc__.split("\n\n")[1])
+    parser = command_parser(__doc__, EXAMPLES, reference=(
+        "the pre-1.0 layout: docs/formats.md; the converted directory also works as init_path"))
     parser.add_argument("old_dir", help="the pre-1.0 run's outdir (CHECKPOINT_VERSION, METADATA_1.pt...)")
     parser.add_argument("new_dir", help="the v1 checkpoint directory to create (absent or empty)")
     parser.add_argument("--entity-path", default=None,

@@ -1,24 +1,28 @@
-"""python -m pbg_ray.plot CHECKPOINT_PATH [--output PNG]
+"""python -m pbg_ray.plot [CHECKPOINT_PATH] [--output PNG]
 
 Draws a run's training_stats.json (pbg_ray's or torchbiggraph's) into a PNG: per epoch,
 the mean training loss and the held-out metrics (PBG's sampled MRR and hits@1/10/50 on
 each bucket's eval_fraction edges); per bucket, the same over the run's buckets in
-training order, with the epochs' boundaries. Default output:
-<checkpoint_path>/training_stats.png. Needs matplotlib (pip install "pbg-ray[plot]").
+training order, with the epochs' boundaries. Without CHECKPOINT_PATH: the demo's. Default
+output: <checkpoint_path>/training_stats.png. Needs matplotlib (pip install "pbg-ray[plot]").
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import Any, Dict, List, Optional
 
 from pbg_ray.checkpoints.manager import CheckpointManager
-from pbg_ray.cli import report_errors
+from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, bucket_means, epoch_means
+from pbg_ray.importer.demo import demo_checkpoint_path
 from pbg_ray.io.files import atomic_path
 
 RANK_METRICS = ("mrr", "r1", "r10", "r50")  # held-out, all in [0, 1]: one axis
+EXAMPLES = (
+    "python -m pbg_ray.plot                        # the demo's run",
+    "python -m pbg_ray.plot model -o model.png",
+)
 
 
 def _pyplot():
@@ -86,8 +90,11 @@ def _epoch_starts(lines: List[Dict[str, Any]]) -> List[int]:
 
 @report_errors
 def main(argv: Optional[List[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m pbg_ray.plot", description=__doc__.split("\n\n")[1])
-    parser.add_argument("checkpoint_path", help="a checkpoint directory holding training_stats.json")
+    parser = command_parser(__doc__, EXAMPLES, reference=(
+        "training_stats.json's lines: docs/formats.md; TensorBoard instead: tensorboard_dir=DIR"))
+    parser.add_argument("checkpoint_path", nargs="?", default=demo_checkpoint_path(),
+                        help="a checkpoint directory holding training_stats.json "
+                             "(default: the demo's)")
     parser.add_argument("--output", "-o", help="PNG to write (default: "
                         "<checkpoint_path>/training_stats.png)")
     args = parser.parse_args(argv)

@@ -1,11 +1,8 @@
-"""python -m pbg_ray.predict CHECKPOINT_PATH {score,top-rhs,top-lhs,neighbors} ...
+"""python -m pbg_ray.predict [CHECKPOINT_PATH] {score,top-rhs,top-lhs,neighbors} ...
 
-Answers one question about a trained checkpoint (or a model bundle's tag) by names and
-prints the answer as one JSON line:
-
-    python -m pbg_ray.predict model/checkpoints top-rhs alice follows -k 10
-
-The library behind it is pbg_ray.evaluation.predictor.Predictor.
+Answers one question about a trained checkpoint (or a model bundle's tag) by entity and
+relation names and prints the answer as one JSON line. Without CHECKPOINT_PATH: the demo's
+(python -m pbg_ray.train with no arguments trains it).
 """
 
 from __future__ import annotations
@@ -13,16 +10,29 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
-from pbg_ray.cli import report_errors
+from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.importer.demo import demo_checkpoint_path
+
+COMMANDS = ("score", "top-rhs", "top-lhs", "neighbors")
+VALUE_OPTIONS = ("--version", "--tag", "--entity-path")  # options before CHECKPOINT_PATH
+EXAMPLES = (
+    "python -m pbg_ray.predict top-rhs user_17 likes -k 5       # the demo's checkpoint",
+    "python -m pbg_ray.predict model top-rhs alice likes -k 10 --exclude data/train",
+    "python -m pbg_ray.predict model score alice follows bob",
+    "python -m pbg_ray.predict model/export/bundle.zip --tag v5-int8 neighbors alice -k 5",
+)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pbg_ray.predict", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint_path", help="a checkpoint directory or a model bundle file")
-    parser.add_argument("--version", type=int, default=None, help="checkpoint version (default: newest)")
+    parser = command_parser(__doc__, EXAMPLES, reference=(
+        "the Python API: pbg_ray.Predictor (pbg_ray/evaluation/predictor.py)"))
+    parser.add_argument("checkpoint_path", nargs="?", default=demo_checkpoint_path(),
+                        help="a checkpoint directory or a model bundle file (default: the demo's)")
+    parser.add_argument("--version", type=int, default=None,
+                        help="checkpoint version (default: newest)")
     parser.add_argument("--tag", default=None, help="a model bundle's tag (default: newest)")
     parser.add_argument("--entity-path", default=None, help="where the entity names are "
                         "(default: the checkpoint config's entity_path)")
@@ -42,7 +52,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     near.add_argument("name")
     near.add_argument("--type", dest="entity_type", default=None)
     near.add_argument("-k", type=int, default=10)
-    return parser.parse_args(argv)
+    return parser.parse_args(with_checkpoint_path(list(argv)))
+
+
+def with_checkpoint_path(argv: List[str]) -> List[str]:
+    """`argv` with the demo's checkpoint path inserted where a command comes first (argparse
+    would take the command for CHECKPOINT_PATH)."""
+    index = 0
+    while index < len(argv) and argv[index] in VALUE_OPTIONS + ("-h", "--help"):
+        index += 1 if argv[index] in ("-h", "--help") else 2
+    if index < len(argv) and argv[index] in COMMANDS:
+        return argv[:index] + [demo_checkpoint_path()] + argv[index:]
+    return argv
 
 
 @report_errors

@@ -1,8 +1,9 @@
 """python -m pbg_ray.train [PBG_CONFIG.py] [key=value ...]
 
-Trains embeddings bucket by bucket on Ray. With no arguments: the built-in
-demo graph on a local Ray. `ray=cluster` (or ray.address=auto) joins the
-cluster that `ray up cluster.yaml` started.
+Trains embeddings bucket by bucket on Ray. With no arguments: the built-in demo graph on a
+local Ray. `ray=cluster` (or ray.address=auto) joins the cluster that `ray up cluster.yaml`
+started. A checkpoint version is written after every epoch (every edge chunk), and the same
+command run again resumes from the newest complete one; Ctrl-C stops a run at once.
 
 From Python the module is callable: `pbg_ray.train(config)` trains a ConfigSchema and
 returns the engine's TrainResult.
@@ -14,19 +15,39 @@ import json
 import sys
 import types
 
-from pbg_ray.cli import hydra_entry, per_job_paths, setup_logging
+from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.trainer import Trainer, TrainResult
 from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, epoch_means
 
+EXAMPLES = (
+    "python -m pbg_ray.train                                   # the built-in demo graph",
+    "python -m pbg_ray.train config.py lr=0.05 num_epochs=20   # a PBG config file, two keys set",
+    "python -m pbg_ray.train config.py -m lr=0.01,0.1          # a sweep: a run per value",
+    "python -m pbg_ray.train config.py ray=cluster ray.num_trainers=8   # on a Ray cluster",
+)
+KEYS = ("dimension", "num_epochs", "lr", "batch_size", "num_batch_negs", "num_uniform_negs",
+        "loss_fn", "comparator", "relations.<index>.operator", "entities.<name>.num_partitions",
+        "checkpoint_path", "init_path", "eval_edge_paths", "ray.address", "ray.num_trainers",
+        "ray.placement")
+
 
 def run(config: ConfigSchema) -> None:
-    setup_logging(config)
     config = per_job_paths(config)
+    trainer = Trainer(config)  # before Ray starts: bad input stops the command at once
     connect_ray(config.ray)  # once: the jobs of a multirun share it
-    trainer = Trainer(config)
-    result = trainer.run()
+    if trainer.version >= trainer.num_passes:
+        print(f"{config.checkpoint_path} holds all {trainer.num_passes} versions: nothing to "
+              "train", file=sys.stderr)
+    elif trainer.version:
+        print(f"resuming from version {trainer.version} of {trainer.num_passes} in "
+              f"{config.checkpoint_path}", file=sys.stderr)
+    try:
+        result = trainer.run()
+    except KeyboardInterrupt:
+        done = f"version {trainer.version}" if trainer.version else "no version yet"
+        raise KeyboardInterrupt(f"{done} of {config.checkpoint_path} is complete") from None
     summary = {"checkpoint_path": result.checkpoint_path, "version": result.version}
     if result.bucket_stats:  # lines of training_stats.json: per-edge means with their counts
         last_epoch = result.bucket_stats[-1]["epoch_idx"]
@@ -42,8 +63,7 @@ def run(config: ConfigSchema) -> None:
     print(json.dumps(summary), file=sys.stdout)
 
 
-main = hydra_entry(run, __doc__,
-                   ("", "entities.<name>.", "relations.<index>.", "ray.", "incremental."))
+main = hydra_entry(run, __doc__, KEYS, EXAMPLES)
 
 
 class _TrainModule(types.ModuleType):

@@ -32,13 +32,7 @@ def convert(value: Any, hint: Any, key: str, source: str) -> Any:
         hints = typing.get_type_hints(hint)
         kwargs = {}
         for name, item in value.items():
-            if name not in fields:
-                sub = f"{key}.{name}" if key else str(name)
-                prefix = f"{key}." if key else ""
-                raise PbgRayError(
-                    f"{source}: unknown key {sub!r}"
-                    f"{did_you_mean(sub, [prefix + f for f in fields])}. "
-                    f"Valid keys here: {', '.join(fields)}.")
+            check_key(hint, key, name, source)
             kwargs[name] = convert(item, hints[name], f"{key}.{name}" if key else name, source)
         for name, f in fields.items():
             if (name not in kwargs and f.default is MISSING
@@ -81,6 +75,43 @@ def convert(value: Any, hint: Any, key: str, source: str) -> Any:
             return os.fspath(value)
         raise PbgRayError(f"{where}: expected a string, got {value!r}")
     raise TypeError(f"unsupported type in schema: {hint!r}")  # a bug, not user input
+
+
+def check_key(cls: type, key: str, name: Any, source: str) -> None:
+    """Refuse `name`, under the dotted `key` of type `cls`, unless it is one of its fields."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if name not in fields:
+        sub = f"{key}.{name}" if key else str(name)
+        prefix = f"{key}." if key else ""
+        raise PbgRayError(f"{source}: unknown key {sub!r}"
+                          f"{did_you_mean(sub, [prefix + f for f in fields])}. "
+                          f"Valid keys here: {', '.join(fields)}.")
+
+
+def check_part(value: Any, hint: Any, key: str, source: str) -> None:
+    """Refuse unknown keys and ill-typed values in part of a config (a config file that the
+    command line or other files complete), as convert() does, without requiring any key.
+    Values Hydra fills in later (`${...}`, `???`) are left to it."""
+    if isinstance(value, str) and ("${" in value or value == "???"):
+        return
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType) and value is not None:
+        hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
+        origin = typing.get_origin(hint)
+    sub = lambda name: f"{key}.{name}" if key else str(name)  # noqa: E731
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        hints = typing.get_type_hints(hint)
+        for name, item in value.items():
+            check_key(hint, key, name, source)
+            check_part(item, hints[name], sub(name), source)
+    elif origin in (dict, Dict) and isinstance(value, dict):
+        for name, item in value.items():
+            check_part(item, typing.get_args(hint)[1], sub(name), source)
+    elif origin in (list, List) and isinstance(value, list):
+        for index, item in enumerate(value):
+            check_part(item, typing.get_args(hint)[0], sub(index), source)
+    else:
+        convert(value, hint, key, source)
 
 
 def schema_type(root: type, path: str, source: str = "command line") -> Any:

@@ -5,20 +5,34 @@ config, and the composed config turned into a validated ConfigSchema."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import re
 from pathlib import Path
 from typing import List
 
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import OverrideParseException
+from hydra.errors import MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
-from pbg_ray.config.convert import check_value
+from pbg_ray.config.convert import check_part, check_value
 from pbg_ray.config.pbg_file import load_pbg_config_dict
 from pbg_ray.config.schema import ConfigSchema
-from pbg_ray.errors import PbgRayError
+from pbg_ray.errors import PbgRayError, did_you_mean
 
 SCHEMA_NAME = "pbg_ray_schema"
+# Hydra's settings for every command: a run writes no output directory, .hydra/ or log file
+# into the working directory (hydra.run.dir=DIR hydra.output_subdir=.hydra ask for them);
+# a multirun keeps Hydra's sweep directory (multirun.yaml), without a folder per job.
+HYDRA_SETTINGS_NAME = "pbg_ray_hydra"
+HYDRA_SETTINGS = {"hydra": {"run": {"dir": "."}, "sweep": {"subdir": "."}, "output_subdir": None,
+                            "job": {"chdir": False}}}
+# The defaults of a PBG config file, as conf/config.yaml's without the graph, model and
+# training groups (the file holds those keys): no log file, and the logging of `verbose`.
+PBG_FILE_DEFAULTS = [SCHEMA_NAME, HYDRA_SETTINGS_NAME, {"ray": "local"}, {"tune": "asha"},
+                     "_self_", {"override hydra/job_logging": "none"}]
 CONFIG_GROUPS = ("graph", "model", "training", "ray", "tune")
 # Hydra flags that take the next argument as their value.
 _HYDRA_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
@@ -28,8 +42,10 @@ PBG_CONFIG_NAME = "pbg_config_file"
 
 
 def register_configs() -> None:
-    """The schema in Hydra's ConfigStore, as conf/config.yaml's defaults name it."""
+    """The schema and Hydra's settings in Hydra's ConfigStore, as conf/config.yaml's
+    defaults name them."""
     ConfigStore.instance().store(name=SCHEMA_NAME, node=ConfigSchema)
+    ConfigStore.instance().store(name=HYDRA_SETTINGS_NAME, node=HYDRA_SETTINGS)
 
 
 def split_overrides(argv: List[str]) -> List[str]:
@@ -79,9 +95,54 @@ def use_pbg_config_file(argv: List[str]) -> List[str]:
     if not argv or not argv[0].endswith(".py") or "=" in argv[0]:
         return argv
     data = load_pbg_config_dict(Path(argv[0]))
-    node = {"defaults": [SCHEMA_NAME, {"ray": "local"}, "_self_"], **data}
+    check_part(data, ConfigSchema, "", argv[0])
+    node = {"defaults": PBG_FILE_DEFAULTS, **data}
     ConfigStore.instance().store(name=PBG_CONFIG_NAME, node=node)
     return [f"--config-name={PBG_CONFIG_NAME}"] + argv[1:]
+
+
+def name_sweep_jobs(argv: List[str], overrides: List[str]) -> List[str]:
+    """In a multirun, the Hydra setting that names each job after its swept values alone
+    (hydra.job.override_dirname `dimension=50,lr=0.1`, not the keys every job shares)."""
+    if not {"-m", "--multirun"} & set(argv):
+        return []
+    fixed = [o.key_or_group for o in OverridesParser.create().parse_overrides(overrides)
+             if not o.is_sweep_override()]
+    return ["hydra.job.config.override_dirname.exclude_keys=["
+            + ",".join(f"'{key}'" for key in fixed) + "]"] if fixed else []
+
+
+def config_dirs(argv: List[str]) -> List[Path]:
+    """Where Hydra looks for YAML configs: the --config-dir of `argv`, then conf/."""
+    dirs = [Path(value) for flag, value in zip(argv, argv[1:]) if flag in ("--config-dir", "-cd")]
+    dirs += [Path(arg.split("=", 1)[1]) for arg in argv if arg.startswith("--config-dir=")]
+    return dirs + [Path(importlib.util.find_spec("pbg_ray.conf").origin).parent]
+
+
+def composition_error(err: Exception, dirs: List[Path]) -> PbgRayError:
+    """Hydra's (or YAML's) error while composing the config, as the project's one line: for a
+    mistyped key or bad value in a YAML file, the same line as on the command line, naming
+    the file."""
+    if isinstance(err, MissingConfigException) and err.options:
+        group, _, name = (err.missing_cfg_file or "").rpartition("/")
+        return PbgRayError(f"command line: {group}={name}: no such option"
+                           f"{did_you_mean(name, err.options)}. Options of {group!r}: "
+                           f"{', '.join(err.options)} (a YAML file of your own: put it in "
+                           f"DIR/{group}/ and add --config-dir DIR).")
+    text = str(err)
+    match = re.match(r"In '([^']+)'", text)
+    files = [d / f"{match.group(1)}.yaml" for d in dirs] if match else []
+    for path in (f for f in files if f.is_file()):
+        header = path.read_text().partition("\n")[0]
+        data = {key: value for key, value in (yaml.safe_load(path.read_text()) or {}).items()
+                if key not in ("defaults", "hydra")}  # Hydra's own keys
+        package = match.group(1).rpartition("/")[0]
+        if "@package _global_" not in header and package:
+            data = functools.reduce(lambda inner, name: {name: inner},
+                                    reversed(package.split("/")), data)
+        check_part(data, ConfigSchema, "", str(path))
+        text = f"{path}: {text.partition(':')[2]}"
+    return PbgRayError(" ".join(text.replace("\t", " ").split()))
 
 
 def to_config(cfg: DictConfig) -> ConfigSchema:

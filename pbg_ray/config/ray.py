@@ -15,7 +15,8 @@ class RayConfig:
     """Where and how the work runs. None of this changes the model."""
 
     address: Optional[str] = option(None, help=
-        'null starts a local Ray; "auto" joins the cluster `ray up` started.')
+        'null starts a local Ray (or joins RAY_ADDRESS, which `ray job submit` sets); "auto" '
+        "joins the cluster `ray up` started.")
     num_cpus: Optional[int] = option(None, help=
         "CPUs of a local Ray started by pbg_ray (null: all of the machine's).")
     object_store_memory: Optional[int] = option(None, help=

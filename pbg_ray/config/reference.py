@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import textwrap
 import typing
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Sequence, Tuple
 
 from omegaconf import MISSING
 
@@ -18,6 +19,10 @@ from pbg_ray.config.options import help_of
 from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema
 
 REGENERATE = "python -m pbg_ray.config.reference > docs/configuration.md"
+# Where --help sends a user for every key.
+REFERENCE = ("every key with its type, default and meaning: docs/configuration.md\n"
+             "  (python -m pbg_ray.config.reference prints it)")
+KEY_COLUMN = 36  # where a key's meaning starts in --help
 # (title, prefix of its keys, dataclass); the PBG keys are ConfigSchema's plain fields.
 SECTIONS: List[Tuple[str, str, type]] = [
     ("PBG keys", "", ConfigSchema),
@@ -57,24 +62,36 @@ def rows(cls: type, prefix: str) -> Iterator[Tuple[str, str, str, str]]:
                    help_of(field))
 
 
-def section_table(title: str, prefix: str, cls: type, keys: Optional[Sequence[str]] = None) -> str:
-    """A section's table: all its keys, or those of `keys`; "" when none of them is there."""
-    chosen = [row for row in rows(cls, prefix) if keys is None or row[0] in keys]
-    if not chosen:
-        return ""
+def section_table(title: str, prefix: str, cls: type) -> str:
+    """A section's table of keys."""
     lines = [f"## {title}", "", (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "),
              "", "| key | type | default | meaning |", "|---|---|---|---|"]
-    lines += [f"| `{k}` | {t} | {d} | {h.replace('|', '/')} |" for k, t, d, h in chosen]
+    lines += [f"| `{k}` | {t} | {d} | {h.replace('|', '/')} |" for k, t, d, h in rows(cls, prefix)]
     return "\n".join(lines) + "\n"
 
 
-def markdown(picks: Optional[Sequence[str]] = None) -> str:
-    """The reference of every section, or of those picked: a section by its prefix ("ray.",
-    "" for the PBG keys) or single keys ("entity_path")."""
-    tables = [section_table(title, prefix, cls,
-                            None if picks is None or prefix in picks else picks)
-              for title, prefix, cls in SECTIONS]
-    return "\n".join(table for table in tables if table)
+def markdown() -> str:
+    """The reference of every section."""
+    return "\n".join(section_table(title, prefix, cls) for title, prefix, cls in SECTIONS)
+
+
+def key_help(picks: Sequence[str], width: int = 100) -> str:
+    """The keys of `picks` (single keys, or sections by their prefix: "ray.") with their
+    meanings and defaults, as a command's --help lists its options."""
+    every = [row for _, prefix, cls in SECTIONS for row in rows(cls, prefix)]
+    chosen = [row for pick in picks for row in every
+              if row[0] == pick or (pick.endswith(".") and row[0].startswith(pick))]
+    lines = []
+    for key, _, default, meaning in chosen:
+        default = default.strip("`")
+        text = f"{meaning} Default: {default}." if default != "required" else f"{meaning} Required."
+        wrapped = textwrap.wrap(text, width - KEY_COLUMN)
+        first = f"  {key}".ljust(KEY_COLUMN)
+        if len(key) + 4 > KEY_COLUMN:  # a long key: its meaning on the next lines
+            lines.append(f"  {key}")
+            first = " " * KEY_COLUMN
+        lines += [first + wrapped[0]] + [" " * KEY_COLUMN + line for line in wrapped[1:]]
+    return "\n".join(lines)
 
 
 def document() -> str:

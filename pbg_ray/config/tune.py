@@ -54,9 +54,9 @@ class TuneConfig:
         "CPUs of each trial's driver (it only orchestrates: its train tasks take "
         "ray.cpus_per_trainer / ray.gpus_per_trainer each, ray.num_trainers of them).")
     storage_path: Optional[str] = option(None, help=
-        "Ray Tune's storage (null: <checkpoint_path>/tune); rerunning with the same one "
+        "Ray Tune's storage (null: <checkpoint_path>-tune); rerunning with the same one "
         "resumes the experiment. Each trial's engine checkpoints go to "
-        "<checkpoint_path>/<trial id>.")
+        "<checkpoint_path>-<trial id>.")
     name: str = option("pbg_ray_tune", help=
         "The experiment's name: Ray Tune's experiment directory is <storage_path>/<name>.")
     max_failures: int = option(0, help=

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import ray
 
@@ -20,13 +21,16 @@ def not_token_notice(record: logging.LogRecord) -> bool:
 
 
 def connect_ray(ray_config: RayConfig) -> None:
-    """Join ray.address, or start a local Ray; keep one already connected."""
+    """Join ray.address (RAY_ADDRESS, as `ray job submit` sets it, when that is null), or
+    start a local Ray, never joining one that `ray start` left on this machine; keep one
+    already connected."""
     if ray.is_initialized():
         return
+    address = ray_config.address or (None if os.environ.get("RAY_ADDRESS") else "local")
     token_logger = logging.getLogger(TOKEN_LOGGER)
     token_logger.addFilter(not_token_notice)
     try:
-        ray.init(address=ray_config.address, num_cpus=ray_config.num_cpus,
+        ray.init(address=address, num_cpus=ray_config.num_cpus,
                  object_store_memory=ray_config.object_store_memory,
                  include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     finally:

@@ -1,13 +1,13 @@
 """Ray Tune over the engine: one trial = one training run of a sampled config.
 
-Each trial trains with `Trainer` under its own checkpoint_path (`<checkpoint_path>/<trial
-id>`), and after every epoch reports the held-out metrics (PBG's sampled metrics on
-eval_edge_paths, and the epoch's mean training loss) with a Tune checkpoint naming the
-engine's checkpoint, so ASHA can stop poor trials and a restarted or resumed trial goes on
-from the engine's newest version. A trial's resources are one placement group: an optional
-driver bundle plus one bundle per train task (ray.num_trainers x ray.cpus_per_trainer /
-gpus_per_trainer); the train and evaluation tasks it starts run inside it, and the engine's
-actors ask for no CPU.
+Each trial trains with `Trainer` under its own checkpoint_path (`<checkpoint_path>-<trial
+id>`, beside the configured one), and after every epoch reports the held-out metrics
+(PBG's sampled metrics on eval_edge_paths, and the epoch's mean training loss) with a Tune
+checkpoint naming the engine's checkpoint, so ASHA can stop poor trials and a restarted or
+resumed trial goes on from the engine's newest version. A trial's resources are one
+placement group: an optional driver bundle plus one bundle per train task
+(ray.num_trainers x ray.cpus_per_trainer / gpus_per_trainer); the train and evaluation
+tasks it starts run inside it, and the engine's actors ask for no CPU.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
 from pbg_ray.evaluation.training_stats import TRAIN, as_sums, epoch_means
-from pbg_ray.io.storage import join
+from pbg_ray.io.storage import join, sibling
 
 logger = logging.getLogger("pbg_ray")
 
@@ -58,14 +58,14 @@ def trial_resources(config: ConfigSchema) -> tune.PlacementGroupFactory:
 
 def trial_config(base: Dict[str, Any], sampled: Mapping[str, Any], trial_id: str) -> ConfigSchema:
     """The base config with the trial's sampled keys, in its own checkpoint and TensorBoard
-    directories (the base ones are the roots of all trials')."""
+    directories: the base ones with the trial's id appended."""
     cfg = OmegaConf.create(base)
     for key, value in sampled.items():
         OmegaConf.update(cfg, key, value, merge=False)
     data = OmegaConf.to_container(cfg)
-    data["checkpoint_path"] = join(base["checkpoint_path"], trial_id)
+    data["checkpoint_path"] = sibling(base["checkpoint_path"], trial_id)
     if base.get("tensorboard_dir"):
-        data["tensorboard_dir"] = join(base["tensorboard_dir"], trial_id)
+        data["tensorboard_dir"] = sibling(base["tensorboard_dir"], trial_id)
     return ConfigSchema.from_dict(data, source=f"trial {trial_id}")
 
 
@@ -124,7 +124,7 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
     base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=base),
                                     trial_resources(config))
-    storage_path = settings.storage_path or join(config.checkpoint_path, "tune")
+    storage_path = settings.storage_path or sibling(config.checkpoint_path, "tune")
     experiment_path = join(storage_path, settings.name)
     if tune.Tuner.can_restore(experiment_path):
         logger.warning("resuming the Ray Tune experiment in %s", experiment_path)

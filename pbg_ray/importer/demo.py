@@ -150,4 +150,11 @@ def demo_graph_path() -> str:
     return str(path)
 
 
+def demo_checkpoint_path() -> str:
+    """Where the demo trains: one directory whatever the working directory, so a rerun
+    resumes and eval, export, predict and plot find it without being told."""
+    return str(cache_dir() / f"demo-v{DEMO_VERSION}-checkpoints")
+
+
 OmegaConf.register_new_resolver("demo_graph", demo_graph_path, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("demo_checkpoint", demo_checkpoint_path, replace=True)

@@ -227,6 +227,15 @@ def join(base: str, name: str) -> str:
     return str(path / name) if isinstance(path, ObjectPath) else os.path.join(base, name)
 
 
+def sibling(base: str, name: str) -> str:
+    """The directory beside `base` (a path or URI, as in the config) named after it with
+    `-name` appended (`runs/model` -> `runs/model-lr=0.1`), spelled as `base` is."""
+    if is_uri(base):
+        parts = urlsplit(base)
+        return urlunsplit(parts._replace(path=f"{parts.path.rstrip('/')}-{name}"))
+    return f"{base.rstrip(os.sep)}-{name}"
+
+
 @contextlib.contextmanager
 def uploading(path: ObjectPath) -> Iterator[Path]:
     """Yield a local temporary path; once the block succeeds, its file is uploaded

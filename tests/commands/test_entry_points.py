@@ -73,12 +73,12 @@ def test_multirun_jobs_get_their_own_checkpoints_and_share_one_ray(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     paths = [s["checkpoint_path"] for s in summaries]
-    # Each job: the configured checkpoint_path plus its sweep subdirectory.
-    assert paths == [os.path.join(data["checkpoint_path"], job) for job in ("0", "1")]
+    # Each job: beside the configured checkpoint_path, named after its swept value.
+    assert paths == [f"{data['checkpoint_path']}-lr={lr}" for lr in (0.05, 0.2)]
+    assert (sweep / "multirun.yaml").is_file() and not (sweep / "0").exists()
     for job, path in enumerate(paths):
-        assert (sweep / str(job) / ".hydra" / "overrides.yaml").is_file()
         assert_valid_checkpoint(ConfigSchema.from_dict(dict(data, checkpoint_path=path)), 1)
         assert json.loads((Path(path) / "config.json").read_text())["lr"] == [0.05, 0.2][job]
-        assert list((tmp_path / "tb" / str(job)).glob("events.out.tfevents.*"))
+        assert list((tmp_path / f"tb-lr={[0.05, 0.2][job]}").glob("events.out.tfevents.*"))
     # The basic launcher runs the jobs in one process: one Ray session served both.
     assert len(sessions) == 1

@@ -32,7 +32,7 @@ def test_search_space_and_resources_come_from_the_config(tmp_path, monkeypatch):
     assert space["relations.1.operator"].categories == ["diagonal", "none"]
     trial = trial_config(config.to_dict(), {"lr": 0.2, "relations.1.operator": "none"}, "t1")
     assert trial.lr == 0.2 and trial.relations[1].operator == "none"
-    assert trial.checkpoint_path == str(tmp_path / "checkpoints" / "t1")
+    assert trial.checkpoint_path == str(tmp_path / "checkpoints-t1")  # beside, not inside
     # Ray Tune refuses a relative storage_path: made absolute like the other paths.
     monkeypatch.chdir(tmp_path)
     relative = tune_config(tmp_path, storage_path="tune-runs").with_absolute_paths()
@@ -67,7 +67,7 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
         dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=40, seed=1)
     best = run_tune(config)
 
-    trial_dirs = sorted((tmp_path / "checkpoints" / "tune" / "pbg_ray_tune").glob("run_trial_*"))
+    trial_dirs = sorted((tmp_path / "checkpoints-tune" / "pbg_ray_tune").glob("run_trial_*"))
     assert len(trial_dirs) == 2
     epochs_reported = []
     for trial_dir in trial_dirs:
@@ -81,12 +81,12 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
     assert max(epochs_reported) == 2
 
     assert best["config"]["lr"] in (0.02, 0.3)
-    assert best["checkpoint_path"] == str(tmp_path / "checkpoints" / best["trial_id"])
+    assert best["checkpoint_path"] == str(tmp_path / f"checkpoints-{best['trial_id']}")
     best_config = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=best["checkpoint_path"],
                                               lr=best["config"]["lr"]))
     assert_valid_checkpoint(best_config, best["version"])
-    assert json.loads((tmp_path / "checkpoints" / best["trial_id"] / "config.json").read_text())[
-        "lr"] == best["config"]["lr"]
+    trial_config_file = tmp_path / f"checkpoints-{best['trial_id']}" / "config.json"
+    assert json.loads(trial_config_file.read_text())["lr"] == best["config"]["lr"]
 
     # The same command again resumes the finished experiment: nothing is retrained.
     again = run_tune(config)
@@ -110,7 +110,7 @@ def test_a_failed_trial_restarts_from_the_engines_newest_version(ray_session, tm
         best = run_tune(config)
     assert fired()
 
-    experiment = tmp_path / "checkpoints" / "tune" / "pbg_ray_tune"
+    experiment = tmp_path / "checkpoints-tune" / "pbg_ray_tune"
     results = [json.loads(line) for line in
                next(experiment.glob("run_trial_*/result.json")).read_text().splitlines()]
     assert results[-1]["epoch"] == 3 and best["version"] == 3

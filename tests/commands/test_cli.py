@@ -1,0 +1,196 @@
+"""The commands as a user meets them, in real subprocesses: mistakes in config files get one
+line naming the file, a failed command leaves nothing on disk, the working directory stays
+clean, Ctrl-C stops a run at once with one line and the rerun resumes, and `tune` searches
+the default space of a PBG config file."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.config.hydra import name_sweep_jobs
+from pbg_ray.importer.demo import demo_checkpoint_path
+from tests.util import config_dict, write_random_graph
+
+
+def tiny_graph(root: Path, **overrides) -> dict:
+    """The config dict of a tiny random graph written under root/data."""
+    data = config_dict(root / "data", dimension=4, global_emb=False, **overrides)
+    write_random_graph(ConfigSchema.from_dict(data), num_edges=40)
+    return data
+
+
+def pbg_module(path: Path, data: dict) -> Path:
+    path.write_text(f"def get_torchbiggraph_config():\n    return {data!r}\n")
+    return path
+
+
+def command(name, args, cwd, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", f"pbg_ray.{name}", *map(str, args)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def run(name, args, cwd, env=None):
+    proc = command(name, args, cwd, env=env)
+    out, err = proc.communicate(timeout=600)
+    return proc.returncode, out, err
+
+
+def assert_one_error_line(err: str, *parts: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pbg_ray: error: "), err[-2000:]
+    for part in parts:
+        assert part in lines[0]
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    """An empty working directory for the command; it must stay empty."""
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def test_a_mistyped_key_in_a_python_config_file_is_one_line_naming_it(tmp_path, workdir):
+    data = tiny_graph(tmp_path)
+    module = pbg_module(tmp_path / "config.py", dict(data, lrr=0.1))
+    code, _, err = run("train", [module], workdir)
+    assert code == 2
+    assert_one_error_line(err, f"{module}: unknown key 'lrr' (did you mean 'lr'?)")
+    assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("dimesion", 4, "unknown key 'dimesion' (did you mean 'dimension'?)"),
+    ("batch_size", "abc", "batch_size: expected an integer, got 'abc'"),
+])
+def test_a_mistake_in_a_yaml_graph_file_is_the_command_lines_line_naming_it(
+        tmp_path, workdir, key, value, message):
+    data = tiny_graph(tmp_path)
+    graph = tmp_path / "conf" / "graph" / "mine.yaml"
+    graph.parent.mkdir(parents=True)
+    graph.write_text("# @package _global_\n" + yaml.safe_dump(dict(data, **{key: value})))
+    code, _, err = run("train", ["--config-dir", tmp_path / "conf", "graph=mine"], workdir)
+    assert code == 2
+    assert_one_error_line(err, f"{graph}: {message}")
+    assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
+
+
+def test_a_missing_init_path_stops_the_run_before_anything_is_written(tmp_path, workdir):
+    data = tiny_graph(tmp_path)
+    module = pbg_module(tmp_path / "config.py", data)
+    code, _, err = run("train", [module, f"init_path={tmp_path / 'nowhere'}"], workdir)
+    assert code == 2
+    assert_one_error_line(err, f"init_path '{tmp_path / 'nowhere'}' holds no checkpoint")
+    assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
+
+
+def processes_mentioning(text: str):
+    """Pids of live processes whose command line holds `text` (zombies have none)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tmp_path, workdir):
+    data = tiny_graph(tmp_path, eval_fraction=0.0)
+    module = pbg_module(tmp_path / "config.py", data)
+    ray_tmp = tempfile.mkdtemp(prefix="pbg-cc-", dir="/tmp")  # Ray's socket paths stay short
+    env = dict(os.environ, RAY_TMPDIR=ray_tmp)
+    version_file = Path(data["checkpoint_path"]) / "checkpoint_version.txt"
+    args = [module, "num_epochs=1000", "ray.num_cpus=1"]
+    proc = command("train", args, workdir, env=env, start_new_session=True)
+    try:
+        while not (version_file.is_file() and version_file.read_text().strip()):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole group
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    version = int(version_file.read_text())
+    assert proc.returncode == 130, err[-3000:]
+    progress = re.compile(r"epoch \d+/1000 path 1/1 chunk 1/1: \d+ buckets, .* edges/s, loss ")
+    lines = [line for line in err.splitlines() if not progress.match(line)]
+    resume = f"python -m pbg_ray.train {' '.join(map(str, args))}"
+    assert lines == [f"pbg_ray: interrupted; version {version} of {data['checkpoint_path']} is "
+                     f"complete; rerun `{resume}` to resume"], err[-3000:]
+    deadline = time.monotonic() + 30
+    while processes_mentioning(ray_tmp) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_mentioning(ray_tmp), "Ray processes left behind"
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+    code, out, err = run("train", [module, f"num_epochs={version + 1}", "ray.num_cpus=1"], workdir)
+    assert code == 0, err[-3000:]
+    assert f"resuming from version {version} of {version + 1} in {data['checkpoint_path']}" in err
+    assert json.loads(out.splitlines()[-1])["version"] == version + 1
+    assert not list(workdir.iterdir())  # no outputs/, .hydra or log file
+
+
+def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpoint(tmp_path,
+                                                                                    workdir):
+    data = tiny_graph(tmp_path, eval_fraction=0.0, eval_num_batch_negs=10,
+                      eval_num_uniform_negs=10, eval_edge_paths=[str(tmp_path / "valid")])
+    write_random_graph(ConfigSchema.from_dict(dict(data, edge_paths=data["eval_edge_paths"])),
+                       num_edges=20, seed=1)
+    module = pbg_module(tmp_path / "config.py", data)
+    code, out, err = run("tune", [module, "tune.num_samples=2", "num_epochs=1",
+                                  "ray.num_cpus=2"], workdir)
+    assert code == 0, err[-3000:]
+    best = json.loads(out.splitlines()[-1])
+    assert f"best config: lr={best['config']['lr']} dimension=" in out
+    assert f"best checkpoint: {best['checkpoint_path']} (version 1)" in out
+    # Two trials, each beside the configured checkpoint_path, with the default space's keys
+    # sampled: their configs differ.
+    trials = sorted(tmp_path.glob("data/checkpoints-*/config.json"))
+    assert len(trials) == 2 and best["checkpoint_path"] in {str(t.parent) for t in trials}
+    sampled = [{k: json.loads(t.read_text())[k] for k in ("lr", "dimension", "margin")}
+               for t in trials]
+    assert sampled[0] != sampled[1]
+    assert all(0.01 <= s["lr"] <= 0.5 and s["dimension"] in (50, 100, 200) for s in sampled)
+    assert (tmp_path / "data" / "checkpoints-tune").is_dir()
+    assert not Path(data["checkpoint_path"]).exists() and not list(workdir.iterdir())
+
+
+def test_the_demo_checkpoint_path_is_one_place_that_predict_and_plot_default_to(tmp_path,
+                                                                               monkeypatch):
+    from hydra import compose, initialize_config_module
+
+    from pbg_ray import plot, predict
+
+    monkeypatch.setenv("PBG_RAY_CACHE", str(tmp_path / "cache"))
+    with initialize_config_module("pbg_ray.conf", version_base=None):
+        cfg = compose("config")
+    assert cfg.checkpoint_path == demo_checkpoint_path() == str(tmp_path / "cache" /
+                                                                "demo-v1-checkpoints")
+    assert predict.parse_args(["top-rhs", "user_1", "likes"]).checkpoint_path == \
+        demo_checkpoint_path()
+    assert predict.parse_args(["--tag", "v1", "neighbors", "user_1"]).checkpoint_path == \
+        demo_checkpoint_path()
+    assert predict.parse_args(["model", "score", "a", "b", "c"]).checkpoint_path == "model"
+    with pytest.raises(SystemExit):  # no training stats there: plot's usual error
+        plot.main([])
+
+
+def test_sweep_jobs_are_named_by_their_swept_values_alone():
+    argv = ["-m", "lr=0.01,0.1", "ray.num_cpus=1", "dimension=50,100"]
+    assert name_sweep_jobs(argv, argv[1:]) == [
+        "hydra.job.config.override_dirname.exclude_keys=['ray.num_cpus']"]
+    assert name_sweep_jobs(argv[1:], argv[1:]) == []  # a single run

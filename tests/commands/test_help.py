@@ -1,0 +1,60 @@
+"""Every command's --help in one style: usage, arguments, the keys set most often with
+their meanings and defaults, examples, and where the full reference is."""
+
+import importlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+HYDRA_COMMANDS = ["train", "import_edges", "eval", "export", "tune"]
+ARGPARSE_COMMANDS = ["predict", "plot", "migrate"]
+
+
+def help_of(command, monkeypatch, capsys):
+    main = importlib.import_module(f"pbg_ray.{command}").main
+    monkeypatch.setattr(sys, "argv", [f"pbg_ray.{command}", "--help"])
+    if command in ARGPARSE_COMMANDS:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--help"])
+        assert exit_info.value.code == 0
+    else:
+        main()
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", HYDRA_COMMANDS + ARGPARSE_COMMANDS)
+def test_help_has_usage_arguments_examples_and_the_reference(command, monkeypatch, capsys):
+    text = help_of(command, monkeypatch, capsys)
+    assert text.startswith(f"usage: python -m pbg_ray.{command} ")
+    for part in ("positional arguments:", "options:", "examples:", "reference:"):
+        assert f"\n{part}" in text, part
+    examples = text.split("\nexamples:\n")[1].split("\n\n")[0]
+    assert 2 <= examples.count(f"python -m pbg_ray.{command}") <= 4
+    assert all(len(line) <= 100 for line in text.splitlines()), command
+
+
+@pytest.mark.parametrize("command, key", [
+    ("train", "ray.placement"), ("import_edges", "importer.inputs"), ("eval", "eval.filter_paths"),
+    ("export", "export.format"), ("tune", "tune.search_space")])
+def test_hydra_help_lists_the_config_file_and_the_keys_set_most(command, key, monkeypatch,
+                                                                  capsys):
+    text = help_of(command, monkeypatch, capsys)
+    assert "PBG_CONFIG.py" in text and "get_torchbiggraph_config()" in text
+    assert "--cfg job" in text and "docs/configuration.md" in text
+    listed = re.findall(r"^  ([a-z_<>.]+) {2,}\S.*$", text.split("keys set most often")[1],
+                        flags=re.M)
+    assert key in listed
+    assert 5 <= len(listed) <= 18, listed
+    # Each key with its meaning and its default, from the schema's help texts.
+    assert re.search(r"^  dimension +The dimension of the embeddings .*\n.*Required\.$",
+                     text, flags=re.M) or command != "train"
+    assert "Default:" in text and "powered by Hydra" not in text
+
+
+def test_cfg_job_still_prints_hydras_config():
+    result = subprocess.run([sys.executable, "-m", "pbg_ray.export", "--cfg", "job",
+                             "export.format=parquet"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "format: parquet" in result.stdout and "checkpoint_path:" in result.stdout
