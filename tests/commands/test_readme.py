@@ -1,0 +1,65 @@
+"""The README: at most 200 lines, links only files a clone has, and its "Your own graph" shows
+the very files of examples/own_graph/, which import and train as it says."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_module
+
+import pbg_ray
+from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.config import load_pbg_config_file
+from pbg_ray.config.hydra import to_config
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+OWN_GRAPH = REPO / "examples" / "own_graph"
+CONFIG_FILE = OWN_GRAPH / "config.py"
+YAML_FILE = OWN_GRAPH / "conf" / "graph" / "shop.yaml"
+
+
+def test_readme_is_short_and_links_only_files_of_the_clone():
+    assert len(README.splitlines()) <= 200
+    links = re.findall(r"\]\(\s*([^)\s]+)\)", README)
+    local = [link for link in links if "://" not in link and not link.startswith("#")]
+    assert len(local) >= 5
+    assert [link for link in local if not (REPO / link.split("#")[0]).exists()] == []
+
+
+def test_readme_shows_the_example_config_file_and_yaml_graph_verbatim():
+    blocks = re.findall(r"```(\w*)\n(.*?)```\n", README, flags=re.S)
+    assert ("python", CONFIG_FILE.read_text()) in blocks
+    assert ("yaml", YAML_FILE.read_text()) in blocks
+
+
+def write_edges(path: Path, rng, count: int) -> None:
+    users, items = [f"user{i}" for i in range(30)], [f"item{i}" for i in range(20)]
+    rows = [(rng.choice(users), "follows", rng.choice(users)) if rng.random() < 0.5
+            else (rng.choice(users), "likes", rng.choice(items)) for _ in range(count)]
+    path.write_text("".join("\t".join(row) + "\n" for row in rows))
+
+
+def test_the_example_config_file_and_yaml_graph_import_and_train(ray_session, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.chdir(tmp_path)  # their paths are relative, as a user's are
+    rng = np.random.default_rng(0)
+    write_edges(tmp_path / "train.tsv", rng, 300)
+    write_edges(tmp_path / "test.tsv", rng, 30)
+    config = load_pbg_config_file(CONFIG_FILE).with_absolute_paths()
+    config = config.from_dict(dict(config.to_dict(), num_epochs=1,
+                                   eval_edge_paths=[str(tmp_path / "data" / "test")],
+                                   importer={"inputs": ["train.tsv", "test.tsv"]}))
+    pbg_ray.import_graph(config)
+    assert pbg_ray.train(config).version == 1
+    assert CheckpointStorage(tmp_path / "model").load_version() == 1
+
+    with initialize_config_module("pbg_ray.conf", version_base=None):
+        cfg = compose("config", overrides=[
+            "graph=shop", f"hydra.searchpath=[file://{OWN_GRAPH / 'conf'}]", "num_epochs=1",
+            "dimension=8", "checkpoint_path=model-yaml"])
+    from_yaml = to_config(cfg)
+    assert [r.name for r in from_yaml.relations] == [r.name for r in config.relations]
+    assert from_yaml.entity_path == config.entity_path
+    assert from_yaml.eval_edge_paths == [str(tmp_path / "data" / "test")]
+    assert pbg_ray.train(from_yaml).version == 1
