@@ -53,8 +53,12 @@ def test_hydra_help_lists_the_config_file_and_the_keys_set_most(command, key, mo
     assert "Default:" in text and "powered by Hydra" not in text
 
 
-def test_cfg_job_still_prints_hydras_config():
-    result = subprocess.run([sys.executable, "-m", "pbg_ray.export", "--cfg", "job",
-                             "export.format=parquet"], capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("flags, expected", [
+    (["--cfg", "job", "export.format=parquet"], ["format: parquet", "checkpoint_path:"]),
+    (["--hydra-help"], ["--hydra-help : Hydra's help"]),
+])
+def test_hydras_config_dump_and_help_are_still_hydras(flags, expected):
+    result = subprocess.run([sys.executable, "-m", "pbg_ray.export", *flags],
+                            capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "format: parquet" in result.stdout and "checkpoint_path:" in result.stdout
+    assert all(text in result.stdout for text in expected), result.stdout[-2000:]
