@@ -29,7 +29,9 @@ EXAMPLES = (
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = command_parser(__doc__, EXAMPLES, reference=(
         "the Python API: pbg_ray.Predictor (pbg_ray/evaluation/predictor.py)"))
-    parser.add_argument("checkpoint_path", nargs="?", default=demo_checkpoint_path(),
+    # Not nargs="?": argparse would then give a path followed by options to the command;
+    # with_checkpoint_path puts the demo's in where none is given.
+    parser.add_argument("checkpoint_path",
                         help="a checkpoint directory or a model bundle file (default: the demo's)")
     parser.add_argument("--version", type=int, default=None,
                         help="checkpoint version (default: newest)")

@@ -67,17 +67,16 @@ class CheckpointManager:
         return version
 
     @contextlib.contextmanager
-    def session(self, config: ConfigSchema, version: int,
-                keep_stats: Callable[[Dict[str, Any]], bool]) -> Iterator[int]:
+    def session(self, version: int, keep_stats: Callable[[Dict[str, Any]], bool]) -> Iterator[int]:
         """Hold the directory for one run that resumes `version`; yields the number of
         stats lines kept. Before: an interrupted run's leftovers (temporary files, parts
-        of an unfinished version) and the stats lines `keep_stats` refuses go, and the
-        config is written. After, however the run ends: leftovers of an unfinished version
-        and swap files go."""
+        of an unfinished version) and the stats lines `keep_stats` refuses go. After,
+        however the run ends: leftovers of an unfinished version and swap files go. (The
+        config is written with each version, so a run that fails before its first one
+        leaves the directory's config.json as it was.)"""
         with self.storage.lock():
             self.storage.remove_leftovers(version)
             self.storage.keep_stats(keep_stats)
-            self.storage.save_config(config)
             try:
                 yield sum(1 for _ in self.storage.load_stats())
             finally:
@@ -87,11 +86,13 @@ class CheckpointManager:
                preserve_as_epoch: Optional[int] = None,
                release: Callable[[int], None] = lambda superseded: None) -> None:
         """Make `version`, whose files are all written, current: its stats lines are
-        appended, checkpoint_version.txt names it, a copy goes to epoch_{k}/ when
+        appended, the run's config is written, checkpoint_version.txt names it, a copy goes
+        to epoch_{k}/ when
         `preserve_as_epoch` is k; then `release(version - 1)` lets the writers reuse the
         superseded version's files (disk placement recycles them as swap files) and what
         is left of that version is dropped."""
         self.storage.append_stats(stats)
+        self.storage.save_config(config)
         self.storage.save_version(version)
         if preserve_as_epoch is not None:
             self.storage.preserve_version(version, preserve_as_epoch, config)

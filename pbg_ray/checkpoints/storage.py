@@ -190,8 +190,8 @@ class CheckpointStorage:
         the kernel drops when its process dies, so a crashed run's leftover lock
         file never blocks the next run. On object storage it is an ObjectLock,
         which a crashed run's heartbeat stops renewing."""
-        self.prepare()
         if isinstance(self.path, ObjectPath):
+            self.prepare()
             lock = ObjectLock(self.path / LOCK_FILE)
             holder = lock.acquire()
             if holder is not None:
@@ -201,7 +201,10 @@ class CheckpointStorage:
             finally:
                 lock.release()
             return
-        with open(self.path / LOCK_FILE, "a+") as f:
+        created = not self.path.exists()
+        self.prepare()
+        lock_file = self.path / LOCK_FILE
+        with open(lock_file, "a+") as f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -214,6 +217,11 @@ class CheckpointStorage:
             try:
                 yield
             finally:
+                # A run that made the directory and wrote nothing leaves none behind
+                # (removed while still locked, so no other run holds this lock file).
+                if created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
+                    lock_file.unlink()
+                    self.path.rmdir()
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def remove_leftovers(self, version: int) -> None:
@@ -284,9 +292,11 @@ class CheckpointStorage:
             raise write_failed(self.stats_file(), err) from None
 
     def keep_stats(self, keep: Callable[[Dict[str, Any]], bool]) -> None:
-        """Rewrite training_stats.json with only the lines `keep` accepts."""
-        kept = [s for s in self.load_stats() if keep(s)]
-        write_text_atomic(self.stats_file(), "".join(json.dumps(s) + "\n" for s in kept))
+        """Rewrite training_stats.json, if there is one, with only the lines `keep` accepts
+        (and without the partial last line of a run killed while appending)."""
+        if self.stats_file().exists():
+            kept = [s for s in self.load_stats() if keep(s)]
+            write_text_atomic(self.stats_file(), "".join(json.dumps(s) + "\n" for s in kept))
 
     def load_stats(self) -> Iterator[Dict[str, Any]]:
         """The lines of training_stats.json. A last line without its newline is what a run

@@ -62,6 +62,18 @@ def get_all(refs: List[ray.ObjectRef]) -> List[Any]:
     return ray.get(refs)
 
 
+def discard(refs: List[ray.ObjectRef]) -> None:
+    """Read and drop the results of finished tasks that nobody will use: Ray would log a
+    traceback ("Unhandled error") for each failed one once its refs are gone, after the
+    user already got the one error that stopped the run."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001  the error that counts was raised already
+            pass
+
+
 @dataclasses.dataclass
 class TrainResult:
     checkpoint_path: str
@@ -192,7 +204,7 @@ class Trainer:
         completed = lambda s: (s["epoch_idx"] * passes_per_epoch  # noqa: E731
                                + s["edge_path_idx"] * self.num_chunks + s["edge_chunk_idx"]
                                ) < self.version
-        with self.checkpoints.session(config, self.version, completed) as bucket_index, \
+        with self.checkpoints.session(self.version, completed) as bucket_index, \
                 TensorBoardLog(config.tensorboard_dir) as tensorboard:
             all_stats: List[Dict[str, Any]] = []
             self.actor_restarts = 0
@@ -296,6 +308,7 @@ class Trainer:
                 try:
                     stats = ray.get(ready)
                 except RayTaskError as err:
+                    discard(refs[1:])
                     if isinstance(err.cause, PbgRayError):
                         raise err.cause from None
                     raise
@@ -350,6 +363,7 @@ class Trainer:
                 ray.cancel(ref, force=True)
             if running:
                 ray.wait(list(running), num_returns=len(running), timeout=60)
+            discard([ref for _, _, refs, _, _ in running.values() for ref in refs])
             raise
         bar.close()
         if bar.disable and pass_stats:  # no terminal (a log): a plain line per pass

@@ -72,13 +72,14 @@ def test_commit_makes_the_version_current_only_after_its_stats_and_before_droppi
             return method(*args)
         return call
 
-    for name in ("append_stats", "save_version", "preserve_version", "drop_version"):
+    for name in ("append_stats", "save_config", "save_version", "preserve_version",
+                 "drop_version"):
         monkeypatch.setattr(manager.storage, name, recorded(name))
     manager.commit(2, stats(0), config, preserve_as_epoch=1,
                    release=lambda superseded: calls.append(f"release {superseded}"))
     # The snapshot's own version file is written last in epoch_1/ too.
-    assert calls == ["append_stats", "save_version", "preserve_version", "save_version",
-                     "release 1", "drop_version"]
+    assert calls == ["append_stats", "save_config", "save_version", "preserve_version",
+                     "save_config", "save_version", "release 1", "drop_version"]
 
 
 def test_locate_finds_an_older_version_in_its_epoch_snapshot(config):
@@ -100,11 +101,11 @@ def test_session_locks_removes_leftovers_and_stats_of_unfinished_passes(config):
     random_checkpoint(config, version=2)  # an interrupted run's next version...
     manager.switch_to(1)
     manager.storage.append_stats(stats(1))  # ...and the stats of its pass
-    with manager.session(config, 1, lambda s: s["epoch_idx"] < 1) as kept:
+    with manager.session(1, lambda s: s["epoch_idx"] < 1) as kept:
         assert kept == 2
         assert not manager.has_model(2)
         with pytest.raises(PbgRayError, match="in use by another training run"):
-            with CheckpointManager(config.checkpoint_path).session(config, 1, lambda s: True):
+            with CheckpointManager(config.checkpoint_path).session(1, lambda s: True):
                 pass
         random_checkpoint(config, version=2)
         manager.switch_to(1)

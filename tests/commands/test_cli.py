@@ -95,6 +95,19 @@ def test_a_missing_init_path_stops_the_run_before_anything_is_written(tmp_path, 
     assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
 
 
+def test_an_error_inside_a_train_task_is_one_line_and_leaves_nothing(tmp_path, workdir):
+    data = tiny_graph(tmp_path)
+    count_file = Path(data["entity_path"]) / "entity_count_item_0.txt"
+    count_file.write_text("1\n")  # the item ids of the edges are now out of range
+    module = pbg_module(tmp_path / "config.py", data)
+    code, _, err = run("train", [module], workdir)
+    assert code == 2
+    assert_one_error_line(err, "outside partition 0 of entity type 'item'")
+    checkpoint = Path(data["checkpoint_path"])
+    assert not list(workdir.iterdir())
+    assert not checkpoint.exists() or not list(checkpoint.iterdir()), list(checkpoint.iterdir())
+
+
 def processes_mentioning(text: str):
     """Pids of live processes whose command line holds `text` (zombies have none)."""
     found = []

@@ -117,6 +117,8 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
     with pytest.raises(PbgRayError, match=r"edges_\d_\d.h5.*outside partition 0 of entity type 'item'"):
         Trainer(config).run()
     assert CheckpointStorage(config.checkpoint_path).load_version() == 0
+    # A run that fails before its first version leaves no config.json behind.
+    assert not (tmp_path / "checkpoints" / "config.json").exists()
 
 
 @pytest.mark.faults
