@@ -120,6 +120,7 @@ def processes_mentioning(text: str):
     return found
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tmp_path, workdir):
     data = tiny_graph(tmp_path, eval_fraction=0.0)
     module = pbg_module(tmp_path / "config.py", data)
@@ -157,6 +158,7 @@ def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tm
     assert not list(workdir.iterdir())  # no outputs/, .hydra or log file
 
 
+@pytest.mark.slow
 def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpoint(tmp_path,
                                                                                     workdir):
     data = tiny_graph(tmp_path, eval_fraction=0.0, eval_num_batch_negs=10,

@@ -60,6 +60,7 @@ def test_tune_without_held_out_edges_is_refused(tmp_path):
         run_tune(config)
 
 
+@pytest.mark.slow
 def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_session, tmp_path):
     config = tune_config(tmp_path)
     write_random_graph(config, num_edges=200)
@@ -95,6 +96,7 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
 
 
 @pytest.mark.faults
+@pytest.mark.slow
 def test_a_failed_trial_restarts_from_the_engines_newest_version(ray_session, tmp_path):
     """tune.max_failures: Tune starts a trial whose process died again, and the trial goes
     on from its engine checkpoint's newest version, training each bucket once."""
