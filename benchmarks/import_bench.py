@@ -1,10 +1,14 @@
-"""pbg_ray's importer vs torchbiggraph 1.0.0's on one generated edge list.
+"""pbg_ray's importers (local and Ray Data) vs torchbiggraph 1.0.0's on generated edges.
 
 Generates 10 million edges over 1 million entities (10 relation types, names of
-10-14 bytes, a skewed degree distribution) as TSV and as Parquet, imports both
-with pbg_ray and the first `--pbg-edges` lines with torchbiggraph's
-convert_input_data (what torchbiggraph_import_from_tsv runs), each in its own
-process. Prints edges/s and peak RSS of each and the ratio, then one JSON line.
+10-14 bytes, a skewed degree distribution) as TSV and as a directory of 4 Parquet
+shards, imports them with pbg_ray's local engine, the Parquet shards with its Ray Data
+engine on a local Ray and on a simulated two-node cluster (ray.cluster_utils.Cluster),
+the Ray Data engine once more over 4x the entities (the driver's memory must not grow
+with them), and the first `--pbg-edges` lines with torchbiggraph's convert_input_data
+(what torchbiggraph_import_from_tsv runs), each in its own process. Prints edges/s, the
+driver's peak RSS and the peak RSS of its whole process tree (Ray's workers included)
+of each, the ratios, then one JSON line.
 
     python benchmarks/import_bench.py                 # 10M edges, 1M entities
     python benchmarks/import_bench.py --scale 0.05    # a quick run
@@ -39,10 +43,15 @@ def generate(root: Path, num_entities: int, num_edges: int, seed: int = 0) -> di
     table = pa.table({"lhs": names.take(pa.array(pick())),
                       "rel": pa.array(RELATIONS).take(pa.array(rng.integers(len(RELATIONS), size=num_edges))),
                       "rhs": names.take(pa.array(pick()))})
-    paths = {"tsv": root / "edges.tsv", "parquet": root / "edges.parquet"}
+    root.mkdir(exist_ok=True)
+    paths = {"tsv": root / "edges.tsv", "parquet": root / "shards"}
     pacsv.write_csv(table, paths["tsv"], pacsv.WriteOptions(include_header=False, delimiter="\t",
                                                              quoting_style="none"))
-    pq.write_table(table, paths["parquet"], row_group_size=1 << 20)
+    paths["parquet"].mkdir()
+    shard = -(-num_edges // 4)
+    for i in range(4):
+        pq.write_table(table.slice(i * shard, shard), paths["parquet"] / f"part-{i}.parquet",
+                       row_group_size=1 << 20)
     return paths
 
 
@@ -54,15 +63,49 @@ def config_dict(root: Path) -> dict:
 
 
 RUN_PBG_RAY = """
-import json, resource, sys, time
+import json, resource, sys, threading, time
+import psutil
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer.graph_import import import_graph
-data = json.loads(sys.argv[1])
+from pbg_ray.engine.importer import import_graph
+data, nodes = json.loads(sys.argv[1]), int(sys.argv[2])
+peak = [0]
+def sample():  # the whole tree: this driver and, under it, Ray and its workers
+    me = psutil.Process()
+    while True:
+        total = 0
+        for p in [me] + me.children(recursive=True):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        peak[0] = max(peak[0], total)
+        time.sleep(0.2)
+threading.Thread(target=sample, daemon=True).start()
+if data["importer"]["engine"] == "ray":
+    import ray
+    if nodes > 1:
+        from ray.cluster_utils import Cluster
+        # 2 CPUs a node: Ray Data's hash shuffle waits forever on 1-CPU nodes.
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=2)
+        ray.init(address=cluster.address, log_to_driver=False)
+    else:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    warm = dict(data, entity_path=data["entity_path"] + "-warm",
+                edge_paths=[data["edge_paths"][0] + "-warm"],
+                importer=dict(data["importer"], inputs=[sys.argv[3]]))
+    import_graph(ConfigSchema.from_dict(warm))
 t = time.perf_counter()
 stats = import_graph(ConfigSchema.from_dict(data))
 seconds = time.perf_counter() - t
 print("RESULT", json.dumps({"seconds": seconds, "edges": stats["inputs"][0]["edges"],
-      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      "tree_peak_rss_mb": peak[0] / 2**20}), flush=True)
+if data["importer"]["engine"] == "ray":
+    ray.shutdown()
+    if nodes > 1:
+        cluster.shutdown()
 """
 
 # torchbiggraph 1.0.0 imports pkg_resources (setuptools<81); convert_input_data is the
@@ -83,7 +126,8 @@ print("RESULT", json.dumps({"seconds": seconds,
 
 
 def run(script: str, *args: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
     if proc.returncode:
         raise SystemExit(f"benchmark subprocess failed:\n{proc.stderr[-3000:]}")
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
@@ -102,17 +146,27 @@ def main() -> None:
         root = Path(tmp)
         t = time.perf_counter()
         paths = generate(root, num_entities, num_edges)
+        more = generate(root / "more", num_entities * 4, num_edges, seed=1)
+        warm = generate(root / "warm", 1000, 10_000, seed=2)  # starts Ray's workers
         print(f"generated {num_edges:,} edges over {num_entities:,} entities in "
               f"{time.perf_counter() - t:.1f} s (TSV {paths['tsv'].stat().st_size / 2**20:.0f} MiB)")
-        for fmt, path in paths.items():
-            data = config_dict(root / f"pbg_ray_{fmt}")
-            data["importer"] = {"inputs": [str(path)], "lhs_col": 0, "rel_col": 1, "rhs_col": 2}
-            out = run(RUN_PBG_RAY, json.dumps(data))
+        runs = [("local_tsv", "local", paths["tsv"], 1),
+                ("local_parquet", "local", paths["parquet"], 1),
+                ("ray_parquet", "ray", paths["parquet"], 1),
+                ("ray_parquet_2_nodes", "ray", paths["parquet"], 2),
+                ("ray_parquet_4x_entities", "ray", more["parquet"], 1)]
+        for name, engine, path, nodes in runs:
+            data = config_dict(root / name)
+            data["importer"] = {"inputs": [str(path)], "lhs_col": 0, "rel_col": 1, "rhs_col": 2,
+                                "engine": engine}
+            out = run(RUN_PBG_RAY, json.dumps(data), str(nodes), str(warm["parquet"]))
             rate = out["edges"] / out["seconds"]
-            results[f"pbg_ray_{fmt}"] = {"edges_per_s": round(rate), "seconds": round(out["seconds"], 2),
-                                         "peak_rss_mb": round(out["peak_rss_mb"])}
-            print(f"pbg_ray {fmt:8s} {rate / 1e6:6.2f} M edges/s  {out['seconds']:7.2f} s  "
-                  f"peak RSS {out['peak_rss_mb']:6.0f} MB")
+            results[name] = {"edges_per_s": round(rate), "seconds": round(out["seconds"], 2),
+                             "driver_peak_rss_mb": round(out["peak_rss_mb"]),
+                             "tree_peak_rss_mb": round(out["tree_peak_rss_mb"])}
+            print(f"pbg_ray {name:24s} {rate / 1e6:6.2f} M edges/s  {out['seconds']:7.2f} s  "
+                  f"driver peak RSS {out['peak_rss_mb']:6.0f} MB  "
+                  f"tree peak RSS {out['tree_peak_rss_mb']:6.0f} MB")
         pbg_slice = root / "slice.tsv"
         with open(paths["tsv"]) as src, open(pbg_slice, "w") as dst:
             for _, line in zip(range(args.pbg_edges), src):
@@ -124,9 +178,19 @@ def main() -> None:
                                         "peak_rss_mb": round(out["peak_rss_mb"])}
         print(f"torchbiggraph tsv {rate / 1e6:6.3f} M edges/s  {out['seconds']:7.2f} s  "
               f"peak RSS {out['peak_rss_mb']:6.0f} MB  (first {args.pbg_edges:,} edges)")
-    ratio = results["pbg_ray_tsv"]["edges_per_s"] / results["torchbiggraph_tsv"]["edges_per_s"]
+    ratio = results["local_tsv"]["edges_per_s"] / results["torchbiggraph_tsv"]["edges_per_s"]
     results["ratio_tsv"] = round(ratio, 1)
-    print(f"pbg_ray / torchbiggraph (TSV): {ratio:.0f}x")
+    print(f"pbg_ray local / torchbiggraph (TSV): {ratio:.0f}x")
+    for name in ("ray_parquet", "ray_parquet_2_nodes"):
+        rate = results[name]["edges_per_s"]
+        results[f"ratio_{name}_vs_local"] = round(rate / results["local_parquet"]["edges_per_s"], 2)
+        results[f"ratio_{name}_vs_torchbiggraph"] = round(
+            rate / results["torchbiggraph_tsv"]["edges_per_s"], 1)
+        print(f"pbg_ray {name} / local (Parquet): {results[f'ratio_{name}_vs_local']:.2f}x, "
+              f"/ torchbiggraph: {results[f'ratio_{name}_vs_torchbiggraph']:.1f}x")
+    print(f"Ray Data driver peak RSS at {num_entities:,} / {4 * num_entities:,} entities: "
+          f"{results['ray_parquet']['driver_peak_rss_mb']} / "
+          f"{results['ray_parquet_4x_entities']['driver_peak_rss_mb']} MB")
     print(json.dumps(results))
 
 
