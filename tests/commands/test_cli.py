@@ -95,6 +95,7 @@ def test_a_missing_init_path_stops_the_run_before_anything_is_written(tmp_path, 
     assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
 
 
+@pytest.mark.slow  # starts its own Ray
 def test_an_error_inside_a_train_task_is_one_line_and_leaves_nothing(tmp_path, workdir):
     data = tiny_graph(tmp_path)
     count_file = Path(data["entity_path"]) / "entity_count_item_0.txt"
