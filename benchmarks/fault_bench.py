@@ -13,6 +13,9 @@ fault point of the engine (pbg_ray.engine.faults) and a hit of it drawn from --s
 - a partition store or the parameter server SIGKILLed in a random pass (adopting a
   bucket's result, writing a version, adding a bucket's change; restored from the newest
   version);
+- a worker node of a three-node cluster (ray.cluster_utils.Cluster) removed mid-epoch, the
+  node whose train task reached a bucket drawn from --seed, with the partition store on it,
+  in memory and in disk placement; epoch losses compared with an undisturbed run's;
 - a store's checkpoint writes failing once version 1 is current (a file size limit, as on
   a full disk), then rerun;
 - the bad-input corpus (tests/bad_inputs/) and edge and checkpoint files damaged at random.
@@ -21,7 +24,8 @@ Prints faults injected, runs finished, checkpoints found corrupt (must be 0), ed
 or doubled (must be 0), bad inputs tried and bad inputs refused cleanly; then one JSON line.
 
     python benchmarks/fault_bench.py                      # 30 driver kills, 500 damaged files
-    python benchmarks/fault_bench.py --driver-kills 2 --worker-kills 1 --store-kills 1 --damaged 10
+    python benchmarks/fault_bench.py --driver-kills 2 --worker-kills 1 --store-kills 1 \
+        --node-kills 2 --damaged 10
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from tests.bad_input import (  # noqa: E402
     DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
 from tests.fault_injection import (  # noqa: E402
     ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, driver_kill_trials,
-    edges_lost_or_doubled, limit_file_size, random_fault)
+    edges_lost_or_doubled, epoch_losses, hits_per_pass, limit_file_size, lose_a_node, random_fault)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
@@ -127,8 +131,7 @@ def store_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
     settings = dict(ray={"num_partition_stores": 2})
     reference = config_at(root, "store-reference", **settings)
     write_random_graph(reference, num_edges=2000)
-    losses = [np.mean([s["stats"]["metrics"]["loss"] for s in Trainer(reference).run().bucket_stats
-                       if s["epoch_idx"] == e]) for e in range(EPOCHS)]
+    losses = epoch_losses(Trainer(reference).run().bucket_stats, EPOCHS)
     worst = 0.0
     for run in range(runs):
         placement = ("memory", "disk")[run % 2]
@@ -140,13 +143,37 @@ def store_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
         figures["finished"] += result.version == EPOCHS
         figures["corrupt"] += not intact(config, EPOCHS)
         figures["lost_or_doubled"] += edges_lost_or_doubled(config)
-        for e in range(EPOCHS):
-            loss = np.mean([s["stats"]["metrics"]["loss"] for s in result.bucket_stats
-                            if s["epoch_idx"] == e])
-            worst = max(worst, abs(loss - losses[e]) / losses[e])
+        worst = max(worst, *(abs(got - want) / want for got, want
+                             in zip(epoch_losses(result.bucket_stats, EPOCHS), losses)))
     details["store"] = {"kills": runs, "worst_loss_deviation": worst}
     print(f"partition store and parameter server kills: {runs}, worst epoch loss deviation "
           f"from an undisturbed run: {worst:.2%}")
+
+
+def node_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
+               details: Dict[str, Any]) -> None:
+    entities = {"user": {"num_partitions": 4}, "item": {"num_partitions": 4},
+                "tag": {"num_partitions": 1}}
+    reference = config_at(root, "node-reference", entities=entities, ray={"num_trainers": 2})
+    write_random_graph(reference, num_edges=1000)
+    losses = epoch_losses(Trainer(reference).run().bucket_stats, EPOCHS)
+    worst, restarts = 0.0, 0
+    for run in range(runs):
+        placement = ("memory", "disk")[run % 2]
+        config = config_at(root, f"node-{run}", entities=entities,
+                           ray={"num_trainers": 2, "placement": placement})
+        hit = rng.randint(1, hits_per_pass(config, "train_task.after_read") * EPOCHS - 2)
+        result = lose_a_node(config.to_dict(), hit)
+        figures["faults"] += result["node_removed"]
+        figures["finished"] += result["version"] == EPOCHS
+        figures["corrupt"] += not intact(config, EPOCHS)
+        figures["lost_or_doubled"] += edges_lost_or_doubled(config)
+        restarts += result["actor_restarts"]
+        worst = max(worst, *(abs(got - want) / want for got, want
+                             in zip(result["epoch_losses"], losses)))
+    details["node"] = {"kills": runs, "actor_restarts": restarts, "worst_loss_deviation": worst}
+    print(f"worker nodes removed: {runs}, passes trained again: {restarts}, worst epoch loss "
+          f"deviation from an undisturbed run: {worst:.2%}")
 
 
 def failing_writes(root: Path, figures: Counter, details: Dict[str, Any]) -> None:
@@ -217,6 +244,7 @@ def main() -> None:
     parser.add_argument("--driver-kills", type=int, default=30, help="in all, half per placement")
     parser.add_argument("--worker-kills", type=int, default=4)
     parser.add_argument("--store-kills", type=int, default=4)
+    parser.add_argument("--node-kills", type=int, default=2, help="half per placement")
     parser.add_argument("--damaged", type=int, default=500, help="randomly damaged files")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -230,6 +258,7 @@ def main() -> None:
                      ray.get_runtime_context().gcs_address, figures, details)
         worker_kills(root, args.worker_kills, rng, figures, details)
         store_kills(root, args.store_kills, rng, figures, details)
+        node_kills(root, args.node_kills, rng, figures, details)
         failing_writes(root, figures, details)
         bad_inputs(root, args.damaged, rng, figures, details)
     ray.shutdown()

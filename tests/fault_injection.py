@@ -259,3 +259,23 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
         out["lost_or_doubled"] = edges_lost_or_doubled(config)
         out["summary"] = json.loads((workdir / "final.out").read_text().strip().splitlines()[-1])
     return out
+
+
+def epoch_losses(bucket_stats: List[Dict[str, Any]], num_epochs: int) -> List[float]:
+    """Each epoch's loss, the mean over its buckets' edges (a run's TrainResult.bucket_stats)."""
+    return [float(np.average(
+        [s["stats"]["metrics"]["loss"] for s in bucket_stats if s["epoch_idx"] == e],
+        weights=[s["stats"]["count"] for s in bucket_stats if s["epoch_idx"] == e]))
+        for e in range(num_epochs)]
+
+
+def lose_a_node(data: Dict[str, Any], hit: int) -> Dict[str, Any]:
+    """Train the config `data` on a three-node cluster of its own (tests/engine/
+    node_loss_run.py), losing a worker node that holds a partition store at the `hit`-th
+    bucket read (0: none); the run's summary."""
+    script = Path(__file__).with_name("engine") / "node_loss_run.py"
+    proc = subprocess.run([sys.executable, str(script), json.dumps(data), str(hit)],
+                          capture_output=True, text=True, timeout=TRIAL_TIMEOUT_S * 2)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the node-loss run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

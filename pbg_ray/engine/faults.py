@@ -21,11 +21,13 @@ The engine calls `fault_point(name)` at these points (in the process that reache
 Nothing is armed unless the environment variable PBG_RAY_FAULTS_DIR names a directory
 (read once per process: set it before Ray starts, so that every Ray worker inherits it).
 A point is armed by a file in that directory named after the point, holding JSON
-{"action": "kill" | "exit" | "raise", "hits": n}. Every hit of an armed point, in any
-process, takes the next number by creating `<point>.hit-<k>` (O_EXCL: one process per
+{"action": "kill" | "exit" | "raise" | "mark", "hits": n}. Every hit of an armed point, in
+any process, takes the next number by creating `<point>.hit-<k>` (O_EXCL: one process per
 k); the process whose hit is the n-th renames the armed file to `<point>.fired-<pid>`,
-which disarms it, and then SIGKILLs itself, exits with EXIT_STATUS or raises
-FaultInjected. So each armed fault fires exactly once.
+which disarms it, and then SIGKILLs itself, exits with EXIT_STATUS, raises FaultInjected,
+or ("mark") goes on: the fired file alone tells a test that the moment has come, for a
+fault it makes itself (a node of the cluster removed). So each armed fault fires exactly
+once.
 """
 
 from __future__ import annotations
@@ -80,4 +82,6 @@ def _hit(path: str, name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault["action"] == "exit":
         os._exit(EXIT_STATUS)
+    if fault["action"] == "mark":
+        return
     raise FaultInjected(f"fault injected at {name}")

@@ -23,6 +23,7 @@ import numpy as np
 import ray
 from ray.exceptions import (
     NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError)
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
 from pbg_ray.checkpoints.legacy import check_init_path, resolve_init_path
@@ -154,10 +155,13 @@ class Trainer:
             return
         sources, model_source = self._sources()
         keys = sorted(sources)
-        num_stores = self.config.ray.num_partition_stores or min(
-            len(keys), max(1, len([n for n in ray.nodes() if n["Alive"]])))
-        self.stores = [PartitionStore.options(scheduling_strategy="SPREAD").remote(
-            self.config, self.version + 1) for _ in range(num_stores)]
+        nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        num_stores = self.config.ray.num_partition_stores or min(len(keys), max(1, len(nodes)))
+        # Round-robin over the nodes alive now (Ray's SPREAD strategy may put actors that
+        # ask for no CPU all on one node); soft, so a node lost meanwhile places it elsewhere.
+        self.stores = [PartitionStore.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            nodes[i % len(nodes)], soft=True)).remote(self.config, self.version + 1)
+            for i in range(num_stores)]
         self.store_of = {key: self.stores[i % num_stores] for i, key in enumerate(keys)}
         self.params = ParameterServer.remote(self.config, self.num_relation_ids)
         partitioned = lambda side: any(  # noqa: E731

@@ -1,0 +1,51 @@
+"""A worker node that holds a partition store and runs train tasks goes away mid-epoch on a
+three-node cluster: the run finishes on the nodes left, every bucket of every pass is
+trained once in the checkpoint's stats, the checkpoints are complete, and the loss is an
+undisturbed run's, in memory and in disk placement."""
+
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.trainer import Trainer
+from tests.fault_injection import edges_lost_or_doubled, epoch_losses, lose_a_node
+from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
+
+pytestmark = [pytest.mark.multinode, pytest.mark.faults, pytest.mark.slow]
+
+EPOCHS = 2
+PARTITIONS = {"user": {"num_partitions": 4}, "item": {"num_partitions": 4},
+              "tag": {"num_partitions": 1}}
+
+
+def graph_config(root, name, **overrides):
+    return config_dict(root, checkpoint_path=str(root / name), num_epochs=EPOCHS,
+                       eval_fraction=0.0, entities=PARTITIONS, seed=0, **overrides)
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory, ray_session):
+    """The graph, and the per-epoch mean losses of an undisturbed run of it on the
+    session's Ray (disk placement trains what memory placement trains)."""
+    root = tmp_path_factory.mktemp("node_loss")
+    config = ConfigSchema.from_dict(graph_config(root, "undisturbed", ray={"num_trainers": 2}))
+    write_random_graph(config, num_edges=1000)
+    losses = epoch_losses(Trainer(config).run().bucket_stats, EPOCHS)
+    return root, losses
+
+
+@pytest.mark.parametrize("placement", ["memory", "disk"])
+def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, placement):
+    root, undisturbed_losses = graph
+    data = graph_config(root, placement, ray={"num_trainers": 2, "placement": placement})
+    # The 6th of the first pass's 16 buckets: some applied, some in flight.
+    lost = lose_a_node(data, hit=6)
+    assert lost["node_removed"] and lost["node_ran_the_task"]
+    # Its partition store died with it: the actors came back from the last version.
+    assert lost["actor_restarts"] >= 1
+    assert lost["nodes_alive"] == 2 and lost["version"] == EPOCHS
+    config = ConfigSchema.from_dict(data)
+    assert_valid_checkpoint(config, EPOCHS)
+    assert edges_lost_or_doubled(config) == 0
+    # Buckets train in another order after the loss, so the loss is close, not equal.
+    for got, expected in zip(lost["epoch_losses"], undisturbed_losses):
+        assert got == pytest.approx(expected, rel=0.05)
