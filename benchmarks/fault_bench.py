@@ -241,7 +241,8 @@ def bad_inputs(root: Path, damaged: int, rng: random.Random, figures: Counter,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--driver-kills", type=int, default=30, help="in all, half per placement")
+    parser.add_argument("--driver-kills", type=int, default=30,
+                        help="in all, half per placement (0: none)")
     parser.add_argument("--worker-kills", type=int, default=4)
     parser.add_argument("--store-kills", type=int, default=4)
     parser.add_argument("--node-kills", type=int, default=2, help="half per placement")
@@ -254,8 +255,9 @@ def main() -> None:
     details: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fault_bench-") as tmp:
         root = Path(tmp)
-        driver_kills(root, max(1, args.driver_kills // 2), args.seed,
-                     ray.get_runtime_context().gcs_address, figures, details)
+        if args.driver_kills:
+            driver_kills(root, max(1, args.driver_kills // 2), args.seed,
+                         ray.get_runtime_context().gcs_address, figures, details)
         worker_kills(root, args.worker_kills, rng, figures, details)
         store_kills(root, args.store_kills, rng, figures, details)
         node_kills(root, args.node_kills, rng, figures, details)

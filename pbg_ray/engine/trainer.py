@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 import ray
 from ray.exceptions import (
-    NodeDiedError, ObjectLostError, RayActorError, RayTaskError, WorkerCrashedError)
+    NodeDiedError, ObjectLostError, OwnerDiedError, RayActorError, RayTaskError,
+    WorkerCrashedError)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
@@ -248,7 +249,7 @@ class Trainer:
                 pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
                 self._commit(iteration, epoch_idx, pass_stats, last_of_epoch)
                 return pass_stats
-            except RayActorError as err:
+            except (RayActorError, OwnerDiedError) as err:  # a task's partition died with its store
                 if attempt == MAX_PASS_ATTEMPTS:
                     raise RuntimeError(f"actors of the run died {attempt} times in epoch "
                                        f"{epoch_idx + 1}; giving up") from err
