@@ -31,7 +31,9 @@ class ServeConfig:
         "Deployments the partitions are split over (partition p in group p mod shard_groups); "
         "more groups: tables larger than one replica's memory.")
     shard_replicas: int = option(1, help="Replicas of each shard group's deployment.")
-    shard_cpus: float = option(1.0, help="CPUs Ray reserves for each shard replica.")
+    shard_cpus: float = option(0.0, help=
+        "CPUs Ray reserves for each shard replica; 0 (like the training's actors) never keeps "
+        "index builds or train tasks from being placed.")
     index: str = option("auto", help=
         "Top-k search: exact (every candidate scored: the reference), hnsw or ivf (faiss "
         "indexes per entity type and partition), auto (exact below index_min_rows rows, "
@@ -55,9 +57,10 @@ class ServeConfig:
                  "Set serve.port=8000 or another free port.")
         for key in ("router_replicas", "shard_groups", "shard_replicas", "hnsw_m",
                     "hnsw_ef_construction", "hnsw_ef_search", "ivf_probes", "max_k", "max_batch",
-                    "shard_cpus", "index_cpus"):
+                    "index_cpus"):
             check_positive(getattr(self, key), f"serve.{key}", fail)
-        for key in ("reload_interval", "ivf_lists", "index_min_rows", "ivf_min_rows"):
+        for key in ("reload_interval", "ivf_lists", "index_min_rows", "ivf_min_rows",
+                    "shard_cpus"):
             check_not_negative(getattr(self, key), f"serve.{key}", fail)
         if self.version is not None:
             check_positive(self.version, "serve.version", fail)

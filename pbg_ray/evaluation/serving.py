@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import hashlib
 import time
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -45,6 +46,7 @@ SetKey = Tuple[str, int, Optional[int]]
 Ranked = List[Tuple[str, float]]  # (entity name, score), best first
 INDEX_DIRECTORY = "serve_index"  # in checkpoint_path, one v{N}/ per checkpoint version
 IP_COMPARATORS = ("dot", "cos")
+ROW_CACHE = 65536  # rows of query entities the router keeps (per version)
 
 
 def shard_of(part: int, serve: ServeConfig) -> int:
@@ -296,6 +298,7 @@ class ServingModel(NamedModel):
                          load_entity_counts(config), f"version {version} of "
                          f"{str(checkpoint.path)!r}")
         self.version = version
+        self._rows: "OrderedDict[Tuple[str, int, int], np.ndarray]" = OrderedDict()
         if previous is not None and previous.counts == self.counts:
             self._names, self._index = previous._names, previous._index
         for entity in config.entities:
@@ -340,15 +343,20 @@ class ServingModel(NamedModel):
 
     async def _vectors(self, rows: RowsFn, entity: str, located: List[Tuple[int, int]]
                        ) -> Tensor:
-        """Entity vectors [B, D] (Scorer.entity_vectors) of (partition, offset) pairs."""
-        out = torch.empty(len(located), self.config.entity_dimension(entity))
-        parts = np.array([p for p, _ in located])
-        offsets = np.array([o for _, o in located])
+        """Entity vectors [B, D] (Scorer.entity_vectors) of (partition, offset) pairs; the
+        rows come from the shards, the last ROW_CACHE fetched are kept."""
+        missing = sorted({(entity, p, o) for p, o in located} - set(self._rows))
+        parts = np.array([p for _, p, _ in missing])
+        offsets = np.array([o for _, _, o in missing])
         fetched = await asyncio.gather(*(rows(entity, int(p), offsets[parts == p])
                                          for p in np.unique(parts)))
         for p, values in zip(np.unique(parts), fetched):
-            out[torch.from_numpy(np.flatnonzero(parts == p))] = torch.from_numpy(values)
-        return self.scorer.entity_vectors(entity, out)
+            for o, row in zip(offsets[parts == p], values):
+                self._rows[entity, int(p), int(o)] = row
+        while len(self._rows) > ROW_CACHE:
+            self._rows.popitem(last=False)
+        out = np.stack([self._rows[entity, p, o] for p, o in located])
+        return self.scorer.entity_vectors(entity, torch.from_numpy(out))
 
     async def score(self, rows: RowsFn, edges: Sequence[Tuple[str, str, str]]) -> List[float]:
         """The scores of (lhs, relation, rhs) name triples (as Predictor.score)."""
