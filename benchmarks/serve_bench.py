@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import tempfile
@@ -151,7 +152,9 @@ def main() -> None:
     parser.add_argument("--hnsw-m", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=40)
     parser.add_argument("--ef-search", type=int, default=64)
-    parser.add_argument("--workdir", default=None, help="default: a temporary directory")
+    parser.add_argument("--workdir", default=None, help=(
+        "keep the checkpoint and its indexes here (a rerun with other search settings "
+        "reuses both); default: a temporary directory, removed at the end"))
     args = parser.parse_args()
 
     import ray
@@ -159,14 +162,21 @@ def main() -> None:
     from pbg_ray.config import ConfigSchema
     from pbg_ray.engine.serving import start_service, stop_service
 
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    with contextlib.ExitStack() as stack:
+        root = Path(args.workdir or stack.enter_context(tempfile.TemporaryDirectory()))
         start = time.perf_counter()
-        data = generate(Path(tmp), args.users, args.items, args.partitions, args.dimension,
-                        args.clusters)
-        print(f"generated a random clustered checkpoint (not trained: training {args.users} "
+        settings = root / "settings.json"
+        wanted = [args.users, args.items, args.partitions, args.dimension, args.clusters]
+        if settings.is_file() and json.loads(settings.read_text())[:5] == wanted:
+            data = json.loads(settings.read_text())[5]
+            print(f"reusing the generated checkpoint in {root}", flush=True)
+        else:
+            data = generate(root, *wanted)
+            settings.write_text(json.dumps(wanted + [data]))
+        print(f"a random clustered checkpoint (generated, not trained: training {args.users} "
               f"entities would outlast the benchmark): {args.users} users in "
               f"{args.partitions} partitions, {args.items} items, dimension {args.dimension}, "
-              f"in {time.perf_counter() - start:.1f} s", flush=True)
+              f"ready in {time.perf_counter() - start:.1f} s", flush=True)
         data["serve"] = {"port": free_port(), "index": "hnsw", "shard_groups": args.partitions,
                          "hnsw_m": args.hnsw_m, "hnsw_ef_construction": args.ef_construction,
                          "hnsw_ef_search": args.ef_search, "reload_interval": 0,
@@ -181,7 +191,8 @@ def main() -> None:
             build = started["index"]
             task_seconds = sum(b["seconds"] for b in build["built"])
             print(f"index: {build['kinds']} built in {build['seconds']:.1f} s wall "
-                  f"({task_seconds:.1f} s summed over {len(build['built'])} Ray tasks); "
+                  f"({task_seconds:.1f} s summed over {len(build['built'])} Ray tasks"
+                  f"{'; all found saved by an earlier run' if not build['built'] else ''}); "
                   f"service up after {startup:.1f} s at {started['url']}", flush=True)
             items = [f"item0_{i}" for i in range(args.items)]
             recall = asyncio.run(recall_at_10(started["url"], items, args.recall_samples))

@@ -135,6 +135,17 @@ def ranked(answers: List[List[Any]]) -> List[List[Dict[str, Any]]]:
     return [[{"name": name, "score": score} for name, score in answer] for answer in answers]
 
 
+async def unwrapped(response: Any) -> Any:
+    """A shard's answer; a PbgRayError it raised (a damaged edge file, say) as itself, so
+    that the client gets its 4xx."""
+    try:
+        return await response
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, PbgRayError):
+            raise err.cause from None
+        raise
+
+
 @serve.deployment(max_ongoing_requests=8)
 class Shard:
     """One shard group's partitions, at the newest versions asked for."""
@@ -206,12 +217,12 @@ class Router:
         version = model.version
 
         async def rows(entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
-            return await self.shards[part % self.config.serve.shard_groups].rows.remote(
-                version, entity, part, offsets)
+            return await unwrapped(self.shards[part % self.config.serve.shard_groups].rows
+                                   .remote(version, entity, part, offsets))
 
         def search(shard: int):
             async def call(*args: Any):
-                return await self.shards[shard].search.remote(version, *args)
+                return await unwrapped(self.shards[shard].search.remote(version, *args))
             return call
 
         return rows, search

@@ -422,13 +422,15 @@ class ServingModel(NamedModel):
             if entity is not None and entity not in self.config.entities:
                 raise PbgRayError(f"unknown entity type {entity!r}"
                                   f"{did_you_mean(entity, self.config.entities)}.")
+            if (query.get("vector") is None) == (query.get("entity") is None):
+                raise PbgRayError("a neighbours query gives either entity (a name) or vector.")
             if query.get("vector") is not None:
                 if entity is None:
                     raise PbgRayError("a neighbours query by vector needs entity_type.")
                 dim = self.config.entity_dimension(entity)
-                if len(query["vector"]) != dim:
+                if len(query["vector"]) != dim or not np.isfinite(query["vector"]).all():
                     raise PbgRayError(f"vector has {len(query['vector'])} values; {entity} "
-                                      f"embeddings have {dim}.")
+                                      f"embeddings have {dim}, all finite.")
                 vector = torch.tensor([query["vector"]], dtype=torch.float32)
                 skip = None
             else:

@@ -191,12 +191,16 @@ BAD_REQUESTS = [
     ("/neighbors", {"queries": [{"entity": "item-0-1", "entity_type": "itme"}]}, 400,
      r"unknown entity type 'itme' \(did you mean 'item'\?\)"),
     ("/neighbors", {"queries": [{"entity": "nobody-0-1"}]}, 400, r"is unknown"),
+    ("/neighbors", {"queries": [{"entity_type": "item"}]}, 400, r"either entity .* or vector"),
+    ("/neighbors", '{"queries": [{"vector": [1, 1, 1, 1, 1, 1, 1, NaN], "entity_type": "item"}]}',
+     400, r"all finite"),  # Python's JSON parser (the server's) takes NaN
 ]
 
 
 @pytest.mark.parametrize("path,body,status,message", BAD_REQUESTS)
 def test_bad_requests_get_4xx_json_errors(served, path, body, status, message):
-    response = served[1].post(path, json=body)
+    response = (served[1].post(path, json=body) if isinstance(body, dict) else
+                served[1].post(path, content=body, headers={"content-type": "application/json"}))
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     assert re.search(message, response.json()["error"]), response.json()["error"]
