@@ -141,7 +141,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=1_000_000)
     parser.add_argument("--items", type=int, default=1000)
-    parser.add_argument("--partitions", type=int, default=2, help="of users; one shard group each")
+    parser.add_argument("--partitions", type=int, default=2, help="of users")
+    parser.add_argument("--shard-groups", type=int, default=None,
+                        help="serve.shard_groups; default: one per partition")
     parser.add_argument("--dimension", type=int, default=64)
     parser.add_argument("--clusters", type=int, default=2000)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 32],
@@ -177,7 +179,7 @@ def main() -> None:
               f"entities would outlast the benchmark): {args.users} users in "
               f"{args.partitions} partitions, {args.items} items, dimension {args.dimension}, "
               f"ready in {time.perf_counter() - start:.1f} s", flush=True)
-        data["serve"] = {"port": free_port(), "index": "hnsw", "shard_groups": args.partitions,
+        data["serve"] = {"port": free_port(), "index": "hnsw", "shard_groups": args.shard_groups or args.partitions,
                          "hnsw_m": args.hnsw_m, "hnsw_ef_construction": args.ef_construction,
                          "hnsw_ef_search": args.ef_search, "reload_interval": 0,
                          "shard_cpus": 0, "index_cpus": 1}
@@ -222,6 +224,7 @@ def main() -> None:
           f"concurrency: {meeting or 'none'}")
     print(json.dumps({
         "users": args.users, "items": args.items, "partitions": args.partitions,
+        "shard_groups": args.shard_groups or args.partitions,
         "dimension": args.dimension, "generated": True, "index": "hnsw",
         "hnsw_m": args.hnsw_m, "ef_construction": args.ef_construction,
         "ef_search": args.ef_search, "index_build_s": round(build["seconds"], 2),

@@ -30,7 +30,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.serving import (
-    ServingModel, ShardTables, build_set_index, drop_old_indexes, set_keys)
+    ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
 
 logger = logging.getLogger(__name__)
 APPLICATION = "pbg_ray"
@@ -50,7 +50,7 @@ async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
     task = build_index_task.options(num_cpus=config.serve.index_cpus)
     plain = config.to_dict()
     figures = await asyncio.gather(*(task.remote(plain, version, list(key))
-                                     for key in set_keys(config)))
+                                     for key in index_keys(config)))
     drop_old_indexes(config, [version - 1, version])
     return {"version": version, "seconds": time.perf_counter() - start,
             "built": [f for f in figures if f["seconds"] > 0],

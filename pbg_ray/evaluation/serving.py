@@ -13,7 +13,11 @@ other than none: key the relation's index). The query side carries the operator 
 An index is searched with the comparator's metric: inner product for dot and cos (cos's
 prepared vectors have unit norm), L2 for l2 and squared_l2. Its hits are rescored exactly
 with the comparator, so every score returned is the model's own; only which candidates
-make the top k may differ from exact search, which scores every candidate.
+make the top k may differ from exact search, which scores every candidate. A relation's
+set needs no index of its own where the query can carry the operator instead: for dot,
+<q, op(x)> = <op*(q), x> + <q, t> (op* the adjoint of the operator's linear part, t its
+translation, the same for every candidate); for L2, |q - (x + t)| = |(q - t) - x|. Such
+sets are searched in the relation-free set's index with the transformed query.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.io.files import write_bytes_atomic
 from pbg_ray.io.storage import StoragePath, is_uri, storage_path
+from pbg_ray.model.params import operator_key
 from pbg_ray.types import Bucket
 
 # (entity type, partition, relation index or None): one candidate set (module docstring).
@@ -66,6 +71,43 @@ def set_keys(config: ConfigSchema, shard: Optional[int] = None) -> List[SetKey]:
                 keys += [(entity, part, r) for r, rconf in enumerate(config.relations)
                          if rconf.rhs == entity and rconf.operator != "none"]
     return keys
+
+
+# Operators whose relation sets are searched in the relation-free index, per comparator.
+ADJOINT_OPERATORS = {
+    "dot": ("none", "translation", "diagonal", "linear", "affine", "complex_diagonal"),
+    "l2": ("none", "translation"), "squared_l2": ("none", "translation")}
+
+
+def shares_index(config: ConfigSchema, key: SetKey) -> bool:
+    """Whether a relation's set is searched in the relation-free set's index."""
+    relation = key[2]
+    return (relation is not None and not config.bias and config.relations[relation].operator
+            in ADJOINT_OPERATORS.get(config.comparator, ()))
+
+
+def index_keys(config: ConfigSchema) -> List[SetKey]:
+    """The sets with an index of their own (if their size asks for one)."""
+    return [key for key in set_keys(config) if not shares_index(config, key)]
+
+
+def adjoint_queries(scorer: Scorer, relation: int, queries: Tensor) -> Tensor:
+    """Queries [B, D] whose search among the relation-free set ranks candidates as
+    `queries` rank the relation's (module docstring); for sets that share_index."""
+    config = scorer.config
+    operator = config.relations[relation].operator
+    p = {name: scorer.params[operator_key(relation, "rhs", name)]
+         for name, _ in scorer.operators[relation].param_names}
+    if operator == "translation" and config.comparator != "dot":
+        return queries - p["translation"]
+    if operator == "diagonal":
+        return queries * p["diagonal"]
+    if operator in ("linear", "affine"):
+        return queries @ p["linear_transformation"]  # forward is x @ A^T
+    if operator == "complex_diagonal":  # the conjugate diagonal
+        return scorer.operators[relation].forward(queries, {"real": p["real"],
+                                                            "imag": -p["imag"]})
+    return queries
 
 
 def set_relation(scorer: Scorer, side: str, relation: int) -> Optional[int]:
@@ -192,7 +234,7 @@ class ShardTables:
             vectors = candidate_vectors(self.scorer, entity, self.tables[entity, part], relation)
             kind = index_kind(config, len(vectors))
             index = None
-            if kind != "exact":
+            if kind != "exact" and not shares_index(config, key):
                 path = index_file(config, version, key, kind)
                 index = faiss.deserialize_index(np.frombuffer(path.read_bytes(), np.uint8))
                 if kind == "hnsw":
@@ -245,7 +287,11 @@ class ShardTables:
         q = torch.from_numpy(np.ascontiguousarray(queries, np.float32))
         banned = self.banned(key, len(q), exclude, skip)
         n = len(cands.vectors)
-        if exact or cands.index is None:
+        index, probe = cands.index, q
+        if shares_index(self.config, key):
+            index = self.sets[key[0], key[1], None].index
+            probe = adjoint_queries(self.scorer, key[2], q)
+        if exact or index is None:
             scores = self.scorer.matrix(q, cands.vectors)
             for i, ids in enumerate(banned):
                 scores[i, torch.from_numpy(ids)] = -float("inf")
@@ -253,9 +299,9 @@ class ShardTables:
             values, offsets = top.values, top.indices
         else:
             wanted = min(n, k + max(len(b) for b in banned))
-            if hasattr(cands.index, "hnsw"):
-                cands.index.hnsw.efSearch = max(self.config.serve.hnsw_ef_search, wanted)
-            _, hits = cands.index.search(q.numpy(), wanted)
+            if hasattr(index, "hnsw"):
+                index.hnsw.efSearch = max(self.config.serve.hnsw_ef_search, wanted)
+            _, hits = index.search(np.ascontiguousarray(probe.numpy()), wanted)
             offsets = torch.from_numpy(hits)
             found = cands.vectors[offsets.clamp_min(0)]
             # The comparator's exact scores of the hits: [B, 1, D] x [B, wanted, D].

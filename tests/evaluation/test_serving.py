@@ -13,8 +13,8 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.evaluation.serving import (
-    ServingModel, ShardTables, build_index, build_set_index, drop_old_indexes, index_file,
-    index_kind, set_keys)
+    ServingModel, ShardTables, adjoint_queries, build_index, build_set_index, drop_old_indexes,
+    index_file, index_keys, index_kind, set_keys, shares_index)
 from tests.util import config_dict, random_checkpoint, write_random_graph
 
 
@@ -28,7 +28,7 @@ def served_config(tmp_path, **serve):
 
 
 def build_all(config, version=1):
-    return [build_set_index(config, version, key) for key in set_keys(config)]
+    return [build_set_index(config, version, key) for key in index_keys(config)]
 
 
 def local_shards(config, version=1):
@@ -110,6 +110,8 @@ def test_shard_search_approximate_hits_carry_exact_scores(tmp_path, comparator):
     build_all(config)
     shard = ShardTables(config, 1, 0)
     key = ("user", 0, 0)  # follows' rhs candidates: translated
+    # dot and l2 search the relation-free index with the adjoint query; cos has its own.
+    assert index_file(config, 1, key, "hnsw").is_file() == (comparator == "cos")
     queries = np.random.default_rng(0).normal(size=(6, config.dimension)).astype(np.float32)
     exact_scores, exact_ids = shard.search(key, queries, 5, True)
     scores, ids = shard.search(key, queries, 5, False)
@@ -147,3 +149,39 @@ def test_the_router_answers_as_the_predictor(tmp_path):
     assert near == pytest.approx(predictor.neighbors("tag-0-3", k=3), rel=1e-5)
     with pytest.raises(PbgRayError, match="k=0 is out of range"):
         asyncio.run(model.top(rows, search, "rhs", [("user-1-3", "likes")], 0))
+
+
+@pytest.mark.parametrize("comparator,operators", [
+    ("dot", ["none", "translation", "diagonal", "linear", "affine", "complex_diagonal"]),
+    ("l2", ["none", "translation"]), ("squared_l2", ["translation"])])
+def test_adjoint_queries_rank_the_relation_free_set_as_the_relations_candidates(
+        tmp_path, comparator, operators):
+    """Per query, the score of a relation's candidate op(x) and the adjoint query's score of
+    x differ by a constant (dot) or are the same distance (L2): the same ranking."""
+    relations = [{"name": f"r{i}", "lhs": "user", "rhs": "user", "operator": op}
+                 for i, op in enumerate(operators)]
+    config = ConfigSchema.from_dict(config_dict(
+        tmp_path, comparator=comparator, relations=relations,
+        entities={"user": {"num_partitions": 1}}))
+    write_random_graph(config, num_edges=20, counts={"user": 40})
+    random_checkpoint(config)
+    model = ServingModel(config, None)
+    scorer = model.scorer
+    rows = torch.from_numpy(Predictor.load(config.checkpoint_path).tables["user"][0].numpy())
+    base = scorer.comparator.prepare(scorer.entity_vectors("user", rows))[0]
+    queries = torch.randn(5, config.dimension)
+    for relation in range(len(operators)):
+        assert shares_index(config, ("user", 0, relation))
+        true = scorer.matrix(queries, scorer.candidates("rhs", relation,
+                                                        scorer.entity_vectors("user", rows)))
+        adjoint = scorer.matrix(adjoint_queries(scorer, relation, queries), base)
+        difference = (true - adjoint).numpy()
+        np.testing.assert_allclose(difference, difference[:, :1].repeat(40, 1), atol=1e-4,
+                                   err_msg=operators[relation])
+
+
+def test_cos_and_biased_models_index_each_relations_set(tmp_path):
+    config = ConfigSchema.from_dict(config_dict(tmp_path, comparator="cos"))
+    assert not shares_index(config, ("user", 0, 0))
+    biased = ConfigSchema.from_dict(config_dict(tmp_path, comparator="dot", bias=True))
+    assert not shares_index(biased, ("user", 0, 0)) and ("user", 0, 0) in index_keys(biased)
