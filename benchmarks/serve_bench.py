@@ -131,6 +131,36 @@ async def recall_at_10(url: str, items: List[str], samples: int) -> float:
     return float(np.mean([len(a & e) / 10 for a, e in zip(answers[False], answers[True])]))
 
 
+def in_process(config: Any, items: List[str], requests: int) -> Dict[str, Dict[str, float]]:
+    """The same top_lhs queries answered by the service's own code (ServingModel over
+    ShardTables) in this process, one at a time, without Ray Serve or HTTP: per mode the
+    mean and p99 ms of the computation a request costs."""
+    from pbg_ray.evaluation.serving import ServingModel, ShardTables
+
+    model = ServingModel(config, 1)
+    shards = [ShardTables(config, 1, g) for g in range(config.serve.shard_groups)]
+
+    async def rows(entity, part, offsets):
+        return shards[part % len(shards)].rows(entity, part, offsets)
+
+    def search(group):
+        async def call(*args):
+            return shards[group].search(*args)
+        return call
+
+    figures = {}
+    rng = np.random.default_rng(0)
+    for mode in ("exact", "approx"):
+        ms = []
+        for _ in range(requests):
+            query = [(items[rng.integers(len(items))], "likes")]
+            start = time.perf_counter()
+            asyncio.run(model.top(rows, search, "lhs", query, 10, (), mode == "exact"))
+            ms.append((time.perf_counter() - start) * 1000)
+        figures[mode] = {"mean_ms": float(np.mean(ms)), "p99_ms": float(np.percentile(ms, 99))}
+    return figures
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -154,6 +184,8 @@ def main() -> None:
     parser.add_argument("--hnsw-m", type=int, default=16)
     parser.add_argument("--ef-construction", type=int, default=40)
     parser.add_argument("--ef-search", type=int, default=64)
+    parser.add_argument("--in-process", type=int, default=200, help=(
+        "requests per mode answered without Ray Serve and HTTP, after the load (0: none)"))
     parser.add_argument("--workdir", default=None, help=(
         "keep the checkpoint and its indexes here (a rerun with other search settings "
         "reuses both); default: a temporary directory, removed at the end"))
@@ -218,6 +250,13 @@ def main() -> None:
         finally:
             stop_service()
             ray.shutdown()
+        own = in_process(config, items, args.in_process) if args.in_process else {}
+        for mode, figures in own.items():
+            print(f"{mode:6s} in process, without Serve and HTTP: {figures['mean_ms']:7.2f} ms "
+                  f"mean, p99 {figures['p99_ms']:7.2f} ms per request", flush=True)
+        if own:
+            print(f"approx/exact computation per request: "
+                  f"{own['exact']['mean_ms'] / own['approx']['mean_ms']:.1f}x", flush=True)
     meeting = [c for c in args.levels if levels["ratio"][c] >= 10 and recall >= 0.95
                and levels["approx"][c]["p99_ms"] < 50]
     print(f"targets (recall@10 >= 0.95, approx QPS >= 10x exact, p99 < 50 ms) met at "
@@ -232,7 +271,8 @@ def main() -> None:
         "levels": {mode: {str(c): {k: round(v, 2) for k, v in f.items()}
                           for c, f in by.items()} if mode != "ratio" else
                    {str(c): round(v, 2) for c, v in by.items()} for mode, by in levels.items()},
-        "targets_met_at": meeting,
+        "targets_met_at": meeting, "in_process": {m: {k: round(v, 3) for k, v in f.items()}
+                                                  for m, f in own.items()},
     }))
 
 
