@@ -21,6 +21,9 @@ from pbg_ray.io.edges import read_edges
 from pbg_ray.types import Bucket
 from tests.util import config_dict, write_random_graph
 
+# The module's server takes a training run, the index build tasks and Serve's start.
+pytestmark = pytest.mark.slow
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -215,7 +218,6 @@ def test_a_body_that_is_not_json_and_an_unknown_route_are_4xx(served):
     assert client.get("/health").status_code == 200  # the server lives on
 
 
-@pytest.mark.slow
 def test_a_new_version_is_taken_up_while_requests_succeed(served):
     """Train one more version while a client loop queries; every request succeeds and the
     version the answers name goes from 1 to 2."""
