@@ -104,14 +104,16 @@ def test_indexes_are_saved_beside_their_version_and_rebuilt_for_a_new_one(tmp_pa
     assert index_file(other, 2, key, "hnsw") != index_file(config, 2, key, "hnsw")
 
 
-@pytest.mark.parametrize("comparator", ["cos", "dot", "l2"])
-def test_shard_search_approximate_hits_carry_exact_scores(tmp_path, comparator):
-    config = served_config(tmp_path, comparator=comparator)
+@pytest.mark.parametrize("comparator,kind", [("cos", "hnsw"), ("dot", "hnsw"), ("l2", "hnsw"),
+                                             ("cos", "ivf"), ("dot", "ivf")])
+def test_shard_search_approximate_hits_carry_exact_scores(tmp_path, comparator, kind):
+    config = served_config(tmp_path, comparator=comparator, index=kind)
     build_all(config)
     shard = ShardTables(config, 1, 0)
     key = ("user", 0, 0)  # follows' rhs candidates: translated
     # dot and l2 search the relation-free index with the adjoint query; cos has its own.
-    assert index_file(config, 1, key, "hnsw").is_file() == (comparator == "cos")
+    assert index_file(config, 1, key, kind).is_file() == (comparator == "cos")
+    assert index_file(config, 1, ("user", 0, None), kind).is_file()
     queries = np.random.default_rng(0).normal(size=(6, config.dimension)).astype(np.float32)
     exact_scores, exact_ids = shard.search(key, queries, 5, True)
     scores, ids = shard.search(key, queries, 5, False)
