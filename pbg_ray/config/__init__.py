@@ -7,6 +7,7 @@ export.py       the `export` section (python -m pbg_ray.export)
 eval.py         the `eval` section (python -m pbg_ray.eval)
 incremental.py  the `incremental` section (training a grown graph from init_path)
 tune.py         the `tune` section (python -m pbg_ray.tune)
+serve.py        the `serve` section (python -m pbg_ray.serve)
 options.py      option(): a field with its help text; the checks sections share
 components.py   the names of operators, comparators, losses and regularizers
 validation.py   the rules of a whole config, sections' own and those across sections
@@ -25,10 +26,11 @@ from pbg_ray.config.incremental import IncrementalConfig
 from pbg_ray.config.pbg_file import load_pbg_config_dict, load_pbg_config_file
 from pbg_ray.config.ray import RayConfig
 from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema
+from pbg_ray.config.serve import ServeConfig
 from pbg_ray.config.tune import TuneConfig
 
 __all__ = [
     "ConfigSchema", "EntitySchema", "EvalConfig", "ExportConfig", "ImportConfig",
-    "IncrementalConfig", "RayConfig", "RelationSchema", "TuneConfig", "load_pbg_config_dict",
-    "load_pbg_config_file",
+    "IncrementalConfig", "RayConfig", "RelationSchema", "ServeConfig", "TuneConfig",
+    "load_pbg_config_dict", "load_pbg_config_file",
 ]

@@ -25,6 +25,7 @@ from pbg_ray.config.incremental import IncrementalConfig
 from pbg_ray.config.options import Fail, check_choice, check_positive, option
 from pbg_ray.config.pbg_file import drop_pbg_only_keys
 from pbg_ray.config.ray import RayConfig
+from pbg_ray.config.serve import ServeConfig
 from pbg_ray.config.tune import TuneConfig
 from pbg_ray.config.validation import validate_config
 from pbg_ray.errors import PbgRayError
@@ -187,6 +188,8 @@ class ConfigSchema:
         "python -m pbg_ray.export: what is written and where (the `export` section).")
     eval: EvalConfig = option(factory=EvalConfig, help=
         "python -m pbg_ray.eval: what is evaluated and how (the `eval` section).")
+    serve: ServeConfig = option(factory=ServeConfig, help=
+        "python -m pbg_ray.serve: scores, top-k and neighbours over HTTP (the `serve` section).")
     tune: TuneConfig = option(factory=TuneConfig, help=
         "python -m pbg_ray.tune: the search space and how trials run (the `tune` section).")
     incremental: IncrementalConfig = option(factory=IncrementalConfig, help=

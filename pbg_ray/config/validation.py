@@ -1,6 +1,6 @@
 """The rules of a whole config: those of PBG's top-level keys, each section's own
 (`validate(fail)` of EntitySchema, RelationSchema, RayConfig, ImportConfig, EvalConfig,
-IncrementalConfig, TuneConfig) and those that span sections, in one place."""
+IncrementalConfig, TuneConfig, ServeConfig) and those that span sections, in one place."""
 
 from __future__ import annotations
 
@@ -66,6 +66,11 @@ def validate_config(config: "ConfigSchema", fail: Fail, source: str) -> None:
     for key in flat_search_space(config.tune.search_space):
         schema_type(type(config), key, f"{source}: tune.search_space")
     config.eval.validate(fail)
+    config.serve.validate(fail)
+    if config.bias and config.serve.index in ("hnsw", "ivf"):
+        fail("serve.index", f"{config.serve.index} can't search a biased comparator's scores "
+             "(bias=true adds each vector's first coordinate, which no faiss metric does)",
+             "Set serve.index=exact (or auto, which searches biased models exactly).")
     config.importer.validate(fail)
 
 

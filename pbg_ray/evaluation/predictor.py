@@ -38,25 +38,93 @@ from pbg_ray.types import Bucket
 Ranked = List[Tuple[str, float]]  # (entity name, score), best first
 
 
-class Predictor:
+class NamedModel:
+    """A checkpoint version's model parameters (as a Scorer) with its entity and relation
+    names, without the embedding tables: what answering by names needs besides the rows."""
+
+    def __init__(self, config: ConfigSchema, arrays: Dict[str, np.ndarray],
+                 counts: Dict[str, List[int]], source: str) -> None:
+        """arrays: the model's parameters by public name; counts: per entity type the rows
+        of each partition; source: what they were loaded from (for messages)."""
+        check_rankable(config)
+        self.config = config
+        self.source = source
+        self.counts = counts
+        num_rel = num_relation_ids(config)
+        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, None,
+                                                            where=source).arrays)
+        self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
+                               else [r.name for r in config.relations])
+        self._names: Dict[str, List[List[str]]] = {}
+        self._index: Dict[str, Dict[str, Tuple[int, int]]] = {}
+
+    # --- names ------------------------------------------------------------
+
+    def names(self, entity: str) -> List[List[str]]:
+        """The names of an entity type, per partition."""
+        if entity not in self._names:
+            self._names[entity] = [load_entity_names(self.config.entity_path, entity, p)
+                                   for p in range(len(self.counts[entity]))]
+            for part, (names, count) in enumerate(zip(self._names[entity], self.counts[entity])):
+                if len(names) != count:
+                    raise PbgRayError(
+                        f"entity type {entity!r} partition {part}: {len(names)} names in "
+                        f"{self.config.entity_path!r} but {count} embeddings in "
+                        f"{self.source}. Pass the entity_path the checkpoint was trained on.")
+        return self._names[entity]
+
+    def _name_index(self, entity: str) -> Dict[str, Tuple[int, int]]:
+        """name -> (partition, offset) of an entity type, built on first use."""
+        if entity not in self._index:
+            self._index[entity] = {n: (p, i) for p, names in enumerate(self.names(entity))
+                                   for i, n in enumerate(names)}
+        return self._index[entity]
+
+    def _locate(self, entity: str, name: str) -> Tuple[int, int]:
+        """(partition, offset) of an entity by name; an entity of another type is named
+        as such (the wrong side of a relation)."""
+        where = self._name_index(entity).get(name)
+        if where is None:
+            elsewhere = [e for e in self.config.entities
+                         if e != entity and name in self._name_index(e)]
+            if elsewhere:
+                raise PbgRayError(f"{name!r} is an entity of type {elsewhere[0]!r}, not of type "
+                                  f"{entity!r}: check the relation and which side the name "
+                                  "is on.")
+            raise PbgRayError(f"unknown {entity} entity {name!r}"
+                              f"{did_you_mean(name, self._name_index(entity))}.")
+        return where
+
+    def _relation(self, name: str) -> Tuple[int, int]:
+        """(index into config.relations, relation id) of a relation by name."""
+        if name not in self.relation_names:
+            raise PbgRayError(f"unknown relation {name!r}{did_you_mean(name, self.relation_names)}. "
+                              f"Relations: {', '.join(self.relation_names[:20])}"
+                              f"{' ...' if len(self.relation_names) > 20 else ''}.")
+        rel_id = self.relation_names.index(name)
+        return (0 if self.config.dynamic_relations else rel_id), rel_id
+
+    def _type_of(self, name: str) -> str:
+        found = [entity for entity in self.config.entities if name in self._name_index(entity)]
+        if len(found) != 1:
+            every = [n for entity in self.config.entities for n in self._name_index(entity)]
+            raise PbgRayError(f"entity {name!r} " + (
+                f"is in several types {found}; pass entity_type." if found
+                else f"is unknown{did_you_mean(name, every)}."))
+        return found[0]
+
+
+class Predictor(NamedModel):
     """A checkpoint version (or a bundle's tag) with its entity and relation names."""
 
     def __init__(self, config: ConfigSchema, arrays: Dict[str, np.ndarray],
                  tables: Dict[str, List[np.ndarray]], source: str) -> None:
         """arrays: the model's parameters by public name; tables: per entity type the
         embeddings [N, D] of each partition; source: what they were loaded from."""
-        check_rankable(config)
-        self.config = config
-        self.source = source
-        num_rel = num_relation_ids(config)
-        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, None,
-                                                            where=source).arrays)
-        self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
-                               else [r.name for r in config.relations])
+        super().__init__(config, arrays, {e: [len(t) for t in parts]
+                                          for e, parts in tables.items()}, source)
         self.tables: Dict[str, List[Tensor]] = {
             entity: [torch.from_numpy(t) for t in parts] for entity, parts in tables.items()}
-        self._names: Dict[str, List[List[str]]] = {}
-        self._index: Dict[str, Dict[str, Tuple[int, int]]] = {}
 
     @classmethod
     def load(cls, checkpoint_path: str, version: Optional[int] = None,
@@ -86,45 +154,6 @@ class Predictor:
                   for e, c in config.entities.items()}
         return cls(config, checkpoint.read_model(version)[0], tables,
                    f"version {version} of {str(checkpoint.path)!r}")
-
-    # --- names ------------------------------------------------------------
-
-    def names(self, entity: str) -> List[List[str]]:
-        """The names of an entity type, per partition."""
-        if entity not in self._names:
-            self._names[entity] = [load_entity_names(self.config.entity_path, entity, p)
-                                   for p in range(len(self.tables[entity]))]
-            for part, (names, table) in enumerate(zip(self._names[entity], self.tables[entity])):
-                if len(names) != len(table):
-                    raise PbgRayError(
-                        f"entity type {entity!r} partition {part}: {len(names)} names in "
-                        f"{self.config.entity_path!r} but {len(table)} embeddings in "
-                        f"{self.source}. Pass the entity_path the checkpoint was trained on.")
-        return self._names[entity]
-
-    def _name_index(self, entity: str) -> Dict[str, Tuple[int, int]]:
-        """name -> (partition, offset) of an entity type, built on first use."""
-        if entity not in self._index:
-            self._index[entity] = {n: (p, i) for p, names in enumerate(self.names(entity))
-                                   for i, n in enumerate(names)}
-        return self._index[entity]
-
-    def _locate(self, entity: str, name: str) -> Tuple[int, int]:
-        """(partition, offset) of an entity by name."""
-        where = self._name_index(entity).get(name)
-        if where is None:
-            raise PbgRayError(f"unknown {entity} entity {name!r}"
-                              f"{did_you_mean(name, self._name_index(entity))}.")
-        return where
-
-    def _relation(self, name: str) -> Tuple[int, int]:
-        """(index into config.relations, relation id) of a relation by name."""
-        if name not in self.relation_names:
-            raise PbgRayError(f"unknown relation {name!r}{did_you_mean(name, self.relation_names)}. "
-                              f"Relations: {', '.join(self.relation_names[:20])}"
-                              f"{' ...' if len(self.relation_names) > 20 else ''}.")
-        rel_id = self.relation_names.index(name)
-        return (0 if self.config.dynamic_relations else rel_id), rel_id
 
     def _vector(self, entity: str, name: str) -> Tensor:
         part, offset = self._locate(entity, name)
@@ -187,15 +216,6 @@ class Predictor:
                 s[offset] = -float("inf")
             scores.append(s)
         return self._best(entity, scores, k)
-
-    def _type_of(self, name: str) -> str:
-        found = [entity for entity in self.config.entities if name in self._name_index(entity)]
-        if len(found) != 1:
-            every = [n for entity in self.config.entities for n in self._name_index(entity)]
-            raise PbgRayError(f"entity {name!r} " + (
-                f"is in several types {found}; pass entity_type." if found
-                else f"is unknown{did_you_mean(name, every)}."))
-        return found[0]
 
     def _best(self, entity: str, scores: List[Tensor], k: int) -> Ranked:
         """The k highest of per-partition scores, as (name, score), skipping excluded ones."""

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-HYDRA_COMMANDS = ["train", "import_edges", "eval", "export", "tune"]
+HYDRA_COMMANDS = ["train", "import_edges", "eval", "export", "tune", "serve"]
 ARGPARSE_COMMANDS = ["predict", "plot", "migrate"]
 
 
@@ -37,7 +37,7 @@ def test_help_has_usage_arguments_examples_and_the_reference(command, monkeypatc
 
 @pytest.mark.parametrize("command, key", [
     ("train", "ray.placement"), ("import_edges", "importer.inputs"), ("eval", "eval.filter_paths"),
-    ("export", "export.format"), ("tune", "tune.search_space")])
+    ("export", "export.format"), ("tune", "tune.search_space"), ("serve", "serve.index")])
 def test_hydra_help_lists_the_config_file_and_the_keys_set_most(command, key, monkeypatch,
                                                                   capsys):
     text = help_of(command, monkeypatch, capsys)

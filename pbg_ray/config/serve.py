@@ -1,0 +1,66 @@
+"""The `serve` section of the config: how `python -m pbg_ray.serve` answers queries over HTTP
+(address, replicas, shard groups, the approximate index and its settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from pbg_ray.config.options import Fail, check_choice, check_not_negative, check_positive, option
+
+# exact: every candidate scored (the reference); hnsw and ivf: faiss indexes; auto: by size.
+INDEX_KINDS = ("exact", "hnsw", "ivf", "auto")
+
+
+@dataclass
+class ServeConfig:
+    """`python -m pbg_ray.serve`: link scores, top-k and nearest neighbours over HTTP on
+    Ray Serve."""
+
+    host: str = option("127.0.0.1", help=
+        "The address the HTTP server listens on; 0.0.0.0 opens it to other machines.")
+    port: int = option(8000, help="The HTTP port.")
+    version: Optional[int] = option(None, help=
+        "The checkpoint version served; null: the newest, and each newer one as training "
+        "commits it (checked every reload_interval seconds).")
+    reload_interval: float = option(5.0, help=
+        "Seconds between checks of checkpoint_version.txt for a new version; 0: never.")
+    router_replicas: int = option(1, help=
+        "Replicas of the HTTP ingress (names, queries, merging the shards' top-k).")
+    shard_groups: int = option(1, help=
+        "Deployments the partitions are split over (partition p in group p mod shard_groups); "
+        "more groups: tables larger than one replica's memory.")
+    shard_replicas: int = option(1, help="Replicas of each shard group's deployment.")
+    shard_cpus: float = option(0.0, help=
+        "CPUs Ray reserves for each shard replica; 0 (like the training's actors) never keeps "
+        "index builds or train tasks from being placed.")
+    index: str = option("auto", help=
+        "Top-k search: exact (every candidate scored: the reference), hnsw or ivf (faiss "
+        "indexes per entity type and partition), auto (exact below index_min_rows rows, "
+        "hnsw below ivf_min_rows, ivf above). Approximate hits are rescored exactly.")
+    index_min_rows: int = option(20000, help="index=auto: partitions below this many rows are searched exactly.")
+    ivf_min_rows: int = option(2000000, help="index=auto: partitions of at least this many rows get ivf, smaller ones hnsw.")
+    hnsw_m: int = option(32, help="HNSW: neighbours per node of the graph.")
+    hnsw_ef_construction: int = option(64, help="HNSW: candidate list size while building.")
+    hnsw_ef_search: int = option(128, help="HNSW: candidate list size while searching (raised to k).")
+    ivf_lists: int = option(0, help="IVF: number of clusters; 0: 4 sqrt(rows).")
+    ivf_probes: int = option(16, help="IVF: clusters searched per query.")
+    index_cpus: float = option(1.0, help="CPUs of each Ray task that builds an index.")
+    max_k: int = option(1000, help="The largest k a request may ask for.")
+    max_batch: int = option(1024, help="The most queries or edges one request may carry.")
+
+    def validate(self, fail: Fail) -> None:
+        """Rules of this section; `fail(key, problem, fix)` raises."""
+        check_choice(self.index, INDEX_KINDS, "serve.index", fail)
+        if not 0 < self.port < 65536:
+            fail("serve.port", f"must be a TCP port (1 to 65535), got {self.port}",
+                 "Set serve.port=8000 or another free port.")
+        for key in ("router_replicas", "shard_groups", "shard_replicas", "hnsw_m",
+                    "hnsw_ef_construction", "hnsw_ef_search", "ivf_probes", "max_k", "max_batch",
+                    "index_cpus"):
+            check_positive(getattr(self, key), f"serve.{key}", fail)
+        for key in ("reload_interval", "ivf_lists", "index_min_rows", "ivf_min_rows",
+                    "shard_cpus"):
+            check_not_negative(getattr(self, key), f"serve.{key}", fail)
+        if self.version is not None:
+            check_positive(self.version, "serve.version", fail)

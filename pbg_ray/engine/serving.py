@@ -1,0 +1,290 @@
+"""The HTTP service on Ray Serve: a FastAPI ingress (the router: names, queries, merging)
+over one deployment per shard group (partitions p with p mod serve.shard_groups equal),
+each replica holding its partitions' candidate sets and faiss indexes. The math is
+pbg_ray.evaluation.serving's; indexes are built by Ray tasks and saved beside the version.
+
+A new checkpoint version (serve.version null) is taken up without dropping requests: the
+router's watcher builds the version's indexes, has the shards load it beside the one they
+serve, then switches; a request names the version it started with, and shards keep the two
+newest, loading a version on its first request if a replica missed the load.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the request models from the route
+# methods' annotations, which Serve's ingress moves out of this module's namespace.
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import ray
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.serving import (
+    ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
+
+logger = logging.getLogger(__name__)
+APPLICATION = "pbg_ray"
+KEEP_VERSIONS = 2  # versions a shard holds: the one served and the one coming (or going)
+
+
+@ray.remote
+def build_index_task(config: Dict[str, Any], version: int, key: List[Any]) -> Dict[str, Any]:
+    """Build (or find saved) one candidate set's index of `version`."""
+    return build_set_index(ConfigSchema.from_dict(config), version, tuple(key))
+
+
+async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
+    """Every set's index of `version`, built by parallel Ray tasks (saved ones reused);
+    older versions' saved indexes are removed. Returns the build's figures."""
+    start = time.perf_counter()
+    task = build_index_task.options(num_cpus=config.serve.index_cpus)
+    plain = config.to_dict()
+    figures = await asyncio.gather(*(task.remote(plain, version, list(key))
+                                     for key in index_keys(config)))
+    drop_old_indexes(config, [version - 1, version])
+    return {"version": version, "seconds": time.perf_counter() - start,
+            "built": [f for f in figures if f["seconds"] > 0],
+            "kinds": sorted({f["kind"] for f in figures})}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Edge(Strict):
+    lhs: str
+    relation: str
+    rhs: str
+
+
+class ScoreRequest(Strict):
+    edges: List[Edge] = Field(description="(lhs, relation, rhs) triples by names")
+
+
+class TopRhsQuery(Strict):
+    lhs: str
+    relation: str
+
+
+class TopLhsQuery(Strict):
+    relation: str
+    rhs: str
+
+
+class TopOptions(Strict):
+    k: int = Field(10, description="results per query (1 to serve.max_k)")
+    exclude: List[str] = Field([], description="edge paths of the config (by path or last "
+                               "name) whose known edges are left out")
+    exact: bool = Field(False, description="score every candidate instead of the index")
+
+
+class TopRhsRequest(TopOptions):
+    queries: List[TopRhsQuery]
+
+
+class TopLhsRequest(TopOptions):
+    queries: List[TopLhsQuery]
+
+
+class NeighborQuery(Strict):
+    entity: Optional[str] = Field(None, description="an entity's name (itself left out)")
+    vector: Optional[List[float]] = Field(None, description="or an entity vector")
+    entity_type: Optional[str] = Field(None, description="needed with vector, or when the "
+                                       "name is in several types")
+
+
+class NeighborsRequest(Strict):
+    queries: List[NeighborQuery]
+    k: int = 10
+    exact: bool = False
+
+
+app = FastAPI(title="pbg_ray", description=(
+    "Link scores, top-k heads and tails, and nearest neighbours of a pbg_ray checkpoint, by "
+    "names. Scores are the model's own (relation operator and comparator)."))
+
+
+@app.exception_handler(PbgRayError)
+async def user_error(request: Request, err: PbgRayError) -> JSONResponse:
+    return JSONResponse(status_code=400, content={"error": str(err)})
+
+
+@app.exception_handler(RequestValidationError)
+async def malformed(request: Request, err: RequestValidationError) -> JSONResponse:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or 'body'}: {e['msg']}"
+                         for e in err.errors())
+    return JSONResponse(status_code=422, content={"error": f"malformed request: {problems}",
+                                                  "detail": jsonable(err.errors())})
+
+
+def jsonable(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
+
+
+def ranked(answers: List[List[Any]]) -> List[List[Dict[str, Any]]]:
+    return [[{"name": name, "score": score} for name, score in answer] for answer in answers]
+
+
+async def unwrapped(response: Any) -> Any:
+    """A shard's answer; a PbgRayError it raised (a damaged edge file, say) as itself, so
+    that the client gets its 4xx."""
+    try:
+        return await response
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, PbgRayError):
+            raise err.cause from None
+        raise
+
+
+@serve.deployment(max_ongoing_requests=8)
+class Shard:
+    """One shard group's partitions, at the newest versions asked for."""
+
+    def __init__(self, config: Dict[str, Any], shard: int, version: int) -> None:
+        self.config = ConfigSchema.from_dict(config)
+        self.shard = shard
+        self.tables: Dict[int, ShardTables] = {}
+        self.lock = threading.Lock()
+        self.load(version)
+
+    def load(self, version: int) -> int:
+        with self.lock:
+            if version not in self.tables:
+                self.tables[version] = ShardTables(self.config, version, self.shard)
+                for old in sorted(self.tables)[:-KEEP_VERSIONS]:
+                    del self.tables[old]
+        return version
+
+    def at(self, version: int) -> ShardTables:
+        tables = self.tables.get(version)
+        if tables is None:
+            self.load(version)
+            tables = self.tables[version]
+        return tables
+
+    def rows(self, version: int, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
+        return self.at(version).rows(entity, part, offsets)
+
+    def search(self, version: int, *args: Any) -> Any:
+        return self.at(version).search(*args)
+
+
+@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class Router:
+    """The HTTP API; answers come from the shards (one handle per shard group)."""
+
+    def __init__(self, config: Dict[str, Any], version: int, shards: List[Any]) -> None:
+        self.config = ConfigSchema.from_dict(config)
+        self.shards = shards
+        self.model = ServingModel(self.config, version)
+        self.watcher: Optional[asyncio.Task] = None
+
+    def current(self) -> ServingModel:
+        """The model requests start with; starts the version watcher on first use."""
+        if (self.watcher is None and self.config.serve.version is None
+                and self.config.serve.reload_interval > 0):
+            self.watcher = asyncio.get_running_loop().create_task(self.watch())
+        return self.model
+
+    async def watch(self) -> None:
+        """Take up each newer checkpoint version: indexes, shards, then the model."""
+        checkpoint = CheckpointManager(self.config.checkpoint_path)
+        while True:
+            await asyncio.sleep(self.config.serve.reload_interval)
+            try:
+                version = checkpoint.version()
+                if version > self.model.version:
+                    await build_indexes(self.config, version)
+                    await asyncio.gather(*(s.load.remote(version) for s in self.shards))
+                    self.model = ServingModel(self.config, version, self.model)
+                    logger.warning("serving checkpoint version %d", version)
+            except Exception:  # a version removed under us: the next check tries again
+                logger.exception("taking up a new checkpoint version failed")
+
+    def access(self, model: ServingModel):
+        """The shards' rows and search as the model's callables, at its version."""
+        version = model.version
+
+        async def rows(entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
+            return await unwrapped(self.shards[part % self.config.serve.shard_groups].rows
+                                   .remote(version, entity, part, offsets))
+
+        def search(shard: int):
+            async def call(*args: Any):
+                return await unwrapped(self.shards[shard].search.remote(version, *args))
+            return call
+
+        return rows, search
+
+    @app.get("/health")
+    async def health(self) -> Dict[str, Any]:
+        return {"status": "ok", "version": self.current().version}
+
+    @app.get("/metadata")
+    async def metadata(self) -> Dict[str, Any]:
+        return self.current().metadata()
+
+    @app.post("/score")
+    async def score(self, request: ScoreRequest) -> Dict[str, Any]:
+        model = self.current()
+        rows, _ = self.access(model)
+        scores = await model.score(rows, [(e.lhs, e.relation, e.rhs) for e in request.edges])
+        return {"version": model.version, "scores": scores}
+
+    @app.post("/top_rhs")
+    async def top_rhs(self, request: TopRhsRequest) -> Dict[str, Any]:
+        return await self.top("rhs", [(q.lhs, q.relation) for q in request.queries], request)
+
+    @app.post("/top_lhs")
+    async def top_lhs(self, request: TopLhsRequest) -> Dict[str, Any]:
+        return await self.top("lhs", [(q.rhs, q.relation) for q in request.queries], request)
+
+    async def top(self, side: str, queries: List[Any], request: TopOptions) -> Dict[str, Any]:
+        model = self.current()
+        answers = await model.top(*self.access(model), side, queries, request.k,
+                                  request.exclude, request.exact)
+        return {"version": model.version, "results": ranked(answers)}
+
+    @app.post("/neighbors")
+    async def neighbors(self, request: NeighborsRequest) -> Dict[str, Any]:
+        model = self.current()
+        answers = await model.neighbors(*self.access(model), [q.model_dump() for q in
+                                                              request.queries],
+                                        request.k, request.exact)
+        return {"version": model.version, "results": ranked(answers)}
+
+
+def start_service(config: ConfigSchema) -> Dict[str, Any]:
+    """Connect to Ray, build the served version's indexes and start the application on
+    serve.host:serve.port. Returns the URL, the version and the index build's figures."""
+    config = config.with_absolute_paths()
+    connect_ray(config.ray)
+    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
+        config, config.serve.version, "serve.version")
+    built = asyncio.run(build_indexes(config, version))
+    serve_config = config.serve
+    serve.start(http_options={"host": serve_config.host, "port": serve_config.port})
+    plain = config.to_dict()
+    shards = [Shard.options(name=f"Shard{g}", num_replicas=serve_config.shard_replicas,
+                            ray_actor_options={"num_cpus": serve_config.shard_cpus})
+              .bind(plain, g, version) for g in range(serve_config.shard_groups)]
+    router = Router.options(num_replicas=serve_config.router_replicas).bind(plain, version, shards)
+    serve.run(router, name=APPLICATION, route_prefix="/")
+    return {"url": f"http://{serve_config.host}:{serve_config.port}", "version": version,
+            "index": built}
+
+
+def stop_service() -> None:
+    serve.delete(APPLICATION)
+    serve.shutdown()

@@ -1,0 +1,250 @@
+"""The HTTP service over real HTTP: a checkpoint the engine trained, served on Ray Serve on a
+free loopback port with faiss indexes over two shard groups; its scores and rankings are
+the Predictor's and eval's, bad requests get 4xx JSON errors, and a new version is taken up
+while requests keep succeeding."""
+
+import dataclasses
+import re
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.serving import start_service, stop_service
+from pbg_ray.evaluation.filtered import rank_counts
+from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.io.edges import read_edges
+from pbg_ray.types import Bucket
+from tests.util import config_dict, write_random_graph
+
+# The module's server takes a training run, the index build tasks and Serve's start.
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, ray_session):
+    """(config, httpx client) of a trained one-epoch checkpoint served by the application;
+    serve is shut down after the module."""
+    from pbg_ray.engine.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("served")
+    config = ConfigSchema.from_dict(config_dict(
+        root, num_epochs=1, serve={"port": free_port(), "index": "hnsw", "shard_groups": 2,
+                                   "index_cpus": 0.5, "reload_interval": 0.5, "max_k": 100}))
+    write_random_graph(config, num_edges=200)
+    Trainer(config).run()
+    started = start_service(config)
+    with httpx.Client(base_url=started["url"], timeout=60) as client:
+        yield config, client
+    stop_service()
+
+
+@pytest.fixture(scope="module")
+def predictor(served):
+    return Predictor.load(served[0].checkpoint_path, version=1)
+
+
+def post(client, path, body):
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def everyone(predictor, entity):
+    return [n for part in predictor.names(entity) for n in part]
+
+
+def test_scores_are_the_predictors(served, predictor):
+    config, client = served
+    users, items = everyone(predictor, "user"), everyone(predictor, "item")
+    triples = [(u, "likes", i) for u in users[::7] for i in items[::3]] + \
+              [(u, "follows", v) for u in users[::5] for v in users[::4]]
+    got = post(client, "/score", {"edges": [dict(zip(("lhs", "relation", "rhs"), t))
+                                            for t in triples]})
+    assert got["version"] == 1
+    np.testing.assert_allclose(got["scores"], predictor.score(triples), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("side,relation", [("rhs", "likes"), ("rhs", "follows"),
+                                           ("lhs", "follows"), ("lhs", "likes"),
+                                           ("rhs", "tagged")])
+def test_top_k_is_the_predictors(served, predictor, side, relation, exact):
+    """Exact search and the HNSW index (these tables are small enough for it to find every
+    best candidate) rank and score as the Predictor does, per relation operator."""
+    config, client = served
+    rconf = next(r for r in config.relations if r.name == relation)
+    given = everyone(predictor, rconf.lhs if side == "rhs" else rconf.rhs)[::9]
+    queries = [{"lhs": n, "relation": relation} if side == "rhs" else
+               {"relation": relation, "rhs": n} for n in given]
+    got = post(client, f"/top_{side}", {"queries": queries, "k": 6, "exact": exact})["results"]
+    for name, answer in zip(given, got):
+        want = (predictor.top_rhs(name, relation, k=6) if side == "rhs"
+                else predictor.top_lhs(relation, name, k=6))
+        assert [a["name"] for a in answer] == [n for n, _ in want]
+        np.testing.assert_allclose([a["score"] for a in answer], [s for _, s in want],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_exclusion_of_known_edges_is_the_predictors(served, predictor):
+    config, client = served
+    path = config.edge_paths[0]
+    for name in everyone(predictor, "user")[::11]:
+        for by in (path, "edges"):  # by path or by the path's last name
+            got = post(client, "/top_rhs", {"queries": [{"lhs": name, "relation": "likes"}],
+                                            "k": 100, "exclude": [by]})["results"][0]
+            want = predictor.top_rhs(name, "likes", k=100, exclude=[path])
+            assert [a["name"] for a in got] == [n for n, _ in want]
+
+
+def test_ranks_agree_with_eval(served, predictor):
+    """For each edge of a bucket, the candidates the service scores at or above the true
+    rhs are eval's raw rank count (pbg_ray.evaluation.filtered.rank_counts)."""
+    config, client = served
+    bucket = Bucket(1, 0)
+    edges = read_edges(config.edge_paths[0], bucket)
+    edges = edges[np.flatnonzero(edges.rel == 1)[:12]]  # likes: user -> item
+    tables = {(e, p): predictor.tables[e][p] for e in config.entities
+              for p in range(len(predictor.tables[e]))}
+    counts = sum(rank_counts(predictor.scorer, bucket, edges, part, tables, {})["rhs"]
+                 for part in range(2))
+    users, items = predictor.names("user"), predictor.names("item")
+    queries = [{"lhs": users[1][lhs], "relation": "likes"} for lhs in edges.lhs]
+    got = post(client, "/top_rhs", {"queries": queries, "k": 100, "exact": True})["results"]
+    for answer, rhs, count in zip(got, edges.rhs, counts):
+        scores = {a["name"]: a["score"] for a in answer}
+        true = scores.pop(items[0][rhs])
+        assert sum(s >= true for s in scores.values()) == count
+
+
+def test_neighbors_of_an_entity_and_of_a_vector(served, predictor):
+    config, client = served
+    name = everyone(predictor, "item")[5]
+    got = post(client, "/neighbors", {"queries": [{"entity": name}], "k": 5})["results"][0]
+    want = predictor.neighbors(name, k=5)
+    assert [a["name"] for a in got] == [n for n, _ in want]
+    np.testing.assert_allclose([a["score"] for a in got], [s for _, s in want], rtol=1e-5)
+    part, offset = predictor._locate("item", name)
+    vector = predictor.scorer.entity_vectors("item", predictor.tables["item"][part][offset:offset + 1])
+    by_vector = post(client, "/neighbors", {"queries": [{"vector": vector[0].tolist(),
+                                                         "entity_type": "item"}],
+                                            "k": 6, "exact": True})["results"][0]
+    assert by_vector[0]["name"] == name  # itself first, then the same neighbours
+    assert [a["name"] for a in by_vector[1:]] == [n for n, _ in want]
+
+
+def test_a_batch_answers_as_single_requests(served, predictor):
+    config, client = served
+    queries = [{"lhs": n, "relation": r} for n in everyone(predictor, "user")[:4]
+               for r in ("likes", "follows")]
+    batch = post(client, "/top_rhs", {"queries": queries, "k": 3})["results"]
+    single = [post(client, "/top_rhs", {"queries": [q], "k": 3})["results"][0] for q in queries]
+    assert batch == single
+
+
+def test_metadata_health_and_openapi(served, predictor):
+    config, client = served
+    meta = client.get("/metadata").json()
+    assert meta["version"] == 1 and meta["dimension"] == config.dimension
+    assert meta["entity_types"]["user"] == {"count": sum(map(len, predictor.names("user"))),
+                                           "partitions": 2, "dimension": config.dimension}
+    assert [r["name"] for r in meta["relations"]] == ["follows", "likes", "tagged"]
+    assert client.get("/health").json() == {"status": "ok", "version": 1}
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/score", "/top_rhs", "/top_lhs", "/neighbors", "/metadata", "/health"} <= set(paths)
+    assert client.get("/docs").status_code == 200
+
+
+BAD_REQUESTS = [
+    ("/score", {"edges": [{"lhs": "user-0-1", "relation": "like", "rhs": "item-0-1"}]}, 400,
+     r"unknown relation 'like' \(did you mean 'likes'\?\)"),
+    ("/score", {"edges": [{"lhs": "user-0-300", "relation": "likes", "rhs": "item-0-1"}]}, 400,
+     r"unknown user entity 'user-0-300' \(did you mean 'user-0-3"),
+    ("/top_rhs", {"queries": [{"lhs": "item-0-1", "relation": "likes"}]}, 400,
+     r"'item-0-1' is an entity of type 'item', not of type 'user'"),
+    ("/top_lhs", {"queries": [{"relation": "likes", "rhs": "user-0-1"}]}, 400,
+     r"not of type 'item'"),
+    ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": 0}, 400,
+     r"k=0 is out of range: ask for 1 to 100"),
+    ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": 101}, 400,
+     r"k=101 is out of range"),
+    ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": "ten"}, 422,
+     r"malformed request: k: "),
+    ("/top_rhs", {"queries": []}, 400, r"0 queries in one request"),
+    ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}],
+                  "exclude": ["edgez"]}, 400,
+     r"'edgez' is not an edge path of the served config \(did you mean 'edges'\?\)"),
+    ("/top_rhs", {"query": [{"lhs": "user-0-1", "relation": "likes"}]}, 422,
+     r"queries: Field required; query: Extra inputs are not permitted"),
+    ("/score", {"edges": [{"lhs": "user-0-1", "rhs": "item-0-1"}]}, 422,
+     r"edges\.0\.relation: Field required"),
+    ("/neighbors", {"queries": [{"vector": [1.0, 2.0], "entity_type": "item"}]}, 400,
+     r"vector has 2 values; item embeddings have 8"),
+    ("/neighbors", {"queries": [{"vector": [1.0] * 8}]}, 400, r"needs entity_type"),
+    ("/neighbors", {"queries": [{"entity": "item-0-1", "entity_type": "itme"}]}, 400,
+     r"unknown entity type 'itme' \(did you mean 'item'\?\)"),
+    ("/neighbors", {"queries": [{"entity": "nobody-0-1"}]}, 400, r"is unknown"),
+    ("/neighbors", {"queries": [{"entity_type": "item"}]}, 400, r"either entity .* or vector"),
+    ("/neighbors", '{"queries": [{"vector": [1, 1, 1, 1, 1, 1, 1, NaN], "entity_type": "item"}]}',
+     400, r"all finite"),  # Python's JSON parser (the server's) takes NaN
+]
+
+
+@pytest.mark.parametrize("path,body,status,message", BAD_REQUESTS)
+def test_bad_requests_get_4xx_json_errors(served, path, body, status, message):
+    response = (served[1].post(path, json=body) if isinstance(body, dict) else
+                served[1].post(path, content=body, headers={"content-type": "application/json"}))
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert re.search(message, response.json()["error"]), response.json()["error"]
+
+
+def test_a_body_that_is_not_json_and_an_unknown_route_are_4xx(served):
+    client = served[1]
+    response = client.post("/top_rhs", content=b"{not json", headers={
+        "content-type": "application/json"})
+    assert response.status_code == 422 and "malformed request" in response.json()["error"]
+    assert client.get("/nowhere").status_code == 404
+    assert client.get("/health").status_code == 200  # the server lives on
+
+
+def test_a_new_version_is_taken_up_while_requests_succeed(served):
+    """Train one more version while a client loop queries; every request succeeds and the
+    version the answers name goes from 1 to 2."""
+    from pbg_ray.engine.trainer import Trainer
+
+    config, client = served
+    statuses, versions = [], []
+    done = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=str(client.base_url), timeout=60) as own:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and len(statuses) < 20000:
+                response = own.post("/top_rhs", json={
+                    "queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": 3})
+                statuses.append(response.status_code)
+                if response.status_code == 200:
+                    versions.append(response.json()["version"])
+                    if versions[-1] == 2 and done.is_set():
+                        return
+
+    loop = threading.Thread(target=load)
+    loop.start()
+    Trainer(dataclasses.replace(config, num_epochs=2)).run()
+    done.set()
+    loop.join()
+    assert statuses and set(statuses) == {200}
+    assert versions[0] == 1 and versions[-1] == 2
+    assert versions == sorted(versions)
+    assert client.get("/metadata").json()["version"] == 2
