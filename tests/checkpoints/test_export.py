@@ -63,7 +63,7 @@ def test_parquet_and_older_versions(make_config, tmp_path):
     config.export.version = 1
     result = export_checkpoint(config)
     assert result["version"] == 1 and result["checkpoint_path"].endswith("epoch_0")
-    table = pq.read_table(tmp_path / "out" / "entities.parquet")
+    table = pq.read_table(tmp_path / "out" / "entities")  # a dataset: a file per partition
     assert table.schema.field("embedding").type.list_size == config.dimension
     params, _ = CheckpointStorage(result["checkpoint_path"]).load_model(1)
     embs, _ = CheckpointStorage(result["checkpoint_path"]).load_entity_partition(1, "item", 1)
