@@ -14,7 +14,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import grown_graph
 from pbg_ray.importer.dictionaries import fill_smallest
 from pbg_ray.importer.graph_import import import_graph
-from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means
+from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means, read_npy
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_names, load_relation_names
 from pbg_ray.model.params import init_params, params_from_checkpoint, params_to_checkpoint
@@ -172,7 +172,9 @@ def test_grown_partitions_keep_known_rows_and_refuse_a_shrunk_graph(tmp_path):
     embs, sums = rng.normal(size=(5, 16)).astype(np.float32), rng.uniform(size=5).astype(np.float32)
     given = np.full((3, 16), np.nan, np.float32)
     given[1] = 7.0  # a new row with known neighbours; the others have none
-    grown, grown_sums = grow_partition(config, ("node", 0), embs, sums, 8, given, "init file")
+    np.save(tmp_path / "new_rows.npy", given)
+    grown, grown_sums = grow_partition(config, ("node", 0), embs, sums, 8,
+                                       str(tmp_path / "new_rows.npy"), "init file")
     assert grown[:5].tobytes() == embs.tobytes() and grown_sums[:5].tobytes() == sums.tobytes()
     assert (grown[6] == 7).all() and not grown_sums[5:].any()
     assert 0 < np.abs(grown[[5, 7]]).max() < 10 * config.init_scale
@@ -255,7 +257,8 @@ def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
     checkpoint = CheckpointManager(old.checkpoint_path)
     version = checkpoint.version()
     counts = {"node": [len(p) for p in names_of(new)]}
-    means = neighbor_means(config, checkpoint, version, counts)
+    files = neighbor_means(config, checkpoint, version, counts)
+    means = {key: read_npy(path) for key, path in files.items()}
     known = init_rows(config, checkpoint, version)
     tables = {p: checkpoint.read_partition(version, "node", p)[0] for p in range(NPARTS)}
     # Brute force over the new edges: each new node's known neighbours.
