@@ -9,6 +9,7 @@ from torchbiggraph.graph_storages import FileEntityStorage
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.partitions import load_partition
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import grown_graph
@@ -281,3 +282,11 @@ def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
             else:
                 assert np.isnan(rows[i]).all()
     assert sum(len(v) > 0 for v in neighbours.values()) > 0.9 * sum(len(r) for r in means.values())
+
+    # The trainer's sources carry the means as files, which the partitions' loader reads.
+    sources, _ = Trainer(config)._sources()
+    for p in range(NPARTS):
+        embs, _ = load_partition(config, ("node", p), sources["node", p])
+        rows, new = means["node", p], embs[known["node", p]:]
+        given = np.isfinite(rows).all(axis=1)
+        assert given.any() and np.array_equal(new[given], rows[given])
