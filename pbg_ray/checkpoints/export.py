@@ -53,7 +53,7 @@ class PartitionJob:
         return names, embeddings
 
 
-def tsv_partition(job: PartitionJob) -> Tuple[int, bytes]:
+def tsv_partition(job: PartitionJob) -> Tuple[int, List[bytes]]:
     """(entities, lines of entities.tsv) of one partition."""
     names, embeddings = job.read()
     return len(names), tables.tsv_entities(names, embeddings)
@@ -118,7 +118,7 @@ def export_checkpoint(config: ConfigSchema, run: MapPartitions = in_process) -> 
         if settings.format == "tsv":
             counts: List[int] = []
 
-            def lines() -> Iterator[bytes]:
+            def lines() -> Iterator[List[bytes]]:
                 for count, text in run(tsv_partition, [(j,) for j in jobs]):
                     counts.append(count)
                     yield text

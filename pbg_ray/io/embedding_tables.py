@@ -57,21 +57,21 @@ def finish_export(directory: StoragePath, summary: Mapping[str, Any]) -> None:
     write_text_atomic(directory / SUCCESS_FILE, json.dumps(summary, indent=1) + "\n")
 
 
-def tsv_entities(names: Sequence[str], embeddings: np.ndarray) -> bytes:
-    """One partition's lines of entities.tsv."""
+def tsv_entities(names: Sequence[str], embeddings: np.ndarray) -> List[bytes]:
+    """One partition's lines of entities.tsv, in pieces of TSV_ROWS_PER_WRITE lines."""
     fmt = "%s" + "\t%.9f" * embeddings.shape[1] + "\n"
-    return "".join(
-        "".join(fmt % (name, *row) for name, row in zip(names[start:start + TSV_ROWS_PER_WRITE],
-                                                      embeddings[start:start + TSV_ROWS_PER_WRITE].tolist()))
-        for start in range(0, len(names), TSV_ROWS_PER_WRITE)).encode("utf-8")
+    return ["".join(fmt % (name, *row) for name, row in zip(
+                names[start:start + TSV_ROWS_PER_WRITE],
+                embeddings[start:start + TSV_ROWS_PER_WRITE].tolist())).encode("utf-8")
+            for start in range(0, len(names), TSV_ROWS_PER_WRITE)]
 
 
-def write_tsv_entities(directory: StoragePath, parts: Iterable[bytes]) -> StoragePath:
+def write_tsv_entities(directory: StoragePath, parts: Iterable[List[bytes]]) -> StoragePath:
     """entities.tsv from the partitions' lines, in order, one partition in memory at a time."""
     path = directory / ENTITIES_TSV
     with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        for lines in parts:
-            f.write(lines)
+        for pieces in parts:
+            f.writelines(pieces)
     return path
 
 

@@ -2,6 +2,7 @@
 trained from the previous checkpoint (pbg_ray.incremental)."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -17,12 +18,13 @@ from pbg_ray.importer.dictionaries import fill_smallest
 from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means, read_npy
 from pbg_ray.io.edges import read_edges
-from pbg_ray.io.entities import load_entity_names, load_relation_names
+from pbg_ray.io.entities import load_entity_counts, load_entity_names, load_relation_names
 from pbg_ray.model.params import init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
 from tests.importer.util import decoded, random_rows, write_text
 from tests.oracle import assert_torchbiggraph_loads
-from tests.util import assert_valid_checkpoint, config_dict
+from tests.util import (
+    assert_streams_partitions, assert_valid_checkpoint, config_dict, peak_growth, write_random_graph)
 
 pytestmark = pytest.mark.oracle
 
@@ -290,3 +292,27 @@ def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
         rows, new = means["node", p], embs[known["node", p]:]
         given = np.isfinite(rows).all(axis=1)
         assert given.any() and np.array_equal(new[given], rows[given])
+
+
+def neighbor_means_in_process(init_path, grown_path):
+    """Run by peak_memory: neighbour means of the graph of grown_path's config (a
+    checkpoint directory's config.json) from init_path's checkpoint."""
+    config = CheckpointManager(grown_path).read_config()
+    assert neighbor_means(config, CheckpointManager(init_path), 1, load_entity_counts(config))
+
+
+@pytest.mark.slow
+def test_neighbor_means_memory_follows_the_partition_not_the_table(tmp_path):
+    def grown(config, name):
+        """The same graph with half as many entities again in each partition."""
+        root = tmp_path / "grown" / name
+        grown = dataclasses.replace(config, entity_path=str(root / "entities"),
+                                    edge_paths=[str(root / "edges")],
+                                    checkpoint_path=str(root / "checkpoints"))
+        rows = CheckpointManager(config.checkpoint_path).read_partition(1, "node", 0)[0].shape[0]
+        write_random_graph(grown, num_edges=500, counts={"node": rows * 3 // 2})
+        CheckpointManager(grown.checkpoint_path).write_config(grown)
+        return [config.checkpoint_path, grown.checkpoint_path]
+
+    assert_streams_partitions(*peak_growth(
+        tmp_path, "tests.incremental.test_incremental:neighbor_means_in_process", grown))
