@@ -33,13 +33,14 @@ VALUE_OPTIONS = ("--version", "--tag", "--entity-path")  # options before CHECKP
 EXAMPLES = (
     "python -m pbg_ray.predict top-rhs user_17 likes -k 5       # the demo's checkpoint",
     "python -m pbg_ray.predict model top-rhs alice likes -k 10 --exclude data/train",
-    "python -m pbg_ray.predict model score alice follows bob",
     "python -m pbg_ray.predict model/export/bundle.zip --tag v5-int8 neighbors alice -k 5",
     "python -m pbg_ray.predict model top-rhs --queries users.tsv --output s3://bucket/top.jsonl",
 )
 # Per command: its arguments, as the queries file's tab-separated fields.
 FIELDS = {"score": ("lhs", "relation", "rhs"), "top-rhs": ("lhs", "relation"),
           "top-lhs": ("relation", "rhs"), "neighbors": ("name",)}
+FIELD_HELP = {"lhs": "the lhs entity's name", "relation": "the relation's name",
+              "rhs": "the rhs entity's name", "name": "an entity's name"}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -60,9 +61,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     for command, fields in FIELDS.items():
         sub = commands.add_parser(command, help=helps[command])
         for field in fields:  # left out with --queries
-            sub.add_argument(field, nargs="?")
+            sub.add_argument(field, nargs="?", help=f"{FIELD_HELP[field]} (not with --queries)")
         if command != "score":
-            sub.add_argument("-k", type=int, default=10)
+            sub.add_argument("-k", type=int, default=10, help="how many entities (default: 10)")
         if command.startswith("top-"):
             sub.add_argument("--exclude", nargs="*", default=[], metavar="EDGE_PATH",
                              help="leave out the known edges of these edge paths")
