@@ -341,6 +341,8 @@ class Predictor:
     def neighbors_of(self, names: Sequence[str], entity_type: Optional[str] = None,
                      k: int = 10) -> List[Ranked]:
         """neighbors of each of `names` (all of one type)."""
+        if not names:
+            return []
         entity = entity_type or self._type_of(names[0])
         parts, offsets = self._locate(entity, names)
         vectors = self.scorer.comparator.prepare(self._vectors(entity, parts, offsets))[0]
