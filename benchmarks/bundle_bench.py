@@ -12,6 +12,16 @@ MRR is only ~0.017). Prints sizes, ratio and MRRs; ends with one JSON line.
 
     python benchmarks/bundle_bench.py
     python benchmarks/bundle_bench.py --work-dir /tmp/bench --epochs 2   # a quicker model
+
+With --export, instead: export speed and memory against the number of partitions. One
+random table (--entities x --dimension) is written as checkpoints of 4 and of 16
+partitions; each is exported as TSV, Parquet and a bundle by the library in one process
+and by `python -m pbg_ray.export`'s Ray tasks (a local Ray of --cpus CPUs, after a warm-up
+export), and as TSV by torchbiggraph_export_to_tsv (its make_tsv), each in a fresh
+process. Prints entities/s, the process's peak RSS (with Ray: the driver's and the whole
+tree's, sampled) and the ratios to torchbiggraph's; ends with one JSON line.
+
+    python benchmarks/bundle_bench.py --export --entities 200000 --dimension 64
 """
 
 from __future__ import annotations
@@ -19,16 +29,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.storage import CheckpointStorage
-from pbg_ray.config.eval import EvalConfig
-from pbg_ray.engine.evaluator import evaluate_checkpoint
-from pbg_ray.importer.demo import cache_dir
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
+
+from pbg_ray.checkpoints import bundle  # noqa: E402
+from pbg_ray.checkpoints.storage import CheckpointStorage  # noqa: E402
+from pbg_ray.config.eval import EvalConfig  # noqa: E402
+from pbg_ray.engine.evaluator import evaluate_checkpoint  # noqa: E402
+from pbg_ray.importer.demo import cache_dir  # noqa: E402
+from tests.util import partitioned_checkpoint  # noqa: E402
 
 TAGS = ("fp32", "int8")
 
@@ -40,12 +55,129 @@ def pbg_ray(command: str, *overrides: str) -> str:
     return done.stdout
 
 
+# One export in a fresh process: RESULT {seconds, peak_rss_mb, tree_peak_rss_mb}.
+EXPORT_RUN = """
+import json, os, re, sys, threading, time
+import psutil
+from pbg_ray.checkpoints.storage import CheckpointStorage
+how, path, fmt, output, warm, cpus = sys.argv[1:7]
+peak = [0]
+def sample():  # the whole tree: this process and, under it, Ray and its workers
+    me = psutil.Process()
+    while True:
+        total = 0
+        for p in [me] + me.children(recursive=True):
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        peak[0] = max(peak[0], total)
+        time.sleep(0.1)
+def export(checkpoint_path, out):
+    config = CheckpointStorage(checkpoint_path).load_config()
+    if how == "torchbiggraph":
+        from torchbiggraph.converters.export_to_tsv import make_tsv
+        from tests.oracle import pbg_config
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".entities.tsv", "w") as e, open(out + ".relations.tsv", "w") as r:
+            make_tsv(pbg_config(config), e, r)
+        return
+    config.export.format, config.export.output = fmt, out
+    if fmt == "bundle":
+        config.export.variants = ["fp32", "int8"]
+    from pbg_ray.checkpoints.export import export_checkpoint
+    if how == "ray":
+        import ray
+        from pbg_ray.engine.partition_map import RayPartitionMap
+        if not ray.is_initialized():
+            ray.init(address="local", num_cpus=int(cpus), include_dashboard=False,
+                     log_to_driver=False)
+        export_checkpoint(config, RayPartitionMap({"num_cpus": 1}, 2 * int(cpus)))
+    else:
+        export_checkpoint(config)
+export(warm, output + "-warm")  # imports, Ray and its workers started
+threading.Thread(target=sample, daemon=True).start()
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) from here
+t = time.perf_counter()
+export(path, output)
+seconds = time.perf_counter() - t
+hwm = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1))
+print("RESULT", json.dumps({"seconds": seconds, "peak_rss_mb": hwm / 1024,
+                            "tree_peak_rss_mb": max(peak[0], hwm * 1024) / 2**20}), flush=True)
+"""
+
+
+def export_run(*args: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", EXPORT_RUN, *args], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode:
+        raise SystemExit(f"export subprocess failed:\n{proc.stderr[-3000:]}")
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def export_bench(args: argparse.Namespace) -> None:
+    """The --export measurement (module docstring)."""
+    root = Path(tempfile.mkdtemp(prefix="pbg_ray-export-bench-"))
+    try:
+        warm = partitioned_checkpoint(root / "warm", 2, 2000, args.dimension).checkpoint_path
+        table_mb = args.entities * args.dimension * 4 / 2**20
+        print(f"table: {args.entities:,} entities x {args.dimension} floats = {table_mb:.0f} MiB; "
+              f"Ray with {args.cpus} CPUs")
+        results = {}
+        for nparts in (4, 16):
+            path = partitioned_checkpoint(root / f"p{nparts}", nparts, args.entities,
+                                          args.dimension, num_edges=1).checkpoint_path
+            runs = [("torchbiggraph", "tsv")] + [(how, fmt) for fmt in ("tsv", "parquet", "bundle")
+                                                  for how in ("library", "ray")]
+            for how, fmt in runs:
+                out = str(root / "out" / f"{how}-{fmt}-{nparts}")
+                got = export_run(how, path, fmt, out, warm, str(args.cpus))
+                rate = args.entities / got["seconds"]
+                key = f"{how}_{fmt}_p{nparts}"
+                results[key] = {"entities_per_s": round(rate), "seconds": round(got["seconds"], 2),
+                                "peak_rss_mb": round(got["peak_rss_mb"]),
+                                "tree_peak_rss_mb": round(got["tree_peak_rss_mb"])}
+                tree = f", tree {got['tree_peak_rss_mb']:6.0f} MiB" if how == "ray" else ""
+                print(f"{nparts:2d} partitions  {how:13s} {fmt:7s} {rate:10,.0f} entities/s  "
+                      f"{got['seconds']:6.2f} s  peak RSS {got['peak_rss_mb']:6.0f} MiB{tree}",
+                      flush=True)
+                shutil.rmtree(out, ignore_errors=True)
+            peer = results[f"torchbiggraph_tsv_p{nparts}"]
+            for how in ("library", "ray"):
+                ours = results[f"{how}_tsv_p{nparts}"]
+                results[f"ratio_{how}_tsv_vs_torchbiggraph_p{nparts}"] = round(
+                    ours["entities_per_s"] / peer["entities_per_s"], 2)
+                print(f"{nparts:2d} partitions  TSV {how} / torchbiggraph: "
+                      f"{ours['entities_per_s'] / peer['entities_per_s']:.2f}x entities/s, "
+                      f"peak RSS {ours['peak_rss_mb']} vs {peer['peak_rss_mb']} MiB")
+        for how, fmt in [("library", f) for f in ("tsv", "parquet", "bundle")] + [("torchbiggraph", "tsv")]:
+            growth = (results[f"{how}_{fmt}_p4"]["peak_rss_mb"]
+                      - results[f"{how}_{fmt}_p16"]["peak_rss_mb"])
+            results[f"peak_drop_4_to_16_{how}_{fmt}_mb"] = growth
+            print(f"peak RSS, 4 -> 16 partitions of the same table, {how} {fmt}: "
+                  f"{results[f'{how}_{fmt}_p4']['peak_rss_mb']} -> "
+                  f"{results[f'{how}_{fmt}_p16']['peak_rss_mb']} MiB")
+        print(json.dumps({"entities": args.entities, "dimension": args.dimension,
+                          "table_mb": round(table_mb), "cpus": args.cpus, **results}))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", default=str(cache_dir() / "bundle-bench"),
                         help="where the demo checkpoint is trained (and found again)")
     parser.add_argument("--epochs", type=int, default=None, help="num_epochs (default: the demo's)")
+    parser.add_argument("--export", action="store_true",
+                        help="measure export speed and memory instead (module docstring)")
+    parser.add_argument("--entities", type=int, default=200_000, help="--export: table rows")
+    parser.add_argument("--dimension", type=int, default=64, help="--export: table columns")
+    parser.add_argument("--cpus", type=int, default=2, help="--export: the local Ray's CPUs")
     args = parser.parse_args()
+    if args.export:
+        export_bench(args)
+        return
     work = Path(args.work_dir).absolute()
     checkpoint = work / "checkpoints"
     common = [f"checkpoint_path={checkpoint}", f"hydra.run.dir={work / 'hydra'}"]

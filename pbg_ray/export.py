@@ -2,8 +2,11 @@
 
 Writes a checkpoint's embeddings (global embeddings added, as PBG does) and
 relation parameters as TSV in torchbiggraph_export_to_tsv's layout or as
-Parquet, one partition at a time. Settings under `export.`: format (tsv,
-parquet), version (null: the newest), output (null: <checkpoint_path>/export).
+Parquet (a dataset of one file per entity partition), to a local directory or a
+URI (s3://, gs://, ...). Settings under `export.`: format (tsv, parquet), version
+(null: the newest), output (null: <checkpoint_path>/export). One Ray task per
+entity partition reads and converts it (ray.* settings as for training);
+<output>/_SUCCESS is written last.
 
 export.format=bundle writes <output>/bundle.zip (pbg_ray.checkpoints.bundle): a tag per checkpoint
 version of export.versions and per precision of export.variants (fp32, fp16, int8), and
@@ -17,16 +20,17 @@ import json
 from pbg_ray.checkpoints.export import export_checkpoint, print_sizes
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.partition_map import partition_map
 
 EXAMPLES = (
     "python -m pbg_ray.export                                 # the demo's checkpoint, as TSV",
-    "python -m pbg_ray.export config.py export.format=parquet export.output=embeddings",
+    "python -m pbg_ray.export config.py export.format=parquet export.output=s3://bucket/embeddings",
     "python -m pbg_ray.export config.py export.format=bundle 'export.variants=[fp32,int8]'",
 )
 
 
 def run(config: ConfigSchema) -> None:
-    result = export_checkpoint(config)
+    result = export_checkpoint(config, partition_map(config))
     if result["format"] == "bundle":
         print_sizes(result["tags"])
     print(json.dumps(result))

@@ -4,7 +4,7 @@ configs, random graphs and checkpoints written in PBG's layout, and checkpoint c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -126,3 +126,85 @@ def as_torch(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(as_torch(v) for v in value)
     return value
+
+
+def partitioned_checkpoint(root: Path, num_partitions: int, num_entities: int,
+                           dimension: int, num_edges: int = 4) -> ConfigSchema:
+    """A random checkpoint of one entity type, `num_entities` entities spread over
+    `num_partitions` partitions (a few more in the later ones), one relation."""
+    config = ConfigSchema.from_dict(config_dict(
+        root, entities={"node": {"num_partitions": num_partitions}}, dimension=dimension,
+        relations=[{"name": "to", "lhs": "node", "rhs": "node", "operator": "translation"}]))
+    write_random_graph(config, num_edges, counts={"node": num_entities // num_partitions})
+    random_checkpoint(config)
+    return config
+
+
+# Run by peak_memory in a fresh process: import, the warm-up call, then the resident
+# memory, then the measured call.
+_PEAK_SCRIPT = """
+import importlib, json, re, sys
+module, name = sys.argv[1].split(":")
+target = getattr(importlib.import_module(module), name)
+def status(key):
+    return int(re.search(key + r":\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+warmup, args = json.loads(sys.argv[2])
+target(*warmup)
+before = status("VmRSS")
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from here
+target(*args)
+print(json.dumps(status("VmHWM") - before))
+"""
+
+
+def peak_memory(target: str, warmup: Sequence[Any], args: Sequence[Any]) -> int:
+    """Bytes by which `target` ("module:function", importable) called with `args`
+    (JSON values) raises the peak resident memory of a fresh Python process above what it
+    held before the call (Linux's VmHWM, reset before the call). It is called with
+    `warmup` first (e.g. on a tiny table), so that the code, libraries and thread pools
+    a first call brings in are not counted. glibc's mmap threshold is pinned and Arrow
+    allocates with malloc, so every large array is mapped and unmapped on its own and
+    freed memory is never reused unseen."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", OMP_NUM_THREADS="1",
+               ARROW_DEFAULT_MEMORY_POOL="system",
+               PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""),
+                                           str(Path(__file__).parent.parent)]))
+    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, target, json.dumps([warmup, args])],
+                          env=env, cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
+                          text=True, check=True)
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+# The tables of peak_growth: partitions of PEAK_ROWS rows of PEAK_DIMENSION floats.
+PEAK_ROWS, PEAK_DIMENSION = 24_000, 32
+
+
+def peak_growth(root: Path, target: str, args_of) -> Tuple[Dict[int, int], int]:
+    """({2: peak, 8: peak}, extra bytes): peak_memory of `target` called with
+    `args_of(config, name)` on a checkpoint of 2 and of 8 partitions of the same size, and
+    how many bytes of embeddings the 8-partition table has more. A command that streams
+    partition by partition peaks alike on both; one that holds the table needs the
+    extra bytes. (The warm-up call is on a 1-partition table of 100 entities.)"""
+    tiny = partitioned_checkpoint(root / "tiny", 1, 100, PEAK_DIMENSION)
+    peaks = {}
+    for nparts in (2, 8):
+        config = partitioned_checkpoint(root / f"p{nparts}", nparts, nparts * PEAK_ROWS,
+                                        PEAK_DIMENSION, num_edges=50)
+        peaks[nparts] = peak_memory(target, args_of(tiny, f"warmup{nparts}"),
+                                    args_of(config, f"p{nparts}"))
+    return peaks, 6 * PEAK_ROWS * PEAK_DIMENSION * 4
+
+
+def assert_streams_partitions(peaks: Dict[int, int], extra: int) -> None:
+    """The peak did not grow with the table: 6 more partitions added less than a third of
+    their bytes (holding them would add all of it)."""
+    growth = peaks[8] - peaks[2]
+    assert growth < extra / 3, (
+        f"peak memory {peaks[2] / 2**20:.1f} MiB at 2 partitions, {peaks[8] / 2**20:.1f} MiB "
+        f"at 8 of the same size: it grew by {growth / 2**20:.1f} MiB with "
+        f"{extra / 2**20:.1f} MiB more table")

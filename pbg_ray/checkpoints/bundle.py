@@ -36,11 +36,13 @@ from urllib.parse import quote, unquote
 import numpy as np
 
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.partition_jobs import MapPartitions, in_process
 from pbg_ray.checkpoints.storage import row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.io.files import PathLike, atomic_path
+from pbg_ray.io.storage import storage_path
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, params_to_checkpoint
 
 TAGS_FILE = "tags.txt"
@@ -82,20 +84,43 @@ def _digest(array: np.ndarray) -> str:
     return h.hexdigest()
 
 
+# An array as stored: (digest, array) of each member, two for int8 (values, per-row scale).
+Encoded = List[Tuple[str, np.ndarray]]
+
+
+def encode(name: str, value: np.ndarray, precision: str = "fp32") -> Encoded:
+    """A parameter's members in `precision` (fp32, fp16, or int8 for 2-D arrays)."""
+    value = np.asarray(value, np.float32)
+    if precision == "int8":
+        arrays = list(quantize_int8(value))
+    elif precision == "fp16":
+        half = value.astype(np.float16)
+        if not np.isfinite(half).all() and np.isfinite(value).all():
+            raise PbgRayError(f"{name}: values up to {np.abs(value).max():.3g} exceed float16's "
+                              "range. Export it as int8 or fp32.")
+        arrays = [half]
+    else:
+        arrays = [value]
+    return [(_digest(a), a) for a in arrays]
+
+
 class BundleWriter:
-    """Writes a bundle; use as a context manager. The file appears only when complete.
+    """Writes a bundle (to a local path or a URI); use as a context manager. The file
+    appears only when complete.
 
     put / put_updater may come in any order of tags (so each partition is read once for
     all its variants); tags.txt lists `tags` in the given order."""
 
     def __init__(self, path: PathLike, tags: Sequence[str]) -> None:
         check_tags(tags, f"bundle {str(path)!r}")
-        self.path = Path(path)
+        self.path = storage_path(path)
         self.tags = list(tags)
         self._lines: Dict[Tuple[str, str], Dict[str, str]] = {
             (tag, kind): {} for tag in tags for kind in (PARAMS, UPDATER)}
         self._stored: Dict[Tuple[str, str], Tuple[str, int]] = {}  # (kind, digest) -> owner
         self._counts: Dict[Tuple[str, str], int] = {}
+        self._sizes: Dict[str, int] = {}  # member -> bytes
+        self._param_members: Dict[str, set] = {tag: set() for tag in tags}
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> "BundleWriter":
@@ -115,16 +140,20 @@ class BundleWriter:
     def set_config(self, tag: str, config: ConfigSchema) -> None:
         self._zip.writestr(f"{tag}/config.json", json.dumps(config.to_dict(), indent=4))
 
-    def _store(self, tag: str, kind: str, array: np.ndarray) -> str:
+    def _store(self, tag: str, kind: str, digest: str, array: np.ndarray) -> str:
         """The ref of `array` from `tag`, written unless an identical one already is."""
-        key = (kind, _digest(array))
+        key = (kind, digest)
         if key not in self._stored:
             index = self._counts.get((tag, kind), 0)
             self._counts[tag, kind] = index + 1
-            with self._zip.open(f"{tag}/{kind}/{index}.npy", "w", force_zip64=True) as f:
+            member = f"{tag}/{kind}/{index}.npy"
+            with self._zip.open(member, "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+            self._sizes[member] = self._zip.getinfo(member).file_size
             self._stored[key] = (tag, index)
         owner, index = self._stored[key]
+        if kind == PARAMS:
+            self._param_members[tag].add(f"{owner}/{kind}/{index}.npy")
         return str(index) if owner == tag else f"{owner}/{index}"
 
     def _add(self, tag: str, kind: str, name: str, refs: str) -> None:
@@ -134,24 +163,20 @@ class BundleWriter:
         lines[name] = refs
 
     def put(self, tag: str, name: str, value: np.ndarray, precision: str = "fp32") -> None:
-        """A parameter of `tag`, stored in `precision` (fp32, fp16, or int8 for 2-D arrays)."""
-        value = np.asarray(value, np.float32)
-        if precision == "int8":
-            q, scale = quantize_int8(value)
-            refs = f"{self._store(tag, PARAMS, q)} {self._store(tag, PARAMS, scale)}"
-        elif precision == "fp16":
-            half = value.astype(np.float16)
-            if not np.isfinite(half).all() and np.isfinite(value).all():
-                raise PbgRayError(f"{name}: values up to {np.abs(value).max():.3g} exceed float16's "
-                                  "range. Export it as int8 or fp32.")
-            refs = self._store(tag, PARAMS, half)
-        else:
-            refs = self._store(tag, PARAMS, value)
-        self._add(tag, PARAMS, name, refs)
+        """A parameter of `tag`, stored in `precision` (see `encode`)."""
+        self.put_encoded(tag, PARAMS, name, encode(name, value, precision))
 
     def put_updater(self, tag: str, name: str, sums: np.ndarray) -> None:
         """The Adagrad accumulator of parameter `name` (float32, kept at full precision)."""
-        self._add(tag, UPDATER, name, self._store(tag, UPDATER, np.asarray(sums, np.float32)))
+        self.put_encoded(tag, UPDATER, name, encode(name, sums))
+
+    def put_encoded(self, tag: str, kind: str, name: str, encoded: Encoded) -> None:
+        """A parameter (kind PARAMS) or accumulator (UPDATER) of `tag` as `encode` made it."""
+        self._add(tag, kind, name, " ".join(self._store(tag, kind, d, a) for d, a in encoded))
+
+    def param_bytes(self, tag: str) -> int:
+        """Bytes of the members `tag`'s parameters read (shared ones included)."""
+        return sum(self._sizes[m] for m in self._param_members[tag])
 
 
 @dataclasses.dataclass
@@ -332,13 +357,28 @@ def variant_tag(version: int, precision: str) -> str:
     return f"v{version}" if precision == "fp32" else f"v{version}-{precision}"
 
 
+def bundle_partition(checkpoint_path: str, version: int, entity: str, part: int,
+                     precisions: Sequence[str]) -> Tuple[Dict[str, Encoded], Optional[Encoded]]:
+    """One entity partition of a checkpoint version as `encode` makes it: per precision
+    its members, and its Adagrad accumulator's (None if it has none)."""
+    checkpoint = CheckpointManager(checkpoint_path)
+    embeddings, state = checkpoint.read_partition(version, entity, part)
+    sums = row_adagrad_sums(state, len(embeddings),
+                            str(checkpoint.partition_file(version, entity, part)))
+    name = embeddings_name(entity, part)
+    return ({p: encode(name, embeddings, p) for p in precisions},
+            None if sums is None else encode(name, sums))
+
+
 def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
                             versions: Iterable[Tuple[CheckpointManager, int]],
-                            variants: Sequence[str]) -> List[Dict[str, Any]]:
+                            variants: Sequence[str], run: MapPartitions = in_process
+                            ) -> List[Dict[str, Any]]:
     """Checkpoint versions (checkpoint, version) as tags v{N} (fp32, with the optimizer
     states) and v{N}-fp16 / v{N}-int8 (entity embeddings reduced, everything else
     shared with the other tags). Per version the reduced variants come first, so the
     newest tag, which load() opens by default, is the newest version at full precision.
+    Each entity partition is one job of `run` (bundle_partition), which reads it itself.
     Returns per tag {"tag", "version", "precision", "bytes" (of its parameters)}."""
     for precision in variants:
         if precision not in PRECISIONS:
@@ -348,6 +388,7 @@ def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
     versions = list(versions)
     tags = [variant_tag(version, p) for _, version in versions for p in order]
     num_rel = num_relation_ids(config)
+    keys = [(e, p) for e, econf in config.entities.items() for p in range(econf.num_partitions)]
     with BundleWriter(path, tags) as writer:
         for checkpoint, version in versions:
             arrays, optim_state = checkpoint.read_model(version)
@@ -359,21 +400,14 @@ def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
                     writer.put(tag, name, value)
                     if precision == "fp32":
                         writer.put_updater(tag, name, params.sums[name])
-            for entity, econf in config.entities.items():
-                for part in range(econf.num_partitions):
-                    embeddings, state = checkpoint.read_partition(version, entity, part)
-                    sums = row_adagrad_sums(state, len(embeddings),
-                                            str(checkpoint.partition_file(version, entity, part)))
-                    name = embeddings_name(entity, part)
-                    for precision in order:
-                        tag = variant_tag(version, precision)
-                        writer.put(tag, name, embeddings, precision)
-                        if precision == "fp32" and sums is not None:
-                            writer.put_updater(tag, name, sums)
-    sizes = []
-    for _, version in versions:
-        for precision in order:
-            with load(path, variant_tag(version, precision)) as model:
-                sizes.append({"tag": model.tag, "version": version, "precision": precision,
-                              "bytes": model.param_bytes()})
-    return sizes
+            jobs = [(str(checkpoint.path), version, e, p, order) for e, p in keys]
+            for (entity, part), (encoded, sums) in zip(keys, run(bundle_partition, jobs)):
+                name = embeddings_name(entity, part)
+                for precision in order:
+                    tag = variant_tag(version, precision)
+                    writer.put_encoded(tag, PARAMS, name, encoded[precision])
+                    if precision == "fp32" and sums is not None:
+                        writer.put_encoded(tag, UPDATER, name, sums)
+    return [{"tag": variant_tag(version, p), "version": version, "precision": p,
+             "bytes": writer.param_bytes(variant_tag(version, p))}
+            for _, version in versions for p in order]

@@ -14,14 +14,16 @@ EXPORT_FORMATS = ("tsv", "parquet", "bundle")
 @dataclass
 class ExportConfig:
     """`python -m pbg_ray.export`: a checkpoint's embeddings as TSV or Parquet, or a
-    model bundle (pbg_ray.checkpoints.bundle)."""
+    model bundle (pbg_ray.checkpoints.bundle), written by a Ray task per entity partition."""
 
     format: str = option("tsv", help=
-        "tsv (torchbiggraph_export_to_tsv's layout), parquet, or bundle (<output>/bundle.zip)")
+        "tsv (torchbiggraph_export_to_tsv's layout), parquet (a dataset of one file per "
+        "entity partition), or bundle (<output>/bundle.zip); _SUCCESS is written last")
     version: Optional[int] = option(None, help=
         "The checkpoint version to export; null: the newest.")
     output: Optional[str] = option(None, help=
-        "The output directory; null: <checkpoint_path>/export.")
+        "The output directory, a local path or a URI (s3://bucket/dir, as checkpoint_path); "
+        "null: <checkpoint_path>/export.")
     versions: Optional[List[int]] = option(None, help=
         "format=bundle: the checkpoint versions written as tags v{N}; null: `version` alone.")
     variants: List[str] = option(factory=lambda: ["fp32"], help=

@@ -1,13 +1,17 @@
-"""Connecting the driver to Ray."""
+"""Connecting the driver to Ray, and getting task results with the project's errors."""
 
 from __future__ import annotations
 
 import logging
 import os
 
+from typing import Any
+
 import ray
+from ray.exceptions import RayTaskError
 
 from pbg_ray.config import RayConfig
+from pbg_ray.errors import PbgRayError
 
 # Ray's notice, each time ray.init() starts a local Ray, that it turned token authentication
 # on: nothing the user of a local run can act on. Only the notice is dropped: authentication
@@ -35,3 +39,13 @@ def connect_ray(ray_config: RayConfig) -> None:
                  include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     finally:
         token_logger.removeFilter(not_token_notice)
+
+
+def get_results(refs: Any) -> Any:
+    """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user)."""
+    try:
+        return ray.get(refs)
+    except RayTaskError as err:
+        if isinstance(err.cause, PbgRayError):
+            raise err.cause from None
+        raise

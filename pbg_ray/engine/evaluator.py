@@ -18,12 +18,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import ray
 import torch
-from ray.exceptions import RayTaskError
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
-from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.engine.cluster import connect_ray, get_results
 from pbg_ray.engine.partitions import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
@@ -36,16 +35,6 @@ from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_
 from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]
-
-
-def _get(refs):
-    """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user)."""
-    try:
-        return ray.get(refs)
-    except RayTaskError as err:
-        if isinstance(err.cause, PbgRayError):
-            raise err.cause from None
-        raise
 
 
 @ray.remote
@@ -115,7 +104,7 @@ class Evaluator:
                 self.config, bucket, edge_path, self.num_rel, keys, self.params,
                 *[self.partitions[k] for k in keys], per_relation=per_relation, seed=seed))
         total: Dict[Any, Dict] = {}
-        for stats in _get(tasks):
+        for stats in get_results(tasks):
             for key, value in stats.items():
                 total[key] = add_stats(total.get(key), value)
         return total
@@ -140,7 +129,7 @@ class Evaluator:
                     jobs.append(((bucket, chunk), filtered_rank_task.options(**self._options()).remote(
                         config, bucket, edge_path, chunk, num_chunks, cand_part, list(filter_paths),
                         self.num_rel, keys, self.params, *[self.partitions[k] for k in keys])))
-        results = _get([ref for _, ref in jobs])
+        results = get_results([ref for _, ref in jobs])
         rels: Dict[Any, np.ndarray] = {}
         ranks: Dict[Any, Dict[str, np.ndarray]] = {}
         for (where, _), (rel, counts) in zip(jobs, results):

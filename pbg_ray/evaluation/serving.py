@@ -36,14 +36,15 @@ from torch import Tensor
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema, ServeConfig
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.evaluation.filtered import KnownEdges
-from pbg_ray.evaluation.predictor import NamedModel
+from pbg_ray.evaluation.filtered import KnownEdges, check_rankable
+from pbg_ray.evaluation.predictor import relation_by_name
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
-from pbg_ray.io.entities import load_entity_counts
+from pbg_ray.io.entities import (
+    load_entity_counts, load_entity_names, load_relation_names, num_relation_ids)
 from pbg_ray.io.files import write_bytes_atomic
 from pbg_ray.io.storage import StoragePath, is_uri, storage_path
-from pbg_ray.model.params import operator_key
+from pbg_ray.model.params import operator_key, params_from_checkpoint
 from pbg_ray.types import Bucket
 
 # (entity type, partition, relation index or None): one candidate set (module docstring).
@@ -52,6 +53,77 @@ Ranked = List[Tuple[str, float]]  # (entity name, score), best first
 INDEX_DIRECTORY = "serve_index"  # in checkpoint_path, one v{N}/ per checkpoint version
 IP_COMPARATORS = ("dot", "cos")
 ROW_CACHE = 65536  # rows of query entities the router keeps (per version)
+
+
+class NamedModel:
+    """A checkpoint version's model parameters (as a Scorer) with its entity and relation
+    names, without the embedding tables: what answering by names needs besides the rows."""
+
+    def __init__(self, config: ConfigSchema, arrays: Dict[str, np.ndarray],
+                 counts: Dict[str, List[int]], source: str) -> None:
+        """arrays: the model's parameters by public name; counts: per entity type the rows
+        of each partition; source: what they were loaded from (for messages)."""
+        check_rankable(config)
+        self.config = config
+        self.source = source
+        self.counts = counts
+        num_rel = num_relation_ids(config)
+        self.scorer = Scorer(config, params_from_checkpoint(config, num_rel, arrays, None,
+                                                            where=source).arrays)
+        self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
+                               else [r.name for r in config.relations])
+        self._names: Dict[str, List[List[str]]] = {}
+        self._index: Dict[str, Dict[str, Tuple[int, int]]] = {}
+
+    # --- names ------------------------------------------------------------
+
+    def names(self, entity: str) -> List[List[str]]:
+        """The names of an entity type, per partition."""
+        if entity not in self._names:
+            self._names[entity] = [load_entity_names(self.config.entity_path, entity, p)
+                                   for p in range(len(self.counts[entity]))]
+            for part, (names, count) in enumerate(zip(self._names[entity], self.counts[entity])):
+                if len(names) != count:
+                    raise PbgRayError(
+                        f"entity type {entity!r} partition {part}: {len(names)} names in "
+                        f"{self.config.entity_path!r} but {count} embeddings in "
+                        f"{self.source}. Pass the entity_path the checkpoint was trained on.")
+        return self._names[entity]
+
+    def _name_index(self, entity: str) -> Dict[str, Tuple[int, int]]:
+        """name -> (partition, offset) of an entity type, built on first use."""
+        if entity not in self._index:
+            self._index[entity] = {n: (p, i) for p, names in enumerate(self.names(entity))
+                                   for i, n in enumerate(names)}
+        return self._index[entity]
+
+    def _locate(self, entity: str, name: str) -> Tuple[int, int]:
+        """(partition, offset) of an entity by name; an entity of another type is named
+        as such (the wrong side of a relation)."""
+        where = self._name_index(entity).get(name)
+        if where is None:
+            elsewhere = [e for e in self.config.entities
+                         if e != entity and name in self._name_index(e)]
+            if elsewhere:
+                raise PbgRayError(f"{name!r} is an entity of type {elsewhere[0]!r}, not of type "
+                                  f"{entity!r}: check the relation and which side the name "
+                                  "is on.")
+            raise PbgRayError(f"unknown {entity} entity {name!r}"
+                              f"{did_you_mean(name, self._name_index(entity))}.")
+        return where
+
+    def _relation(self, name: str) -> Tuple[int, int]:
+        """(index into config.relations, relation id) of a relation by name."""
+        return relation_by_name(self.config, self.relation_names, name)
+
+    def _type_of(self, name: str) -> str:
+        found = [entity for entity in self.config.entities if name in self._name_index(entity)]
+        if len(found) != 1:
+            every = [n for entity in self.config.entities for n in self._name_index(entity)]
+            raise PbgRayError(f"entity {name!r} " + (
+                f"is in several types {found}; pass entity_type." if found
+                else f"is unknown{did_you_mean(name, every)}."))
+        return found[0]
 
 
 def shard_of(part: int, serve: ServeConfig) -> int:

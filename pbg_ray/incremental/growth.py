@@ -9,6 +9,8 @@ ones: everything past them is new.
 
 from __future__ import annotations
 
+import io
+import uuid
 import zlib
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -18,9 +20,12 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.edges import count_edges, read_edges
+from pbg_ray.io.files import atomic_path
+from pbg_ray.io.storage import storage_path
 from pbg_ray.model.params import KnownRows, PartitionKey, init_partition, partition_key
 from pbg_ray.types import Bucket, EdgeList
 
+SIDES = ("lhs", "rhs")
 NEIGHBOR_CHUNK = 1 << 22  # edges read at a time when averaging neighbours
 
 
@@ -62,11 +67,11 @@ def known_rows(config: ConfigSchema) -> Optional[KnownRows]:
 
 
 def grow_partition(config: ConfigSchema, key: PartitionKey, embs: np.ndarray, sums: np.ndarray,
-                   count: int, new_rows: Optional[np.ndarray], where: str
+                   count: int, new_rows: Optional[str], where: str
                    ) -> Tuple[np.ndarray, np.ndarray]:
     """init_path's partition (embeddings [N, dim], row-Adagrad sums [N]) grown to `count`
-    rows: the first N kept, the new ones from `new_rows` [count - N, dim] where given
-    and finite, else N(0, init_scale); their sums start at 0."""
+    rows: the first N kept, the new ones from the .npy file `new_rows` [count - N, dim]
+    (neighbor_means) where given and finite, else N(0, init_scale); their sums start at 0."""
     entity, part = key
     if len(embs) > count:
         raise PbgRayError(
@@ -78,9 +83,14 @@ def grow_partition(config: ConfigSchema, key: PartitionKey, embs: np.ndarray, su
     rng = np.random.default_rng([count, part, zlib.crc32(entity.encode())])
     fresh, fresh_sums = init_partition(config, entity, count - len(embs), rng)
     if new_rows is not None:
-        given = np.isfinite(new_rows).all(axis=1)
-        fresh[given] = new_rows[given]
+        given_rows = read_npy(new_rows)
+        given = np.isfinite(given_rows).all(axis=1)
+        fresh[given] = given_rows[given]
     return np.concatenate([embs, fresh]), np.concatenate([sums, fresh_sums])
+
+
+def read_npy(path: str) -> np.ndarray:
+    return np.load(io.BytesIO(storage_path(path).read_bytes()), allow_pickle=False)
 
 
 def _edge_chunks(edge_path: str, bucket: Bucket) -> Iterator[EdgeList]:
@@ -90,16 +100,26 @@ def _edge_chunks(edge_path: str, bucket: Bucket) -> Iterator[EdgeList]:
 
 
 def neighbor_means(config: ConfigSchema, checkpoint: CheckpointManager, version: int,
-                   counts: Dict[str, List[int]]) -> Dict[PartitionKey, np.ndarray]:
-    """For each partition that grew: float32 [new rows, dim], the mean of each new
-    entity's known neighbours' embeddings in init_path (version `version`) over the edges
-    of edge_paths, NaN rows for new entities without a known neighbour. Raw embeddings:
-    operators are not applied."""
+                   counts: Dict[str, List[int]]) -> Dict[PartitionKey, str]:
+    """For each partition that grew: a .npy file of float32 [new rows, dim], the mean of
+    each new entity's known neighbours' embeddings in init_path (version `version`) over
+    the edges of edge_paths, NaN rows for new entities without a known neighbour. Raw
+    embeddings: operators are not applied.
+
+    Out of core: partition p's new rows take their neighbours from the buckets whose lhs
+    or rhs partition is p, so the buckets are swept by partition, and a partition's
+    means are written out (a temporary file in checkpoint_path, which the run removes
+    when it ends) as soon as its sweep ends: memory holds the sums of one partition per
+    type (and of unpartitioned types), and the two partitions of a bucket."""
     known = init_rows(config, checkpoint, version)
     grown = {k: counts[k[0]][k[1]] - n for k, n in known.items()
              if counts[k[0]][k[1]] > n and not config.entities[k[0]].featurized}
-    sums = {k: np.zeros((n, config.entity_dimension(k[0])), np.float64) for k, n in grown.items()}
-    seen = {k: np.zeros(n, np.int64) for k, n in grown.items()}
+    rel_types = [config.relations[0]] if config.dynamic_relations else config.relations
+    nparts = {side: max(config.entities[getattr(r, side)].num_partitions for r in config.relations)
+              for side in SIDES}
+    sums: Dict[PartitionKey, np.ndarray] = {}
+    seen: Dict[PartitionKey, np.ndarray] = {}
+    files: Dict[PartitionKey, str] = {}
     cache: Dict[PartitionKey, np.ndarray] = {}
 
     def embeddings(key: PartitionKey) -> np.ndarray:
@@ -107,37 +127,58 @@ def neighbor_means(config: ConfigSchema, checkpoint: CheckpointManager, version:
             cache[key] = checkpoint.read_partition(version, *key)[0]
         return cache[key]
 
-    rel_types = [config.relations[0]] if config.dynamic_relations else config.relations
-    nparts = {side: max(config.entities[getattr(r, side)].num_partitions for r in config.relations)
-              for side in ("lhs", "rhs")}
-    for edge_path in config.edge_paths:
-        for lhs_part in range(nparts["lhs"]):
-            for rhs_part in range(nparts["rhs"]):
-                bucket = Bucket(lhs_part, rhs_part)
-                needed = {partition_key(config, getattr(r, s), p) for r in rel_types
-                          for s, p in (("lhs", lhs_part), ("rhs", rhs_part))}
-                for key in set(cache) - needed:  # the whole model never sits in memory
-                    del cache[key]
+    def accumulate(edges: EdgeList, bucket: Bucket, side: str, other: str) -> None:
+        type_of = np.zeros(len(edges), np.int64) if config.dynamic_relations else edges.rel
+        for idx, rel in enumerate(rel_types):
+            mask = type_of == idx
+            key = partition_key(config, getattr(rel, side), getattr(bucket, side))
+            other_key = partition_key(config, getattr(rel, other), getattr(bucket, other))
+            if key not in grown or config.entities[other_key[0]].featurized:
+                continue
+            ids, other_ids = getattr(edges, side)[mask], getattr(edges, other)[mask]
+            pick = (ids >= known[key]) & (other_ids < known[other_key])
+            if not pick.any():  # also: the other side is a new type
+                continue
+            if key not in sums:
+                sums[key] = np.zeros((grown[key], config.entity_dimension(key[0])), np.float64)
+                seen[key] = np.zeros(grown[key], np.int64)
+            rows = ids[pick] - known[key]
+            np.add.at(sums[key], rows, embeddings(other_key)[other_ids[pick]])
+            seen[key] += np.bincount(rows, minlength=grown[key])
+
+    def finish(key: PartitionKey) -> None:
+        total = sums.pop(key, np.zeros((grown[key], config.entity_dimension(key[0]))))
+        count = seen.pop(key, np.zeros(grown[key], np.int64))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = (total / count[:, None]).astype(np.float32)
+        path = storage_path(config.checkpoint_path) / (
+            f".new_rows_{key[0]}_{key[1]}.tmp-{uuid.uuid4().hex[:12]}.npy")
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.save(f, means, allow_pickle=False)
+        files[key] = str(path)
+
+    for part in range(max(nparts.values())):
+        # Bucket (l, r) adds to its lhs side's partition in the sweep of l, to its rhs
+        # side's in the sweep of r.
+        sides: Dict[Bucket, List[str]] = {}
+        for other_part in range(nparts["rhs"] if part < nparts["lhs"] else 0):
+            sides.setdefault(Bucket(part, other_part), []).append("lhs")
+        for other_part in range(nparts["lhs"] if part < nparts["rhs"] else 0):
+            sides.setdefault(Bucket(other_part, part), []).append("rhs")
+        for bucket, swept in sorted(sides.items()):
+            needed = {partition_key(config, getattr(r, s), p) for r in rel_types
+                      for s, p in zip(SIDES, bucket)}
+            for key in set(cache) - needed:  # the whole model never sits in memory
+                del cache[key]
+            for edge_path in config.edge_paths:
                 for edges in _edge_chunks(edge_path, bucket):
-                    type_of = (np.zeros(len(edges), np.int64) if config.dynamic_relations
-                               else edges.rel)
-                    for idx, rel in enumerate(rel_types):
-                        mask = type_of == idx
-                        keys = {"lhs": partition_key(config, rel.lhs, lhs_part),
-                                "rhs": partition_key(config, rel.rhs, rhs_part)}
-                        for side, other in (("lhs", "rhs"), ("rhs", "lhs")):
-                            key, other_key = keys[side], keys[other]
-                            if key not in grown or config.entities[other_key[0]].featurized:
-                                continue
-                            ids, other_ids = getattr(edges, side)[mask], getattr(edges, other)[mask]
-                            pick = (ids >= known[key]) & (other_ids < known[other_key])
-                            if not pick.any():  # also: the other side is a new type
-                                continue
-                            rows = ids[pick] - known[key]
-                            np.add.at(sums[key], rows, embeddings(other_key)[other_ids[pick]])
-                            seen[key] += np.bincount(rows, minlength=len(seen[key]))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {k: (sums[k] / seen[k][:, None]).astype(np.float32) for k in grown}
+                    for side in swept:
+                        accumulate(edges, bucket, side, "rhs" if side == "lhs" else "lhs")
+        for key in [k for k in grown if k[1] == part and config.entities[k[0]].num_partitions > 1]:
+            finish(key)
+    for key in [k for k in grown if config.entities[k[0]].num_partitions == 1]:
+        finish(key)
+    return files
 
 
 def touches_new(config: ConfigSchema, bucket: Bucket, edges: EdgeList, known: KnownRows

@@ -221,6 +221,14 @@ def storage_path(path: Union[str, os.PathLike, ObjectPath]) -> StoragePath:
     return ObjectPath(path) if is_uri(path) else Path(path)
 
 
+def file_size(path: StoragePath) -> int:
+    """Bytes of a file, local or stored."""
+    if isinstance(path, ObjectPath):
+        with path._errors("look up"):
+            return path.fs.get_file_info(path.fs_path).size
+    return os.path.getsize(path)
+
+
 def join(base: str, name: str) -> str:
     """`base` (a path or URI, as in the config) / `name`, spelled as `base` is."""
     path = storage_path(base)

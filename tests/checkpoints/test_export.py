@@ -8,7 +8,7 @@ from pbg_ray.checkpoints.export import export_checkpoint
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_names, save_dynamic_rel_count, save_relation_names
-from tests.util import random_checkpoint, write_random_graph
+from tests.util import assert_streams_partitions, peak_growth, random_checkpoint, write_random_graph
 
 # Operators whose parameters are vectors: torchbiggraph's export can't format matrices.
 VECTOR_OPERATORS = ["translation", "diagonal", "complex_diagonal"]
@@ -63,7 +63,7 @@ def test_parquet_and_older_versions(make_config, tmp_path):
     config.export.version = 1
     result = export_checkpoint(config)
     assert result["version"] == 1 and result["checkpoint_path"].endswith("epoch_0")
-    table = pq.read_table(tmp_path / "out" / "entities.parquet")
+    table = pq.read_table(tmp_path / "out" / "entities")  # a dataset: a file per partition
     assert table.schema.field("embedding").type.list_size == config.dimension
     params, _ = CheckpointStorage(result["checkpoint_path"]).load_model(1)
     embs, _ = CheckpointStorage(result["checkpoint_path"]).load_entity_partition(1, "item", 1)
@@ -81,3 +81,19 @@ def test_parquet_and_older_versions(make_config, tmp_path):
     config.export.version = 5
     with pytest.raises(PbgRayError, match=r"version 5 is not in .*versions there: \[1, 2\]"):
         export_checkpoint(config)
+
+
+def export_in_process(checkpoint_path, fmt, output):
+    """Run by peak_memory: the library's export of a checkpoint, in this process."""
+    config = CheckpointStorage(checkpoint_path).load_config()
+    config.export.format, config.export.output = fmt, output
+    export_checkpoint(config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["tsv", "parquet", "bundle"])
+def test_export_memory_follows_the_partition_not_the_table(tmp_path, fmt):
+    peaks, extra = peak_growth(tmp_path, "tests.checkpoints.test_export:export_in_process",
+                               lambda config, name: [config.checkpoint_path, fmt,
+                                                     str(tmp_path / "out" / name)])
+    assert_streams_partitions(peaks, extra)

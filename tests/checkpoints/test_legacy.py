@@ -18,7 +18,9 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_count, num_relation_ids
 from pbg_ray.migrate import main as migrate_main
 from pbg_ray.model.params import ModelParams, param_layout, params_to_checkpoint
-from tests.util import as_torch, assert_valid_checkpoint, config_dict, write_random_graph
+from tests.util import (
+    as_torch, assert_streams_partitions, assert_valid_checkpoint, config_dict, peak_growth,
+    write_random_graph)
 
 
 def camel_case(data):
@@ -171,3 +173,30 @@ def test_a_pre_1_0_run_is_an_init_path(ray_session, tmp_path):
     np.testing.assert_array_equal(embs, arrays["user", 1][0])
     # The conversion is read until version 1 exists, then removed.
     assert not (Path(config.checkpoint_path) / ".init").exists()
+
+
+def migrate_in_process(old_dir, new_dir):
+    """Run by peak_memory."""
+    assert migrate_run(old_dir, new_dir)["partitions"] >= 1
+
+
+@pytest.mark.slow
+def test_migrate_memory_follows_the_partition_not_the_table(tmp_path):
+    def legacy_copy(config, name):
+        """The v1 checkpoint of `config` written as a pre-1.0 run (version 1, partitions from 1)."""
+        outdir = tmp_path / "legacy" / name
+        outdir.mkdir(parents=True)
+        storage = CheckpointStorage(config.checkpoint_path)
+        for part in range(config.entities["node"].num_partitions):
+            embs, _ = storage.load_entity_partition(1, "node", part)
+            torch.save((torch.from_numpy(embs), pbg_row_adagrad_state(np.ones(len(embs), np.float32))),
+                       outdir / f"node_{part + 1}.pt.1")
+        arrays, _ = storage.load_model(1)
+        state = {state_dict_key(k): torch.from_numpy(v) for k, v in arrays.items()}
+        data = dict(config.to_dict(), entity_path=str(Path(config.entity_path)))
+        torch.save((camel_case(data), 0, 1, state, None), outdir / "METADATA_1.pt.1")
+        (outdir / "CHECKPOINT_VERSION").write_text("1")
+        return [str(outdir), str(tmp_path / "migrated" / name)]
+
+    assert_streams_partitions(*peak_growth(
+        tmp_path, "tests.checkpoints.test_legacy:migrate_in_process", legacy_copy))

@@ -12,6 +12,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.serving import start_service, stop_service
@@ -114,8 +115,8 @@ def test_ranks_agree_with_eval(served, predictor):
     bucket = Bucket(1, 0)
     edges = read_edges(config.edge_paths[0], bucket)
     edges = edges[np.flatnonzero(edges.rel == 1)[:12]]  # likes: user -> item
-    tables = {(e, p): predictor.tables[e][p] for e in config.entities
-              for p in range(len(predictor.tables[e]))}
+    tables = {(e, p): torch.from_numpy(predictor.embedding_source.read(e, p))
+              for e, econf in config.entities.items() for p in range(econf.num_partitions)}
     counts = sum(rank_counts(predictor.scorer, bucket, edges, part, tables, {})["rhs"]
                  for part in range(2))
     users, items = predictor.names("user"), predictor.names("item")
@@ -134,8 +135,9 @@ def test_neighbors_of_an_entity_and_of_a_vector(served, predictor):
     want = predictor.neighbors(name, k=5)
     assert [a["name"] for a in got] == [n for n, _ in want]
     np.testing.assert_allclose([a["score"] for a in got], [s for _, s in want], rtol=1e-5)
-    part, offset = predictor._locate("item", name)
-    vector = predictor.scorer.entity_vectors("item", predictor.tables["item"][part][offset:offset + 1])
+    (part,), (offset,) = predictor._locate("item", [name])
+    row = predictor.embedding_source.read("item", int(part))[offset:offset + 1]
+    vector = predictor.scorer.entity_vectors("item", torch.from_numpy(row))
     by_vector = post(client, "/neighbors", {"queries": [{"vector": vector[0].tolist(),
                                                          "entity_type": "item"}],
                                             "k": 6, "exact": True})["results"][0]

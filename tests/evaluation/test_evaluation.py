@@ -11,7 +11,8 @@ import torch
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import checkpoint_partitions, evaluate_checkpoint
+from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_keys
+from pbg_ray.engine.evaluator import checkpoint_partitions, evaluate_checkpoint, filtered_rank_task
 from pbg_ray.engine.partitions import OnDisk
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
@@ -20,9 +21,10 @@ from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import num_relation_ids
-from pbg_ray.model.params import global_emb_key, operator_key
+from pbg_ray.model.params import global_emb_key, operator_key, params_from_checkpoint
 from pbg_ray.types import Bucket, EdgeList
-from tests.util import config_dict, random_checkpoint, write_random_graph
+from tests.util import (
+    assert_streams_partitions, config_dict, peak_growth, random_checkpoint, write_random_graph)
 
 
 def make(tmp_path, **overrides) -> ConfigSchema:
@@ -206,3 +208,29 @@ def test_user_mistakes_get_one_clear_error(ray_session, tmp_path):
                                           "item": {"num_partitions": 2}, "tag": {}})
     with pytest.raises(PbgRayError, match="featurized"):
         evaluate_checkpoint(featurized)
+
+
+def eval_tasks_in_process(checkpoint_path):
+    """Run by peak_memory: in disk placement, the sampled task of bucket (0, last) and its
+    filtered task against the last candidate partition, each reading its partitions."""
+    checkpoint = CheckpointManager(checkpoint_path)
+    config = checkpoint.read_config()
+    config.ray.placement = "disk"
+    num_rel = num_relation_ids(config)
+    params = params_from_checkpoint(config, num_rel, *checkpoint.read_model(1))
+    last = config.entities["node"].num_partitions - 1
+    bucket, path = Bucket(0, last), config.edge_paths[0]
+    keys = partition_keys(config, bucket)
+    on_disk = OnDisk(("checkpoint", checkpoint_path, 1))
+    assert evaluate_bucket_task._function(config, bucket, path, num_rel, keys, params,
+                                          *[on_disk] * len(keys))
+    keys = list(dict.fromkeys(keys + [("node", last)]))
+    filtered_rank_task._function(config, bucket, path, 0, 1, last, [path], num_rel, keys,
+                                 params, *[on_disk] * len(keys))
+
+
+@pytest.mark.slow
+def test_eval_task_memory_follows_the_partition_not_the_table(tmp_path):
+    assert_streams_partitions(*peak_growth(
+        tmp_path, "tests.evaluation.test_evaluation:eval_tasks_in_process",
+        lambda config, name: [config.checkpoint_path]))

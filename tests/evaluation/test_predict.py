@@ -15,7 +15,8 @@ from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.edges import read_edges
 from pbg_ray.predict import main
 from pbg_ray.types import Bucket
-from tests.util import config_dict, random_checkpoint, write_random_graph
+from tests.util import (
+    assert_streams_partitions, config_dict, peak_growth, random_checkpoint, write_random_graph)
 
 
 @pytest.fixture
@@ -81,3 +82,17 @@ def test_a_model_file_of_another_config_is_named_in_the_error(tmp_path):
                                           r"checkpoint parameter 'relations/0/operator/rhs/translation' "
                                           r"does not belong to this config's model"):
         Predictor.load(config.checkpoint_path)
+
+
+def predict_in_process(checkpoint_path):
+    """Run by peak_memory: top-k with known edges left out, and neighbours."""
+    model = Predictor.load(checkpoint_path)
+    assert len(model.top_rhs("node-0-1", "to", k=10, exclude=model.config.edge_paths)) == 10
+    assert len(model.neighbors("node-0-2", k=10)) == 10
+
+
+@pytest.mark.slow
+def test_memory_follows_the_partition_not_the_table(tmp_path):
+    assert_streams_partitions(*peak_growth(
+        tmp_path, "tests.evaluation.test_predict:predict_in_process",
+        lambda config, name: [config.checkpoint_path]))

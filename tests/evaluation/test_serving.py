@@ -169,7 +169,7 @@ def test_adjoint_queries_rank_the_relation_free_set_as_the_relations_candidates(
     random_checkpoint(config)
     model = ServingModel(config, None)
     scorer = model.scorer
-    rows = torch.from_numpy(Predictor.load(config.checkpoint_path).tables["user"][0].numpy())
+    rows = torch.from_numpy(Predictor.load(config.checkpoint_path).embedding_source.read("user", 0))
     base = scorer.comparator.prepare(scorer.entity_vectors("user", rows))[0]
     queries = torch.randn(5, config.dimension)
     for relation in range(len(operators)):

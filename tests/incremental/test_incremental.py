@@ -2,6 +2,7 @@
 trained from the previous checkpoint (pbg_ray.incremental)."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -9,19 +10,21 @@ from torchbiggraph.graph_storages import FileEntityStorage
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.partitions import load_partition
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import grown_graph
 from pbg_ray.importer.dictionaries import fill_smallest
 from pbg_ray.importer.graph_import import import_graph
-from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means
+from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means, read_npy
 from pbg_ray.io.edges import read_edges
-from pbg_ray.io.entities import load_entity_names, load_relation_names
+from pbg_ray.io.entities import load_entity_counts, load_entity_names, load_relation_names
 from pbg_ray.model.params import init_params, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.types import Bucket
 from tests.importer.util import decoded, random_rows, write_text
 from tests.oracle import assert_torchbiggraph_loads
-from tests.util import assert_valid_checkpoint, config_dict
+from tests.util import (
+    assert_streams_partitions, assert_valid_checkpoint, config_dict, peak_growth, write_random_graph)
 
 pytestmark = pytest.mark.oracle
 
@@ -172,7 +175,9 @@ def test_grown_partitions_keep_known_rows_and_refuse_a_shrunk_graph(tmp_path):
     embs, sums = rng.normal(size=(5, 16)).astype(np.float32), rng.uniform(size=5).astype(np.float32)
     given = np.full((3, 16), np.nan, np.float32)
     given[1] = 7.0  # a new row with known neighbours; the others have none
-    grown, grown_sums = grow_partition(config, ("node", 0), embs, sums, 8, given, "init file")
+    np.save(tmp_path / "new_rows.npy", given)
+    grown, grown_sums = grow_partition(config, ("node", 0), embs, sums, 8,
+                                       str(tmp_path / "new_rows.npy"), "init file")
     assert grown[:5].tobytes() == embs.tobytes() and grown_sums[:5].tobytes() == sums.tobytes()
     assert (grown[6] == 7).all() and not grown_sums[5:].any()
     assert 0 < np.abs(grown[[5, 7]]).max() < 10 * config.init_scale
@@ -255,7 +260,8 @@ def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
     checkpoint = CheckpointManager(old.checkpoint_path)
     version = checkpoint.version()
     counts = {"node": [len(p) for p in names_of(new)]}
-    means = neighbor_means(config, checkpoint, version, counts)
+    files = neighbor_means(config, checkpoint, version, counts)
+    means = {key: read_npy(path) for key, path in files.items()}
     known = init_rows(config, checkpoint, version)
     tables = {p: checkpoint.read_partition(version, "node", p)[0] for p in range(NPARTS)}
     # Brute force over the new edges: each new node's known neighbours.
@@ -278,3 +284,35 @@ def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
             else:
                 assert np.isnan(rows[i]).all()
     assert sum(len(v) > 0 for v in neighbours.values()) > 0.9 * sum(len(r) for r in means.values())
+
+    # The trainer's sources carry the means as files, which the partitions' loader reads.
+    sources, _ = Trainer(config)._sources()
+    for p in range(NPARTS):
+        embs, _ = load_partition(config, ("node", p), sources["node", p])
+        rows, new = means["node", p], embs[known["node", p]:]
+        given = np.isfinite(rows).all(axis=1)
+        assert given.any() and np.array_equal(new[given], rows[given])
+
+
+def neighbor_means_in_process(init_path, grown_path):
+    """Run by peak_memory: neighbour means of the graph of grown_path's config (a
+    checkpoint directory's config.json) from init_path's checkpoint."""
+    config = CheckpointManager(grown_path).read_config()
+    assert neighbor_means(config, CheckpointManager(init_path), 1, load_entity_counts(config))
+
+
+@pytest.mark.slow
+def test_neighbor_means_memory_follows_the_partition_not_the_table(tmp_path):
+    def grown(config, name):
+        """The same graph with half as many entities again in each partition."""
+        root = tmp_path / "grown" / name
+        grown = dataclasses.replace(config, entity_path=str(root / "entities"),
+                                    edge_paths=[str(root / "edges")],
+                                    checkpoint_path=str(root / "checkpoints"))
+        rows = CheckpointManager(config.checkpoint_path).read_partition(1, "node", 0)[0].shape[0]
+        write_random_graph(grown, num_edges=500, counts={"node": rows * 3 // 2})
+        CheckpointManager(grown.checkpoint_path).write_config(grown)
+        return [config.checkpoint_path, grown.checkpoint_path]
+
+    assert_streams_partitions(*peak_growth(
+        tmp_path, "tests.incremental.test_incremental:neighbor_means_in_process", grown))

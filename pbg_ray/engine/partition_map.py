@@ -1,0 +1,64 @@
+"""Per-partition jobs (checkpoints/partition_jobs.py) as Ray tasks: export and predict's
+batch queries over every partition of a table, each task reading its partition itself.
+
+Results come back in the jobs' order, with at most `window` tasks submitted and not yet
+consumed, so that memory (the object store's and the driver's) holds the results of a
+few partitions per CPU, whatever the number of partitions. A failed task stops the map:
+the tasks still pending are cancelled and waited for, so none writes after the caller
+has cleaned up, and the task's PbgRayError is raised as itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from typing import Any, Callable, Deque, Dict, Iterator, Sequence, Tuple
+
+import ray
+
+from pbg_ray.checkpoints.partition_jobs import MapPartitions
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.cluster import connect_ray, get_results
+
+CANCEL_WAIT_S = 60.0  # how long a failed map waits for its cancelled tasks to stop
+
+
+class RayPartitionMap:
+    """A MapPartitions running each job as a Ray task with `options` (num_cpus, ...)."""
+
+    def __init__(self, options: Dict[str, Any], window: int) -> None:
+        self.options = options
+        self.window = max(1, window)
+
+    def __call__(self, fn: Callable[..., Any], jobs: Sequence[Tuple[Any, ...]]) -> Iterator[Any]:
+        remote = ray.remote(fn).options(**self.options)
+        pending: Deque[ray.ObjectRef] = collections.deque()
+        try:
+            for job in jobs:
+                pending.append(remote.remote(*job))
+                if len(pending) >= self.window:
+                    yield get_results(pending.popleft())
+            while pending:
+                yield get_results(pending.popleft())
+        finally:  # a failure, or a caller that stopped early
+            if pending:
+                for ref in pending:
+                    ray.cancel(ref)
+                ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
+
+
+def partition_map(config: ConfigSchema) -> MapPartitions:
+    """Connect to Ray (config.ray) and return a map whose tasks take
+    ray.cpus_per_trainer CPUs each, two tasks per such slot in flight (one running, one
+    result waiting to be consumed)."""
+    connect_ray(config.ray)
+    cpus = config.ray.cpus_per_trainer
+    slots = ray.cluster_resources().get("CPU", 1) / cpus
+    return RayPartitionMap({"num_cpus": cpus}, 2 * max(1, math.floor(slots)))
+
+
+def predictor_map(config: ConfigSchema) -> MapPartitions:
+    """partition_map for a Predictor of a checkpoint whose config is `config`: Ray's
+    address is the environment's (RAY_ADDRESS), not the one training used."""
+    return partition_map(dataclasses.replace(config, ray=dataclasses.replace(config.ray, address=None)))
