@@ -48,7 +48,6 @@ from pbg_ray.model.params import ModelParams, params_from_checkpoint, params_to_
 TAGS_FILE = "tags.txt"
 BUNDLE_FILE = "bundle.zip"  # python -m pbg_ray.export export.format=bundle writes <output>/bundle.zip
 PARAMS, UPDATER = "params", "updater"
-PRECISIONS = ("fp32", "fp16", "int8")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _REF = re.compile(r"(?:(?P<tag>[^/\s]+)/)?(?P<index>\d+)")
 
@@ -380,10 +379,6 @@ def write_checkpoint_bundle(path: PathLike, config: ConfigSchema,
     newest tag, which load() opens by default, is the newest version at full precision.
     Each entity partition is one job of `run` (bundle_partition), which reads it itself.
     Returns per tag {"tag", "version", "precision", "bytes" (of its parameters)}."""
-    for precision in variants:
-        if precision not in PRECISIONS:
-            raise PbgRayError(f"export.variants: unknown precision {precision!r}"
-                              f"{did_you_mean(precision, PRECISIONS)}. Valid: {', '.join(PRECISIONS)}.")
     order = sorted(dict.fromkeys(variants), key=lambda p: p == "fp32")
     versions = list(versions)
     tags = [variant_tag(version, p) for _, version in versions for p in order]

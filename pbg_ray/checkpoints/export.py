@@ -91,12 +91,9 @@ def export_checkpoint(config: ConfigSchema, run: MapPartitions = in_process) -> 
     run by `run`; returns what was written. The output's _SUCCESS is written last; a
     failed export leaves none, and none of this export's files."""
     settings = config.export
-    tables.check_format(settings.format)
+    config.validate()  # the export section may have been changed since the config was made
     if settings.format == "bundle":
         return export_bundle(config, run)
-    if settings.versions is not None or settings.variants != ["fp32"]:
-        raise PbgRayError("export.versions and export.variants apply to export.format=bundle; "
-                          f"with format={settings.format} use export.version.")
     checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
         config, settings.version, "export.version")
     output = tables.begin_export(export_output(config, checkpoint))

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from pbg_ray.config.options import option
+from pbg_ray.config.options import Fail, check_choice, option
 
 # "bundle" is written by pbg_ray.checkpoints.bundle, the others by pbg_ray.io.embedding_tables.
 EXPORT_FORMATS = ("tsv", "parquet", "bundle")
+PRECISIONS = ("fp32", "fp16", "int8")  # a bundle's variants of a version
 
 
 @dataclass
@@ -30,3 +31,13 @@ class ExportConfig:
         "format=bundle: the precisions of each version's tags: fp32 (tag v{N}, with the "
         "optimizer state), fp16 and int8 (scale per row) (tags v{N}-fp16, v{N}-int8: entity "
         "embeddings reduced, relation parameters shared with the other tags).")
+
+    def validate(self, fail: Fail) -> None:
+        """Rules of this section; `fail(key, problem, fix)` raises."""
+        check_choice(self.format, EXPORT_FORMATS, "export.format", fail)
+        for precision in self.variants:
+            check_choice(precision, PRECISIONS, "export.variants", fail)
+        if self.format != "bundle" and (self.versions is not None or self.variants != ["fp32"]):
+            fail("export.versions", "export.versions and export.variants apply to "
+                 f"export.format=bundle, not to format={self.format}",
+                 "Use export.version to pick the version exported.")

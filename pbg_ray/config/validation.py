@@ -1,6 +1,6 @@
 """The rules of a whole config: those of PBG's top-level keys, each section's own
 (`validate(fail)` of EntitySchema, RelationSchema, RayConfig, ImportConfig, EvalConfig,
-IncrementalConfig, TuneConfig, ServeConfig) and those that span sections, in one place."""
+IncrementalConfig, TuneConfig, ServeConfig, ExportConfig) and those that span sections, in one place."""
 
 from __future__ import annotations
 
@@ -58,6 +58,7 @@ def validate_config(config: "ConfigSchema", fail: Fail, source: str) -> None:
             fail("global_emb", "global embeddings can't be used with dynamic_relations",
                  "Set global_emb=false.")
     config.incremental.validate(fail)
+    config.export.validate(fail)
     if config.init_path is None:
         for key in config.incremental.keys_needing_init_path():
             fail(f"incremental.{key}", "needs init_path: the checkpoint whose rows are known",

@@ -26,8 +26,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pbg_ray.config.export import EXPORT_FORMATS
-from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.files import PathLike, atomic_path, write_text_atomic
 from pbg_ray.io.storage import StoragePath, storage_path
 
@@ -36,12 +34,6 @@ SUCCESS_FILE = "_SUCCESS"  # Hadoop's name: Spark and warehouse loaders look for
 ENTITIES_TSV = "entities.tsv"
 # (relation, side, operator, parameter, shape, float32 values flattened)
 RelationRow = Tuple[str, str, str, str, str, np.ndarray]
-
-
-def check_format(fmt: str) -> None:
-    if fmt not in EXPORT_FORMATS:
-        raise PbgRayError(f"export.format: unknown format {fmt!r}{did_you_mean(fmt, EXPORT_FORMATS)}. "
-                          f"Valid values: {', '.join(EXPORT_FORMATS)}.")
 
 
 def begin_export(directory: PathLike) -> StoragePath:

@@ -32,6 +32,11 @@ BAD_CONFIGS = [
     (dict(lr=-1.0), "lr: must not be negative"),
     (dict(ray={"placement": "cloud"}), "ray.placement: unknown value 'cloud'"),
     (dict(ray={"cpus_per_trainer": 0}), "ray.cpus_per_trainer: must be positive"),
+    (dict(export={"format": "csv"}), "export.format: unknown value 'csv'"),
+    (dict(export={"format": "bundle", "variants": ["int4"]}),
+     "export.variants: unknown value 'int4' (did you mean 'int8'?)"),
+    (dict(export={"versions": [1, 2]}), "export.versions: export.versions and export.variants "
+     "apply to export.format=bundle, not to format=tsv"),
 ]
 
 
