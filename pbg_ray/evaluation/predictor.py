@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -110,10 +111,12 @@ def partition_top_k(config: ConfigSchema, params: Dict[str, np.ndarray], tables:
     """(scores float32 [Q, k'], offsets int64 [Q, k']) of each query's k best candidates
     in partition `part` of its type (k' = min(k, partition size); -inf where excluded).
     tables: what reads the partition (EmbeddingSource)."""
-    scorer = Scorer(config, params)
+    with warnings.catch_warnings():  # arrays from Ray's object store: read-only, never written
+        warnings.simplefilter("ignore", UserWarning)
+        scorer = Scorer(config, params)
+        q_all = torch.from_numpy(queries.vectors)
     table = torch.from_numpy(tables.read(queries.entity, part))
     vectors = scorer.entity_vectors(queries.entity, table)
-    q_all = torch.from_numpy(queries.vectors)
     count = len(queries.relation)
     kk = min(k, len(table))
     scores = np.full((count, kk), -np.inf, np.float32)

@@ -1,5 +1,7 @@
 """python -m pbg_ray.export: the same TSV as torchbiggraph_export_to_tsv, and Parquet."""
 
+import json
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -61,7 +63,14 @@ def test_parquet_and_older_versions(make_config, tmp_path):
     config.export.format = "parquet"
     config.export.output = str(tmp_path / "out")
     config.export.version = 1
+    stale = tmp_path / "out" / "entities" / "user_7.parquet"  # an earlier export's partition
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
     result = export_checkpoint(config)
+    assert not stale.exists()
+    assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["files"] == result["files"]
+    assert sorted(p.name for p in (tmp_path / "out" / "entities").iterdir()) == [
+        f"{e}_{p}.parquet" for e, p in [("item", 0), ("item", 1), ("tag", 0), ("user", 0), ("user", 1)]]
     assert result["version"] == 1 and result["checkpoint_path"].endswith("epoch_0")
     table = pq.read_table(tmp_path / "out" / "entities")  # a dataset: a file per partition
     assert table.schema.field("embedding").type.list_size == config.dimension
