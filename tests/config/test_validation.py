@@ -32,6 +32,8 @@ BAD_CONFIGS = [
     (dict(lr=-1.0), "lr: must not be negative"),
     (dict(ray={"placement": "cloud"}), "ray.placement: unknown value 'cloud'"),
     (dict(ray={"cpus_per_trainer": 0}), "ray.cpus_per_trainer: must be positive"),
+    (dict(ray={"partition_buffer": 1}), "ray.partition_buffer: must be at least 2, got 1"),
+    (dict(bucket_order="bata"), "bucket_order: unknown value 'bata'"),
 ]
 
 
