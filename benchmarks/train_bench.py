@@ -187,7 +187,8 @@ ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WA
 t = time.perf_counter()
 result = Trainer(config).run()
 seconds = time.perf_counter() - t
-timing = [dict(s["timing"], epoch_idx=s["epoch_idx"]) for s in result.bucket_stats]
+timing = [dict(s["timing"], epoch_idx=s["epoch_idx"], **s.get("partition_io", {}))
+          for s in result.bucket_stats]
 print("TRAIN_SECONDS", seconds)
 print("TIMING", json.dumps(timing))
 """

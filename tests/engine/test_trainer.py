@@ -125,7 +125,8 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
 @pytest.mark.slow
 def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
-    placement having written its swap files): the bucket is trained again, and the
+    placement having trained, or while writing a swap file behind its task, which may
+    have returned: then the pass is trained again): the bucket is trained again, and the
     checkpoint equals an undisturbed run's bit for bit (one trainer at a time makes a
     run deterministic; disk placement trains what memory placement trains), so no update
     was lost or applied twice."""
@@ -137,7 +138,8 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
     expected = checkpoint_arrays(undisturbed)
     # The third bucket of the first pass; the second of the second pass.
     for point, hits, placement in (("train_task.after_read", 3, "memory"),
-                                   ("train_task.before_return", 6, "disk")):
+                                   ("train_task.before_return", 6, "disk"),
+                                   ("train_task.write_behind", 6, "disk")):
         config = small_config(tmp_path, checkpoint_path=str(tmp_path / point),
                               ray={"num_trainers": 1, "placement": placement}, **settings)
         with armed(point, hits) as fired:
