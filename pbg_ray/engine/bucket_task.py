@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,6 +28,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import (
     OnDisk, Partition, PartitionKey, Source, SwapFile, resolved, writes_behind)
+from pbg_ray.engine.scheduler import partitions_to_keep
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
@@ -108,8 +110,8 @@ class PartitionCopies:
 
     Disk placement, the worker's partition buffer: what a task wrote to a swap file stays
     in its buffers, held under the source it was written as (SwapFile.written), for the
-    partitions the driver says to keep (those the trainer's next buckets need soonest, at
-    most ray.partition_buffer); a later task of this worker whose lease names that source
+    partitions its next buckets need soonest, ray.partition_buffer at most
+    (scheduler.partitions_to_keep); a later task of this worker whose lease names that source
     starts from these arrays instead of reading the file. The files are written behind:
     by a thread of this worker, after the task has returned, so that the kernel of the
     next bucket does not wait for them (a task waits only for the write of a partition it
@@ -373,23 +375,25 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
                       known: Optional[KnownRows] = None,
                       read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
-                      keep: Sequence[int] = ()) -> Tuple[Any, ...]:
+                      next_use: Sequence[int] = ()) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
     SwapFile (disk placement) comes as itself. Disk placement: `read_ahead` the next
-    bucket's partitions this one lacks, `keep` the partition indices the worker keeps
-    after this bucket (the next bucket's first; see PartitionCopies)."""
+    bucket's partitions this one lacks; `next_use` the partition indices the trainer's
+    next buckets need, in the order they first need them (the worker keeps
+    ray.partition_buffer partitions by it, see PartitionCopies)."""
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     start = time.time()
     leases = {key: p.source for key, p in zip(keys, partitions) if isinstance(p, SwapFile)}
-    _COPIES.next_task(keep=config.num_partitions() > 1,
-                      parts={key[1] for key in leases}.union(keep), leases=leases)
+    held = {key[1] for key, _ in _COPIES.held}
+    _COPIES.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
+        held, {key[1] for key in leases}, next_use, config.ray.partition_buffer))
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), deltas,
                                  num_threads, device, known, copies=_COPIES,
-                                 read_ahead=read_ahead, write_order=keep)
-    stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(),
+                                 read_ahead=read_ahead, write_order=next_use)
+    stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                        "start": start, "end": time.time()}
     return (stats, *results)
 

@@ -18,7 +18,7 @@ deltas instead.
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Sequence, Set
+from typing import Collection, Dict, List, Optional, Sequence, Set
 
 from pbg_ray.types import Bucket
 
@@ -119,22 +119,39 @@ def buckets_by_buffer(nparts_lhs: int, nparts_rhs: int, buffer: int,
     return order
 
 
+def parts_by_next_use(upcoming: Sequence[Bucket]) -> List[int]:
+    """The partition indices of the `upcoming` buckets, in the order they are first needed."""
+    parts: List[int] = []
+    for b in upcoming:
+        for part in (b.lhs, b.rhs):
+            if part not in parts:
+                parts.append(part)
+    return parts
+
+
+def partitions_to_keep(held: Collection[int], own: Collection[int], next_use: Sequence[int],
+                       buffer: int) -> Set[int]:
+    """Of the partitions `held` in a trainer's buffer, those it keeps as it starts a bucket
+    of partitions `own`: own, then those needed soonest (`next_use`, see
+    parts_by_next_use, of the buckets after this one), `buffer` in all (Belady's rule:
+    the partition needed again last goes first; one not needed again in the pass goes)."""
+    rank = {part: i for i, part in enumerate(next_use)}
+    others = sorted((p for p in set(held) - set(own) if p in rank), key=rank.__getitem__)
+    return (set(held) & set(own)) | set(others[:max(0, buffer - len(set(own)))])
+
+
 def partition_reads(order: Sequence[Bucket], buffer: int) -> int:
     """Partition reads of one trainer training `order` with a buffer of `buffer`
-    partitions (at least 2), evicting the partition needed again last (Belady's rule,
-    which the trainer follows: see Trainer._keep). A bucket needs partitions lhs and rhs
-    (an entity type on both sides of the relations, partitioned)."""
+    partitions (at least 2), keeping them by partitions_to_keep as the trainer's
+    workers do. A bucket needs partitions lhs and rhs (an entity type on both sides of
+    the relations, partitioned)."""
     held: Set[int] = set()
     reads = 0
     for i, bucket in enumerate(order):
-        needed = {bucket.lhs, bucket.rhs}
-        for part in needed - held:
-            reads += 1
-            if len(held) >= buffer:
-                def next_use(p: int) -> int:
-                    return next((j for j in range(i, len(order)) if p in order[j]), len(order))
-                held.remove(max(held - needed, key=next_use))
-            held.add(part)
+        own = {bucket.lhs, bucket.rhs}
+        held = partitions_to_keep(held, own, parts_by_next_use(order[i + 1:]), buffer)
+        reads += len(own - held)
+        held |= own
     return reads
 
 

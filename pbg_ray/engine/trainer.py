@@ -35,6 +35,7 @@ from pbg_ray.engine.bucket_task import (
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import OnDisk, WriterDied
+from pbg_ray.engine.scheduler import parts_by_next_use
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
@@ -315,7 +316,7 @@ class Trainer:
                     keys = partition_keys(config, bucket)
                     deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
                     refs = self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration,
-                                        following, self._keep(plan, launched, following))
+                                        following, self._next_use(plan, launched, following))
                     running[refs[0]] = (bucket, keys, refs, deltas, t_launch, following)
                 if not running:
                     if ray.get(self.scheduler.pass_done.remote()):
@@ -402,10 +403,10 @@ class Trainer:
 
     def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
                 edge_path: str, chunk_idx: int, iteration: int, following: Optional[Bucket],
-                keep: List[int]) -> List[ray.ObjectRef]:
+                next_use: List[int]) -> List[ray.ObjectRef]:
         """Start the train task of `bucket`: [stats, params delta, one result per key].
         Disk placement: the task reads ahead the partitions of `following` (its trainer's
-        next bucket) that it lacks, and its worker keeps partitions `keep` after it."""
+        next bucket) that it lacks; its worker keeps its buffer by `next_use`."""
         config = self.config
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
@@ -421,24 +422,17 @@ class Trainer:
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
-                 known=self.known, read_ahead=read_ahead, keep=keep)
+                 known=self.known, read_ahead=read_ahead, next_use=next_use)
 
-    def _keep(self, plan: List[Bucket], launched: set, following: Optional[Bucket]) -> List[int]:
-        """The partition indices a trainer's worker keeps after its bucket: of those its
-        next buckets need, the ray.partition_buffer needed soonest (Belady's rule; the
-        next bucket's first). Disk placement only."""
+    def _next_use(self, plan: List[Bucket], launched: set, following: Optional[Bucket]
+                  ) -> List[int]:
+        """Disk placement: the partitions a trainer's next buckets need, in the order they
+        first need them (its worker keeps its buffer by it), `following` first."""
         if self.config.ray.placement != "disk":
             return []
         upcoming = ([following] if following is not None else []) + [
             b for b in plan if b not in launched and b != following]
-        keep: List[int] = []
-        for b in upcoming:
-            for part in (b.lhs, b.rhs):
-                if part not in keep:
-                    keep.append(part)
-            if len(keep) >= self.config.ray.partition_buffer:
-                break
-        return keep[:self.config.ray.partition_buffer]
+        return parts_by_next_use(upcoming)
 
     def _commit(self, iteration: int, epoch_idx: int, pass_stats: List[Dict[str, Any]],
                 last_of_epoch: bool) -> None:
