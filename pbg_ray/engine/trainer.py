@@ -310,13 +310,11 @@ class Trainer:
                         bar.update(1)
                         continue
                     t_launch = time.perf_counter()
-                    following = (ray.get(self.scheduler.acquire.remote(bucket))
-                                 if read_ahead else None)
                     launched.add(bucket)
                     keys = partition_keys(config, bucket)
                     deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
-                    refs = self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration,
-                                        following, self._next_use(plan, launched, following))
+                    refs, following = self._launch(bucket, keys, deltas, edge_path, chunk_idx,
+                                                   iteration, plan, launched, read_ahead)
                     running[refs[0]] = (bucket, keys, refs, deltas, t_launch, following)
                 if not running:
                     if ray.get(self.scheduler.pass_done.remote()):
@@ -402,34 +400,37 @@ class Trainer:
         return pass_stats
 
     def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
-                edge_path: str, chunk_idx: int, iteration: int, following: Optional[Bucket],
-                next_use: List[int]) -> List[ray.ObjectRef]:
-        """Start the train task of `bucket`: [stats, params delta, one result per key].
-        Disk placement: the task reads ahead the partitions of `following` (its trainer's
-        next bucket) that it lacks; its worker keeps its buffer by `next_use`."""
+                edge_path: str, chunk_idx: int, iteration: int, plan: List[Bucket],
+                launched: set, read_ahead: bool) -> Tuple[List[ray.ObjectRef], Optional[Bucket]]:
+        """Start the train task of `bucket`: ([stats, params delta, one result per key],
+        the trainer's next bucket). With `read_ahead` (disk placement) the trainer takes
+        its next bucket now, the task reads its partitions that it lacks, and its worker
+        keeps its buffer by the partitions the buckets after it need."""
         config = self.config
+        # An object-store ref each, or in disk placement the SwapFile the task reads and
+        # writes; asked for while the scheduler picks the next bucket.
+        lease_refs = [self.store_of[k].lease.remote(k) for k in keys]
+        following = ray.get(self.scheduler.acquire.remote(bucket)) if read_ahead else None
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
-        # An object-store ref each, or in disk placement the SwapFile the task reads and
-        # writes; then where the partitions to read ahead are (None: not on disk).
-        replies = ray.get([self.store_of[k].lease.remote(k) for k in keys]
-                          + [self.store_of[k].source.remote(k) for k in ahead])
+        # Where the partitions to read ahead are (None: not on disk).
+        replies = ray.get(lease_refs + [self.store_of[k].source.remote(k) for k in ahead])
         leases = [lease[0] if isinstance(lease, list) else lease for lease in replies[:len(keys)]]
-        read_ahead = [(k, OnDisk(source)) for k, source in zip(ahead, replies[len(keys):])
-                      if source is not None]
-        return train_bucket_task.options(
+        read_ahead_parts = [(k, OnDisk(source)) for k, source in zip(ahead, replies[len(keys):])
+                            if source is not None]
+        next_use = self._next_use(plan, launched, following) if read_ahead else []
+        refs = train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
-                 known=self.known, read_ahead=read_ahead, next_use=next_use)
+                 known=self.known, read_ahead=read_ahead_parts, next_use=next_use)
+        return refs, following
 
-    def _next_use(self, plan: List[Bucket], launched: set, following: Optional[Bucket]
-                  ) -> List[int]:
-        """Disk placement: the partitions a trainer's next buckets need, in the order they
-        first need them (its worker keeps its buffer by it), `following` first."""
-        if self.config.ray.placement != "disk":
-            return []
+    @staticmethod
+    def _next_use(plan: List[Bucket], launched: set, following: Optional[Bucket]) -> List[int]:
+        """The partitions a trainer's next buckets need, in the order they first need
+        them, `following` first."""
         upcoming = ([following] if following is not None else []) + [
             b for b in plan if b not in launched and b != following]
         return parts_by_next_use(upcoming)
