@@ -252,7 +252,7 @@ class Trainer:
             except (RayActorError, RayTaskError) as err:
                 # A method failed (e.g. a checkpoint write), or a task: the run stops,
                 # unless a swap file's writer died behind its task (see WriterDied).
-                if isinstance(err, RayTaskError) and not isinstance(err.cause, WriterDied):
+                if not isinstance(err, RayActorError) and not isinstance(err.cause, WriterDied):
                     if isinstance(err.cause, PbgRayError):
                         raise err.cause from None
                     raise
