@@ -34,8 +34,9 @@ class RayConfig:
         "Disk placement: partitions each trainer keeps in memory between its buckets "
         "(at least 2, the two of a bucket); a bucket finds the partitions it shares with "
         "the trainer's recent ones there instead of reading them again. Besides these it "
-        "holds the next bucket's partitions, read while the current one trains, so a "
-        "trainer's memory is about partition_buffer + 2 partitions. bucket_order=beta "
+        "holds the next bucket's partitions, read while the current one trains, and the "
+        "last bucket's while they are written, so a trainer's memory is about "
+        "partition_buffer + 4 partitions. bucket_order=beta "
         "orders buckets for this buffer, with the fewest reads.")
     num_partition_stores: Optional[int] = option(None, help=
         "Partition-store actors (null: one per node, at most one per partition).")
