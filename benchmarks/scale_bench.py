@@ -77,8 +77,10 @@ def main() -> None:
     num_edges = args.edges or (4_000_000 if args.full else 1_000_000)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="scale_bench_"))
     env = bench_env()
-    inside_out = [partition_reads(bucket_order("inside_out", NPARTS, NPARTS, random.Random(s)),
-                                  args.buffer) for s in range(args.epochs)]
+    # Each pass's order as the scheduler draws it (the run's seed is 0).
+    inside_out = [partition_reads(bucket_order("inside_out", NPARTS, NPARTS,
+                                               random.Random(f"0/{epoch}")), args.buffer)
+                  for epoch in range(args.epochs)]
     bound = reads_lower_bound(NPARTS, args.buffer)
     print(f"disk placement, {NPARTS} partitions, d={DIM}, {num_edges:,} edges, {args.epochs} "
           f"epochs, bucket_order=beta, ray.partition_buffer={args.buffer}; machine: "
