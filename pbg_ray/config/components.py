@@ -11,4 +11,4 @@ SAME_DIMENSION_OPERATORS = frozenset({"linear", "affine", "complex_diagonal", "d
 COMPARATORS = ("dot", "cos", "squared_l2", "l2")
 LOSS_FUNCTIONS = ("ranking", "logistic", "softmax")
 REGULARIZERS = ("N3",)
-BUCKET_ORDERS = ("random", "affinity", "inside_out", "outside_in")
+BUCKET_ORDERS = ("random", "affinity", "inside_out", "outside_in", "beta")

@@ -30,6 +30,14 @@ class RayConfig:
         '"memory": partitions live in partition-store actors spread over the cluster; "disk": '
         "partitions are swapped to checkpoint storage, so one machine trains tables larger "
         "than its RAM.")
+    partition_buffer: int = option(2, help=
+        "Disk placement: partitions each trainer keeps in memory between its buckets "
+        "(at least 2, the two of a bucket); a bucket finds the partitions it shares with "
+        "the trainer's recent ones there instead of reading them again. Besides these it "
+        "holds the next bucket's partitions, read while the current one trains, and the "
+        "last bucket's while they are written, so a trainer's memory is about "
+        "partition_buffer + 4 partitions. bucket_order=beta "
+        "orders buckets for this buffer, with the fewest reads.")
     num_partition_stores: Optional[int] = option(None, help=
         "Partition-store actors (null: one per node, at most one per partition).")
 
@@ -42,6 +50,9 @@ class RayConfig:
         if self.gpus_per_trainer < 0:
             fail("ray.gpus_per_trainer", f"must not be negative, got {self.gpus_per_trainer}",
                  "Use 0 for CPU training.")
+        if self.partition_buffer < 2:
+            fail("ray.partition_buffer", f"must be at least 2, got {self.partition_buffer}",
+                 "A bucket needs its two partitions in memory at once; use 2 or more.")
         for key in ("num_trainers", "num_partition_stores", "num_cpus"):
             value = getattr(self, key)
             if value is not None:

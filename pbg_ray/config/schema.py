@@ -133,7 +133,9 @@ class ConfigSchema:
     max_edges_per_chunk: int = option(1_000_000_000, help=
         "The most edges of a chunk, when num_edge_chunks is null.")
     bucket_order: str = option("inside_out", help=
-        "The order buckets are trained in: random, affinity, inside_out or outside_in.")
+        "The order buckets are trained in: random, affinity, inside_out or outside_in "
+        "(PBG's), or beta: Marius's order for a trainer that keeps ray.partition_buffer "
+        "partitions in memory, with the fewest partition reads in disk placement.")
     workers: Optional[int] = option(None, help=
         "PBG's count of Hogwild processes; accepted and ignored, with a warning: each train "
         "task runs int(ray.cpus_per_trainer) Hogwild threads, ray.num_trainers tasks at once.")

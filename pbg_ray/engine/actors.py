@@ -17,7 +17,8 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import row_adagrad_state
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.faults import fault_point
-from pbg_ray.engine.partitions import PartitionKey, Source, SwapFile, load_partition
+from pbg_ray.engine.partitions import (
+    PartitionKey, Source, SwapFile, load_partition, written_marker, writes_behind)
 from pbg_ray.engine.scheduler import BucketScheduler
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
@@ -78,6 +79,11 @@ class PartitionStore:
         """Where a swapped partition's newest values are."""
         return self.newest[key].written if key in self.newest else self.sources[key]
 
+    def source(self, key: PartitionKey) -> Optional[Source]:
+        """Where a swapped partition's newest values are (None if it is not swapped): a
+        trainer reads them ahead of its next bucket, whose lease will name this source."""
+        return self._source(key) if self.swaps(key) else None
+
     def get(self, key: PartitionKey) -> List[ray.ObjectRef]:
         """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the
         value). Disk placement reads a swapped partition for this caller only."""
@@ -126,10 +132,13 @@ class PartitionStore:
         """Write every partition of this store as checkpoint version `version`."""
         assert version == self.next_version
         for key in self.sources:
-            if key in self.newest:  # written: made durable and renamed
-                sync_file(self.newest[key].staged)
-                replace(storage_path(self.newest[key].staged),
-                        self.checkpoints.partition_file(version, *key))
+            if key in self.newest:  # written (behind its task): made durable and renamed
+                newest = self.newest[key]
+                newest.wait_written()
+                sync_file(newest.staged)
+                replace(storage_path(newest.staged), self.checkpoints.partition_file(version, *key))
+                if writes_behind(newest.staged):
+                    written_marker(newest.staged).unlink(missing_ok=True)
             elif key in self.summed:
                 self._write(key, tuple(self.summed[key]), version, metadata)
             elif key in self.refs:
@@ -217,15 +226,15 @@ class BucketSchedulerActor:
     """Hands out buckets (see engine.scheduler.BucketScheduler) to the driver's trainers."""
 
     def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, lock_lhs: bool,
-                 lock_rhs: bool, seed: int) -> None:
-        self.scheduler = BucketScheduler(nparts_lhs, nparts_rhs, order,
-                                         lock_lhs=lock_lhs, lock_rhs=lock_rhs, seed=seed)
+                 lock_rhs: bool, seed: int, buffer: int = 2) -> None:
+        self.scheduler = BucketScheduler(nparts_lhs, nparts_rhs, order, lock_lhs=lock_lhs,
+                                         lock_rhs=lock_rhs, seed=seed, buffer=buffer)
 
     def new_pass(self, iteration: int) -> List[Bucket]:
         return self.scheduler.new_pass(iteration)
 
-    def acquire(self) -> Optional[Bucket]:
-        return self.scheduler.acquire()
+    def acquire(self, after: Optional[Bucket] = None) -> Optional[Bucket]:
+        return self.scheduler.acquire(after)
 
     def release(self, bucket: Bucket) -> None:
         self.scheduler.release(bucket)

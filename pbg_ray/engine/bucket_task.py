@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import threading
 import time
-from typing import Any, Callable, Collection, Dict, List, Optional, Tuple, Union
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import ray
@@ -23,7 +26,9 @@ import torch
 from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.faults import fault_point
-from pbg_ray.engine.partitions import Partition, PartitionKey, Source, SwapFile, resolved
+from pbg_ray.engine.partitions import (
+    OnDisk, Partition, PartitionKey, Source, SwapFile, resolved, writes_behind)
+from pbg_ray.engine.scheduler import partitions_to_keep
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
@@ -103,16 +108,44 @@ class PartitionCopies:
     the smallest large enough, or else one grown: partitions differ in size by a few
     rows, and a buffer per shape would keep a copy of nearly every partition.
 
-    Disk placement: what a task wrote to a swap file stays in its buffers, held under
-    the source it was written as (SwapFile.written). Consecutive buckets mostly share
-    a partition (1.4 of 2 in inside_out's order), and when the same worker trains it
-    next, it starts from these arrays instead of reading the file again."""
+    Disk placement, the worker's partition buffer: what a task wrote to a swap file stays
+    in its buffers, held under the source it was written as (SwapFile.written), for the
+    partitions its next buckets need soonest, ray.partition_buffer at most
+    (scheduler.partitions_to_keep); a later task of this worker whose lease names that source
+    starts from these arrays instead of reading the file. The files are written behind:
+    by a thread of this worker, after the task has returned, so that the kernel of the
+    next bucket does not wait for them (a task waits only for the write of a partition it
+    trains itself, before changing it). The partitions of the trainer's next bucket that
+    this one does not hold are read ahead, by another thread, while this bucket trains."""
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
+        self.lock = threading.Lock()  # the reading thread takes buffers too
         self.free: Dict[int, List[np.ndarray]] = {}  # ndim -> buffers (bytes) nobody uses
         self.used: List[Tuple[int, np.ndarray]] = []  # (ndim, buffer) of this task or held
-        self.held: Dict[Source, Tuple[np.ndarray, np.ndarray]] = {}  # written source -> partition
+        # (key, written or read-ahead source) -> (partition or None, its write or read)
+        self.held: Dict[Tuple[PartitionKey, Source], Tuple[Any, Optional[Future]]] = {}
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="partition-writer")
+        self.reader = ThreadPoolExecutor(1, thread_name_prefix="partition-reader")
+        # (write, ndim, buffer) of partitions no longer held, whose writes may go on
+        self.retiring: List[Tuple[Future, int, np.ndarray]] = []
+        self.reads = 0  # partitions read from files, by tasks and ahead of them
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        """Ray ships a remote function by value with the globals it names: each worker
+        gets an empty PartitionCopies of its own (threads and locks don't pickle)."""
+        return PartitionCopies, (self.keep,)
+
+    def _reclaim(self, wait: bool) -> None:
+        """Free the buffers of retired partitions once written (all of them, waiting for
+        their writes, with `wait`)."""
+        retiring, self.retiring = self.retiring, []
+        for pending, ndim, buf in retiring:
+            if wait or pending.done():
+                pending.result()
+                self.free.setdefault(ndim, []).append(buf)
+            else:
+                self.retiring.append((pending, ndim, buf))
 
     def empty(self, shape: Tuple[int, ...], dtype: Any) -> np.ndarray:
         """An array to fill, of `shape` and `dtype`."""
@@ -120,43 +153,110 @@ class PartitionCopies:
             return np.empty(shape, dtype)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        pool = self.free.setdefault(len(shape), [])
-        buf = min((b for b in pool if b.nbytes >= nbytes), key=lambda b: b.nbytes, default=None)
-        if buf is None and pool:  # none is: the largest grows
-            buf = max(pool, key=lambda b: b.nbytes)
-        if buf is not None:
-            pool[:] = [b for b in pool if b is not buf]
-        if buf is None or buf.nbytes < nbytes:
-            buf = None  # a smaller one is freed before the larger one is made
-            buf = np.empty(nbytes, np.uint8)
-        self.used.append((len(shape), buf))
+        with self.lock:
+            pool = self.free.setdefault(len(shape), [])
+            if not any(b.nbytes >= nbytes for b in pool):
+                self._reclaim(wait=True)
+            buf = min((b for b in pool if b.nbytes >= nbytes), key=lambda b: b.nbytes, default=None)
+            if buf is None and pool:  # none is: the largest grows
+                buf = max(pool, key=lambda b: b.nbytes)
+            if buf is not None:
+                pool[:] = [b for b in pool if b is not buf]
+            if buf is None or buf.nbytes < nbytes:
+                buf = None  # a smaller one is freed before the larger one is made
+                buf = np.empty(nbytes, np.uint8)
+            self.used.append((len(shape), buf))
         return buf[:nbytes].view(dtype).reshape(shape)
 
-    def take(self, source: Source) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-        """The (embeddings, sums) written as `source` by this worker, if it holds them."""
-        return self.held.pop(source, None)
+    def load(self, config: ConfigSchema, key: PartitionKey, lease: OnDisk
+             ) -> Tuple[np.ndarray, np.ndarray]:
+        """The partition of `lease`: held here (once its write is done: the task is about
+        to change it), read ahead, or read now."""
+        held = self.held.pop((key, lease.source), None) if holdable(lease.source) else None
+        if held is None:
+            self.reads += 1
+            return lease.load(config, key, self.empty)
+        partition, pending = held
+        if pending is not None:
+            result = pending.result()  # a write's error is raised here
+            partition = partition if result is None else result
+        return partition
 
-    def hold(self, source: Source, partition: Tuple[np.ndarray, np.ndarray]) -> None:
-        """Keep `partition`, just written as `source`, for a later task of this worker."""
+    def read_ahead(self, config: ConfigSchema, wanted: Sequence[Tuple[PartitionKey, OnDisk]]
+                   ) -> None:
+        """Start reading the partitions of the next bucket that are not held, in the
+        background; the next task takes them with `load`."""
+        for key, lease in wanted:
+            if holdable(lease.source) and (key, lease.source) not in self.held:
+                self.reads += 1
+                self.held[key, lease.source] = (
+                    None, self.reader.submit(lease.load, config, key, self.empty))
+
+    def write_behind(self, config: ConfigSchema, key: PartitionKey, lease: "SwapFile",
+                     partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]) -> None:
+        """Write `partition` to its swap file: in the background where it is local (the
+        file's marker says when it is done), at once on object storage; then hold it."""
+        if writes_behind(lease.staged):
+            lease.begin_write()
+            pending = self.writer.submit(_write_behind, config, lease, partition, metadata)
+        else:
+            lease.write(config, *partition, metadata)
+            pending = None
         if self.keep:
-            self.held[source] = partition
+            self.held[key, lease.written] = (partition, pending)
+        elif pending is not None:
+            pending.result()
 
-    def next_task(self, keep: bool, wanted: Collection[Source] = ()) -> None:
-        """Start over for the next task, which may take the partitions held as `wanted`.
-        With `keep` False its copies are not kept, and the buffers are freed (an
+    def next_task(self, keep: bool, parts: Optional[Collection[int]] = None,
+                  leases: Optional[Dict[PartitionKey, Source]] = None) -> None:
+        """Start over for the next task. Held partitions stay if their partition index is
+        in `parts` (None: all) and, for a key in `leases` (the next task's, key -> the
+        source it reads), if they are that source; those dropped free their buffers once
+        written. With `keep` False nothing is kept, and the buffers are freed (an
         unpartitioned graph, one bucket a pass, would keep a copy of whole tables in an
         idle worker)."""
         self.keep = keep
-        self.held = {s: h for s, h in self.held.items() if keep and s in wanted}
-        reserved = [_owner(a) for partition in self.held.values() for a in partition]
-        used, self.used = self.used, []
-        for ndim, buf in used:
-            if any(buf is r for r in reserved):
-                self.used.append((ndim, buf))
-            elif keep:
-                self.free.setdefault(ndim, []).append(buf)
-        if not keep:
-            self.free.clear()
+        leases = leases or {}
+        writing: Dict[int, Future] = {}  # id of a dropped partition's buffer -> its write
+        for (key, source), (partition, pending) in list(self.held.items()):
+            if (not keep or (parts is not None and key[1] not in parts)
+                    or leases.get(key, source) != source
+                    or (source[0] != "swap" and key not in leases)):  # read for another
+                del self.held[key, source]
+                if partition is None or not keep:  # being read, or nothing is kept: wait
+                    if pending is not None:
+                        pending.result()
+                elif pending is not None:
+                    writing.update((id(_owner(a)), pending) for a in partition)
+        reserved = set()
+        for partition, pending in self.held.values():
+            if partition is None:  # being read: the buffers it takes are its own
+                partition = pending.result()
+            reserved.update(id(_owner(a)) for a in partition)
+        with self.lock:
+            used, self.used = self.used, []
+            for ndim, buf in used:
+                if id(buf) in reserved:
+                    self.used.append((ndim, buf))
+                elif id(buf) in writing:
+                    self.retiring.append((writing[id(buf)], ndim, buf))
+                elif keep:
+                    self.free.setdefault(ndim, []).append(buf)
+            self._reclaim(wait=not keep)
+            if not keep:
+                self.free.clear()
+
+
+def _write_behind(config: ConfigSchema, lease: SwapFile, partition: Tuple[np.ndarray, np.ndarray],
+                  metadata: Dict[str, Any]) -> None:
+    fault_point("train_task.write_behind")
+    lease.write(config, *partition, metadata)
+
+
+def holdable(source: Source) -> bool:
+    """Whether a worker may hold a partition under `source`: a swap file's lease (unique),
+    a checkpoint version's file or a seeded start, but no source that names arrays."""
+    return source[0] in ("swap", "checkpoint", "random")
 
 
 def _owner(array: np.ndarray) -> np.ndarray:
@@ -176,27 +276,33 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
                partitions: List[Union[Tuple[np.ndarray, np.ndarray], SwapFile]],
                deltas: List[bool], num_threads: int, device: str,
                known: Optional[KnownRows] = None,
-               copies: Optional[PartitionCopies] = None) -> Tuple[Any, ...]:
+               copies: Optional[PartitionCopies] = None,
+               read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
+               write_order: Sequence[int] = ()) -> Tuple[Any, ...]:
     """The pure part of the task. `partitions`: per key its (embeddings, sums), or the
     SwapFile to read them from and write them to (disk placement). Returns (stats,
     params delta, one result per key): the new (embeddings, sums), their change where
     `deltas` says so (partitions other buckets train at the same time), or the SwapFile,
-    written. `known`: what init_path trained (incremental runs), trained at its own
-    learning rate. `copies` gives the arrays the partitions are trained in (and holds
-    those written to swap files, see PartitionCopies)."""
+    whose write may still go on (see PartitionCopies). `known`: what init_path trained
+    (incremental runs), trained at its own learning rate. `copies` gives the arrays the
+    partitions are trained in (and holds those written to swap files, see
+    PartitionCopies); `read_ahead` the partitions of the trainer's next bucket that it
+    reads while this one trains; `write_order` the partition indices to write first (the
+    next bucket's: its task waits for them)."""
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionCopies(keep=False)
+    reads_before = copies.reads
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
 
     def load(key: PartitionKey, p: Union[Tuple[np.ndarray, np.ndarray], SwapFile]
              ) -> Tuple[np.ndarray, np.ndarray]:
         if not isinstance(p, SwapFile):
             return writable(p, copies.empty)
-        held = copies.take(p.source)
-        return held if held is not None else p.load(config, key, copies.empty)
+        return copies.load(config, key, p)
 
     arrays = {key: load(key, p) for key, p in zip(keys, partitions)}
     fault_point("train_task.after_read")
+    copies.read_ahead(config, read_ahead)
     counts = partition_counts(keys, [arrays[key] for key in keys])
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
@@ -223,13 +329,14 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     t_trained = time.perf_counter()
 
     results: List[Any] = []
-    metadata = (checkpoint_metadata(config, iteration, num_chunks)
-                if any(isinstance(p, SwapFile) for p in partitions) else {})
+    swapped = [(key, p) for key, p in zip(keys, partitions) if isinstance(p, SwapFile)]
+    metadata = checkpoint_metadata(config, iteration, num_chunks) if swapped else {}
+    first = {part: i for i, part in enumerate(write_order)}
+    for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))):
+        copies.write_behind(config, key, p, arrays[key], metadata)
     for key, is_delta, p in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
         if isinstance(p, SwapFile):
-            p.write(config, new_embs, new_sums, metadata)
-            copies.hold(p.written, (new_embs, new_sums))
             results.append(p)
         else:
             results.append((new_embs - p[0], new_sums - p[1]) if is_delta else (new_embs, new_sums))
@@ -239,6 +346,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     stats["stats"] = {"count": train_stats["count"], "metrics": train_stats["metrics"]}
     stats["timing"] = {"total_s": t_end - t_start, "kernel_s": t_trained - t_ready,
                        "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained)}
+    if swapped:
+        stats["partition_io"] = {"reads": copies.reads - reads_before, "writes": len(swapped)}
     fault_point("train_task.before_return")
     return (stats, delta, *results)
 
@@ -264,19 +373,27 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
                       *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
-                      known: Optional[KnownRows] = None) -> Tuple[Any, ...]:
+                      known: Optional[KnownRows] = None,
+                      read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
+                      next_use: Sequence[int] = ()) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
-    SwapFile (disk placement) comes as itself."""
+    SwapFile (disk placement) comes as itself. Disk placement: `read_ahead` the next
+    bucket's partitions this one lacks; `next_use` the partition indices the trainer's
+    next buckets need, in the order they first need them (the worker keeps
+    ray.partition_buffer partitions by it, see PartitionCopies)."""
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     start = time.time()
-    _COPIES.next_task(keep=config.num_partitions() > 1,
-                      wanted=[p.source for p in partitions if isinstance(p, SwapFile)])
+    leases = {key: p.source for key, p in zip(keys, partitions) if isinstance(p, SwapFile)}
+    held = {key[1] for key, _ in _COPIES.held}
+    _COPIES.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
+        held, {key[1] for key in leases}, next_use, config.ray.partition_buffer))
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), deltas,
-                                 num_threads, device, known, copies=_COPIES)
-    stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(),
+                                 num_threads, device, known, copies=_COPIES,
+                                 read_ahead=read_ahead, write_order=next_use)
+    stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                        "start": start, "end": time.time()}
     return (stats, *results)
 

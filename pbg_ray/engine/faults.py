@@ -11,8 +11,10 @@ The engine calls `fault_point(name)` at these points (in the process that reache
                                  checkpoint_version.txt still names the previous one
     driver.after_commit          the new version is current, the superseded one dropped
     train_task.after_read        a train task read its edges and partitions
-    train_task.before_return     a train task trained its bucket (in disk placement wrote
-                                 its swap files) and is about to return
+    train_task.before_return     a train task trained its bucket (in disk placement began
+                                 writing its swap files) and is about to return
+    train_task.write_behind      a train task's worker is about to write a swap file
+                                 behind the task (disk placement)
     partition_store.update       a partition store is about to adopt a bucket's result
     partition_store.save         a partition store wrote one partition of a new version
     parameter_server.update      the parameter server is about to add a bucket's change

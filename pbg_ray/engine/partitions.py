@@ -1,10 +1,16 @@
 """Where an entity partition's values come from, and in disk placement how a task reads
-them itself (OnDisk) and where a train task writes them back (SwapFile)."""
+them itself (OnDisk) and where a train task writes them back (SwapFile), in the
+background after the task has returned (write-behind, with a marker file saying when
+the write is done)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import time
 import zlib
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
@@ -12,7 +18,9 @@ import numpy as np
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
 from pbg_ray.incremental.growth import grow_partition
+from pbg_ray.io.storage import ObjectPath, storage_path
 from pbg_ray.model.params import init_partition
 
 PartitionKey = Tuple[str, int]
@@ -21,6 +29,65 @@ PartitionKey = Tuple[str, int]
 # count rows, see incremental.growth), ("random", count, seed) or ("swap", file, token):
 # a SwapFile's file as the task of that lease wrote it.
 Source = Tuple[Any, ...]
+# How long a reader waits for a swap file's write-behind to finish.
+WRITE_WAIT_S = 600.0
+
+
+class WriterDied(RuntimeError):
+    """A swap file's write never finished: the process writing it behind its task died
+    after the task had returned. The partition's newest values are lost, so the pass is
+    trained again from the last complete version, as when an actor dies."""
+
+
+def written_marker(staged: str) -> Path:
+    """The marker file of a local swap file: the lease's token, a newline, then 'pending
+    <host> <pid>' while the task of that lease writes it, 'done' once written, 'failed'
+    and the error if the write failed. (A leftover's name: '.', then '.tmp-'.)"""
+    path = Path(staged)
+    return path.with_name(f".written-{path.name}")
+
+
+def writes_behind(staged: str) -> bool:
+    """Whether a swap file is written behind its task: local files are; an upload to
+    object storage is written before the task returns (readers elsewhere could not
+    see a marker's writer)."""
+    return not isinstance(storage_path(staged), ObjectPath)
+
+
+def wait_written(staged: str, token: str, timeout: float = WRITE_WAIT_S) -> None:
+    """Return once the write of lease `token` to the local swap file `staged` is done;
+    raise its error if it failed, WriterDied if its writer died first."""
+    marker = written_marker(staged)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            text = marker.read_text()
+        except FileNotFoundError:
+            text = ""
+        written, _, state = text.partition("\n")
+        if written != token:  # no marker, or another lease's: this write never began
+            raise WriterDied(f"swap file {staged} does not hold the values of lease {token}")
+        if state == "done":
+            return
+        if state.startswith("failed "):
+            raise PbgRayError(state[len("failed "):])
+        _, host, pid = state.split()  # pending
+        if host == socket.gethostname() and not _alive(int(pid)):
+            raise WriterDied(f"the process writing swap file {staged} died before the "
+                             "write was done")
+        if time.monotonic() > deadline:
+            raise WriterDied(f"the write of swap file {staged} did not finish in {timeout:.0f} s")
+        time.sleep(0.002)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
@@ -34,6 +101,8 @@ def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
         return init_partition(config, entity, count, rng, empty)
     if source[0] == "swap":
         where = source[1]
+        if writes_behind(where):
+            wait_written(where, source[2])
     else:
         _, path, version = source[:3]
         where = str(CheckpointManager(path).partition_file(version, entity, part))
@@ -86,10 +155,34 @@ class SwapFile(OnDisk):
         """Where the values this task writes are, once written."""
         return ("swap", self.staged, self.token)
 
+    def begin_write(self) -> None:
+        """Mark the swap file as being written by this process, before its task returns
+        and anyone may read it (see wait_written)."""
+        self._mark(f"pending {socket.gethostname()} {os.getpid()}")
+
     def write(self, config: ConfigSchema, embs: np.ndarray, sums: np.ndarray,
               metadata: Dict[str, Any]) -> None:
         """embs [N, dim], sums [N], with the checkpoint's `metadata` (the file may become
         the partition's file of the next version as it is); over the swap file's own
-        bytes, not fsync'ed (the store does that at the checkpoint)."""
-        CheckpointManager.write_partition_file(
-            self.staged, embs, row_adagrad_state(sums, config.lr), metadata, in_place=True)
+        bytes, not fsync'ed (the store does that at the checkpoint). A local file's
+        marker says when it is done (or failed)."""
+        try:
+            CheckpointManager.write_partition_file(
+                self.staged, embs, row_adagrad_state(sums, config.lr), metadata, in_place=True)
+        except Exception as err:
+            if writes_behind(self.staged):
+                self._mark(f"failed {err}")
+            raise
+        if writes_behind(self.staged):
+            self._mark("done")
+
+    def wait_written(self) -> None:
+        """Return once this lease's write is done (see wait_written)."""
+        if writes_behind(self.staged):
+            wait_written(self.staged, self.token)
+
+    def _mark(self, state: str) -> None:
+        marker = written_marker(self.staged)
+        scratch = marker.with_name(marker.name + ".tmp-mark")
+        scratch.write_text(f"{self.token}\n{state}")
+        os.replace(scratch, marker)  # readers see the whole line or the one before

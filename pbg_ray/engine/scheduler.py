@@ -4,7 +4,8 @@ Orders are PBG's (torchbiggraph.bucket_scheduling): `random`; `affinity`
 (each bucket shares as many partitions as possible with the previous one);
 `inside_out` / `outside_in` (L-shaped layers: layer i holds the buckets with
 min(lhs, rhs) == i, a bucket and its transpose adjacent, layers innermost
-first for inside_out).
+first for inside_out); and `beta`, buffer-aware for disk placement (see
+`buckets_by_buffer`).
 
 Locks: two buckets trained at once must not share a partition index, because
 each would overwrite the other's update of that partition. A partitioned
@@ -17,7 +18,7 @@ deltas instead.
 from __future__ import annotations
 
 import random
-from typing import Dict, List, Optional, Set
+from typing import Collection, Dict, List, Optional, Sequence, Set
 
 from pbg_ray.types import Bucket
 
@@ -76,8 +77,101 @@ def buckets_by_affinity(nparts_lhs: int, nparts_rhs: int, rng: random.Random) ->
     return order
 
 
-def bucket_order(order: str, nparts_lhs: int, nparts_rhs: int, rng: random.Random) -> List[Bucket]:
-    """All nparts_lhs x nparts_rhs buckets in PBG's `order`."""
+def buckets_by_buffer(nparts_lhs: int, nparts_rhs: int, buffer: int,
+                      rng: random.Random) -> List[Bucket]:
+    """Every bucket once, in an order that a trainer holding `buffer` partitions (at least
+    2) trains with few partition reads: the BETA order of Marius (Mohoney et al., OSDI
+    2021). A bucket (i, j) needs partitions i and j; each is trained as soon as both are
+    in the buffer. Rounds: buffer - 1 partitions stay in the buffer while the last slot
+    takes, one after the other, every partition that still has a bucket with them; those
+    buffer - 1 are then done for the pass and the next round keeps the next ones, starting
+    with the partition the last slot holds. Each read then brings buffer - 1 new pairs of
+    partitions, near `reads_lower_bound`. Partitions are shuffled by `rng` first."""
+    nparts = max(nparts_lhs, nparts_rhs)
+    fixed_size = max(1, min(buffer, nparts) - 1)
+    remaining = list(range(nparts))
+    rng.shuffle(remaining)
+    held: List[int] = []  # the buffer, oldest first
+    order: List[Bucket] = []
+    trained: Set[Bucket] = set()
+
+    def enter(part: int, keep: Sequence[int]) -> None:
+        """`part` into the buffer (evicting one not in `keep`), then every bucket it
+        forms with the buffer's partitions."""
+        if part not in held:
+            if len(held) > fixed_size:
+                held.remove(next(p for p in held if p not in keep))
+            held.append(part)
+        for other in held:
+            for b in (Bucket(part, other), Bucket(other, part)):
+                if b.lhs < nparts_lhs and b.rhs < nparts_rhs and b not in trained:
+                    trained.add(b)
+                    order.append(b)
+
+    while remaining:
+        fixed = [p for p in reversed(held) if p in remaining][:fixed_size]
+        fixed += [p for p in remaining if p not in fixed][:fixed_size - len(fixed)]
+        for part in fixed:
+            enter(part, fixed)
+        remaining = [p for p in remaining if p not in fixed]
+        for part in sorted(remaining, key=lambda p: p not in held):  # held ones first
+            enter(part, fixed)
+    return order
+
+
+def parts_by_next_use(upcoming: Sequence[Bucket]) -> List[int]:
+    """The partition indices of the `upcoming` buckets, in the order they are first needed."""
+    parts: List[int] = []
+    for b in upcoming:
+        for part in (b.lhs, b.rhs):
+            if part not in parts:
+                parts.append(part)
+    return parts
+
+
+def partitions_to_keep(held: Collection[int], own: Collection[int], next_use: Sequence[int],
+                       buffer: int) -> Set[int]:
+    """Of the partitions `held` in a trainer's buffer, those it keeps as it starts a bucket
+    of partitions `own`: own, then those needed soonest (`next_use`, see
+    parts_by_next_use, of the buckets after this one), `buffer` in all (Belady's rule:
+    the partition needed again last goes first; one not needed again in the pass goes)."""
+    rank = {part: i for i, part in enumerate(next_use)}
+    others = sorted((p for p in set(held) - set(own) if p in rank), key=rank.__getitem__)
+    return (set(held) & set(own)) | set(others[:max(0, buffer - len(set(own)))])
+
+
+def partition_reads(order: Sequence[Bucket], buffer: int) -> int:
+    """Partition reads of one trainer training `order` with a buffer of `buffer`
+    partitions (at least 2), keeping them by partitions_to_keep as the trainer's
+    workers do. A bucket needs partitions lhs and rhs (an entity type on both sides of
+    the relations, partitioned)."""
+    held: Set[int] = set()
+    reads = 0
+    for i, bucket in enumerate(order):
+        own = {bucket.lhs, bucket.rhs}
+        held = partitions_to_keep(held, own, parts_by_next_use(order[i + 1:]), buffer)
+        reads += len(own - held)
+        held |= own
+    return reads
+
+
+def reads_lower_bound(nparts: int, buffer: int) -> int:
+    """The fewest partition reads a pass over all nparts x nparts buckets can take with a
+    buffer of `buffer` partitions: the first `buffer` reads bring buffer (buffer - 1) / 2
+    pairs of partitions, every later one at most buffer - 1 new pairs, and all
+    nparts (nparts - 1) / 2 pairs must be met (Marius's bound)."""
+    if buffer >= nparts:
+        return nparts
+    pairs = nparts * (nparts - 1) // 2 - buffer * (buffer - 1) // 2
+    return buffer + -(-pairs // (buffer - 1))
+
+
+def bucket_order(order: str, nparts_lhs: int, nparts_rhs: int, rng: random.Random,
+                 buffer: int = 2) -> List[Bucket]:
+    """All nparts_lhs x nparts_rhs buckets in PBG's `order` (or `beta`, for a buffer of
+    `buffer` partitions)."""
+    if order == "beta":
+        return buckets_by_buffer(nparts_lhs, nparts_rhs, buffer, rng)
     if order == "random":
         buckets = [Bucket(l, r) for l in range(nparts_lhs) for r in range(nparts_rhs)]
         rng.shuffle(buckets)
@@ -100,15 +194,23 @@ class BucketScheduler:
     `lock_lhs` / `lock_rhs`: whether the lhs / rhs side of buckets touches
     partitioned entity types (an unpartitioned side needs no lock). A pass's order
     follows the run's `seed` and the pass alone, so a resumed run trains in the order
-    an uninterrupted one would have.
+    an uninterrupted one would have. `buffer`: partitions a trainer holds (the `beta`
+    order's).
+
+    A trainer may take its next bucket while it still trains the current one (`acquire`
+    with `after`), so that the partitions it lacks are read while it trains: the two
+    then share partitions, which is safe because the driver starts the next one only
+    once the current one's update is sent.
     """
 
     def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, *,
-                 lock_lhs: bool = True, lock_rhs: bool = True, seed: int = 0) -> None:
+                 lock_lhs: bool = True, lock_rhs: bool = True, seed: int = 0,
+                 buffer: int = 2) -> None:
         self.nparts_lhs, self.nparts_rhs = nparts_lhs, nparts_rhs
         self.order = order
         self.lock_lhs, self.lock_rhs = lock_lhs, lock_rhs
         self.seed = seed
+        self.buffer = buffer
         self.pending: List[Bucket] = []
         self.active: Set[Bucket] = set()
         self.done: List[Bucket] = []
@@ -118,23 +220,26 @@ class BucketScheduler:
         if self.active:
             raise RuntimeError(f"new pass while buckets {sorted(self.active)} are still held")
         rng = random.Random(f"{self.seed}/{iteration}")
-        self.pending = bucket_order(self.order, self.nparts_lhs, self.nparts_rhs, rng)
+        self.pending = bucket_order(self.order, self.nparts_lhs, self.nparts_rhs, rng,
+                                    self.buffer)
         self.done = []
         return list(self.pending)
 
-    def _locked(self) -> Set[int]:
+    def _locked(self, after: Optional[Bucket]) -> Set[int]:
         locked: Set[int] = set()
-        for b in self.active:
+        for b in self.active - {after}:
             if self.lock_lhs:
                 locked.add(b.lhs)
             if self.lock_rhs:
                 locked.add(b.rhs)
         return locked
 
-    def acquire(self) -> Optional[Bucket]:
+    def acquire(self, after: Optional[Bucket] = None) -> Optional[Bucket]:
         """The first pending bucket whose partitions are free, or None (either
-        none is free now, or the pass is over: see `pass_done`)."""
-        locked = self._locked()
+        none is free now, or the pass is over: see `pass_done`). `after`: a held
+        bucket of the same trainer, to be trained before the one returned; its
+        partitions count as free."""
+        locked = self._locked(after)
         for i, b in enumerate(self.pending):
             if (not self.lock_lhs or b.lhs not in locked) and (not self.lock_rhs or b.rhs not in locked):
                 del self.pending[i]

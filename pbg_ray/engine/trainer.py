@@ -36,6 +36,8 @@ from pbg_ray.engine.bucket_task import (
     gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
+from pbg_ray.engine.partitions import OnDisk, WriterDied
+from pbg_ray.engine.scheduler import parts_by_next_use
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
@@ -169,7 +171,8 @@ class Trainer:
             self.config.entities[getattr(r, side)].num_partitions > 1 for r in self.config.relations)
         self.scheduler = BucketSchedulerActor.remote(
             self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
-            partitioned("lhs"), partitioned("rhs"), self.config.seed)
+            partitioned("lhs"), partitioned("rhs"), self.config.seed,
+            self.config.ray.partition_buffer)
         for _ in range(self.max_trainers()):
             start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
                                          num_gpus=gpus_per_trainer(self.config)).remote()
@@ -241,7 +244,9 @@ class Trainer:
         bucket updates, so keeping them would apply those twice. In disk placement the
         pass's swap files are dropped for the same reason: a swap file holds its
         partition after some of the pass's buckets, whose share of the unpartitioned
-        types and relation parameters died in memory. At most one pass is lost.
+        types and relation parameters died in memory. At most one pass is lost. The same
+        happens when a process that wrote a swap file behind its task died before the
+        write was done (WriterDied): that partition's newest values are lost.
         """
         for attempt in itertools.count(1):
             try:
@@ -249,30 +254,43 @@ class Trainer:
                 pass_stats = self._run_pass(iteration, epoch_idx, path_idx, chunk_idx, bucket_index)
                 self._commit(iteration, epoch_idx, pass_stats, last_of_epoch)
                 return pass_stats
-            except (RayActorError, OwnerDiedError) as err:  # a task's partition died with its store
+            except (RayActorError, OwnerDiedError, RayTaskError) as err:
+                # An actor died: itself, or seen through a task's partition that died with
+                # its store (OwnerDiedError), or a swap file's writer died behind its task
+                # (see WriterDied): the pass is trained again. Any other failure of a
+                # method (e.g. a checkpoint write) or of a task stops the run.
+                if (not isinstance(err, (RayActorError, OwnerDiedError))
+                        and not isinstance(err.cause, WriterDied)):
+                    if isinstance(err.cause, PbgRayError):
+                        raise err.cause from None
+                    raise
                 if attempt == MAX_PASS_ATTEMPTS:
                     raise RuntimeError(f"actors of the run died {attempt} times in epoch "
                                        f"{epoch_idx + 1}; giving up") from err
-                logger.warning("an actor died (%s) in epoch %d; restarting the actors from "
-                               "checkpoint version %d and training the pass again",
-                               type(err).__name__, epoch_idx + 1, self.version)
+                what = (f"an actor died ({type(err).__name__})"
+                        if isinstance(err, (RayActorError, OwnerDiedError))
+                        else f"a swap file's writer died ({err.cause})")
+                logger.warning("%s in epoch %d; restarting the actors from checkpoint version "
+                               "%d and training the pass again", what, epoch_idx + 1, self.version)
                 self.actor_restarts += 1
                 for actor in [*self.stores, self.params, self.scheduler]:
                     if actor is not None:
                         ray.kill(actor)
                 self.stores, self.params, self.scheduler = [], None, None
                 self.checkpoints.rollback()
-            except RayTaskError as err:  # an actor's method failed, e.g. a checkpoint write
-                if isinstance(err.cause, PbgRayError):
-                    raise err.cause from None
-                raise
 
     def _run_pass(self, iteration: int, epoch_idx: int, path_idx: int, chunk_idx: int,
                   bucket_index: int) -> List[Dict[str, Any]]:
         config = self.config
         edge_path = config.edge_paths[path_idx]
-        ray.get(self.scheduler.new_pass.remote(iteration))
-        running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, List[bool], float]] = {}
+        plan = ray.get(self.scheduler.new_pass.remote(iteration))
+        # Disk placement: a trainer takes its next bucket when it starts one, and reads
+        # the partitions it lacks while the current one trains (see PartitionCopies).
+        read_ahead = config.ray.placement == "disk" and config.num_partitions() > 1
+        launched: set = set()
+        following_ones: List[Bucket] = []  # taken next buckets whose trainer is free
+        running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, List[bool], float,
+                                           Optional[Bucket]]] = {}
         pass_stats: List[Dict[str, Any]] = []
         max_trainers = self.max_trainers()
         num_buckets = self.nparts_lhs * self.nparts_rhs
@@ -285,13 +303,15 @@ class Trainer:
         pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
         applying: List[ray.ObjectRef] = []  # updates sent to the actors
+        io: Dict[str, int] = {}  # disk placement: partition reads and writes of the pass
         try:
             while True:
                 if applying:
                     done, applying = ray.wait(applying, num_returns=len(applying), timeout=0)
                     ray.get(done)
                 while len(running) < max_trainers:
-                    bucket = ray.get(self.scheduler.acquire.remote())
+                    bucket = (following_ones.pop(0) if following_ones
+                              else ray.get(self.scheduler.acquire.remote()))
                     if bucket is None:
                         break
                     if self.edge_counts[edge_path][bucket] == 0:  # nothing to train
@@ -299,17 +319,19 @@ class Trainer:
                         bar.update(1)
                         continue
                     t_launch = time.perf_counter()
+                    launched.add(bucket)
                     keys = partition_keys(config, bucket)
                     deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
-                    refs = self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration)
-                    running[refs[0]] = (bucket, keys, refs, deltas, t_launch)
+                    refs, following = self._launch(bucket, keys, deltas, edge_path, chunk_idx,
+                                                   iteration, plan, launched, read_ahead)
+                    running[refs[0]] = (bucket, keys, refs, deltas, t_launch, following)
                 if not running:
                     if ray.get(self.scheduler.pass_done.remote()):
                         get_all(applying)
                         break
                     raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
                 (ready,), _ = ray.wait(list(running), num_returns=1)
-                bucket, keys, refs, deltas, t_launch = running.pop(ready)
+                bucket, keys, refs, deltas, t_launch, following = running.pop(ready)
                 try:
                     stats = ray.get(ready)
                 except RayTaskError as err:
@@ -324,7 +346,10 @@ class Trainer:
                                            f"times in epoch {epoch_idx}; giving up") from err
                     logger.warning("trainer of bucket %s died (%s); handing it out again",
                                    bucket, type(err).__name__)
+                    if following is not None:  # after the bucket it was to follow
+                        ray.get(self.scheduler.fail.remote(following))
                     ray.get(self.scheduler.fail.remote(bucket))
+                    launched.discard(bucket)
                     continue
                 loss = stats["stats"]["metrics"].get("loss", 0.0)
                 if not np.isfinite(loss):  # stop before the update is applied anywhere
@@ -342,6 +367,8 @@ class Trainer:
                              for k, r, d in zip(keys, result_refs, deltas)]
                 applying += [self.params.apply_delta.remote(delta_ref),
                              self.scheduler.release.remote(bucket)]
+                if following is not None:
+                    following_ones.append(following)
                 fault_point("driver.after_apply")
                 stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
                 pass_sums = add_stats(pass_sums, stats["stats"])
@@ -355,6 +382,8 @@ class Trainer:
                 rate = pass_sums["count"] / (time.perf_counter() - t_pass)
                 mean_loss = stats_mean([pass_sums]).get("loss", float("nan"))
                 bar.set_postfix(edges_per_s=f"{rate:.3g}", loss=f"{mean_loss:.4g}")
+                for name, count in stats.get("partition_io", {}).items():
+                    io[name] = io.get(name, 0) + count
                 bar.update(1)
         except KeyboardInterrupt:
             # Ctrl-C: the driver leaves at once, and Ray ends the tasks it started (cancelling
@@ -368,27 +397,52 @@ class Trainer:
                 ray.cancel(ref, force=True)
             if running:
                 ray.wait(list(running), num_returns=len(running), timeout=60)
-            discard([ref for _, _, refs, _, _ in running.values() for ref in refs])
+            discard([ref for _, _, refs, *_ in running.values() for ref in refs])
             raise
         bar.close()
+        io_text = (f", {io['reads']} partition reads, {io['writes']} writes" if io else "")
         if bar.disable and pass_stats:  # no terminal (a log): a plain line per pass
-            print(f"{desc}: {len(pass_stats)} buckets, {rate:.3g} edges/s, loss {mean_loss:.4g}",
-                  file=sys.stderr, flush=True)
+            print(f"{desc}: {len(pass_stats)} buckets, {rate:.3g} edges/s, loss {mean_loss:.4g}"
+                  f"{io_text}", file=sys.stderr, flush=True)
+        elif io:
+            logger.info("%s:%s", desc, io_text[1:])
         return pass_stats
 
     def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
-                edge_path: str, chunk_idx: int, iteration: int) -> List[ray.ObjectRef]:
-        """Start the train task of `bucket`: [stats, params delta, one result per key]."""
+                edge_path: str, chunk_idx: int, iteration: int, plan: List[Bucket],
+                launched: set, read_ahead: bool) -> Tuple[List[ray.ObjectRef], Optional[Bucket]]:
+        """Start the train task of `bucket`: ([stats, params delta, one result per key],
+        the trainer's next bucket). With `read_ahead` (disk placement) the trainer takes
+        its next bucket now, the task reads its partitions that it lacks, and its worker
+        keeps its buffer by the partitions the buckets after it need."""
         config = self.config
-        # An object-store ref each, or in disk placement the SwapFile the task reads and writes.
-        leases = [lease[0] if isinstance(lease, list) else lease
-                  for lease in ray.get([self.store_of[k].lease.remote(k) for k in keys])]
-        return train_bucket_task.options(
+        # An object-store ref each, or in disk placement the SwapFile the task reads and
+        # writes; asked for while the scheduler picks the next bucket.
+        lease_refs = [self.store_of[k].lease.remote(k) for k in keys]
+        following = ray.get(self.scheduler.acquire.remote(bucket)) if read_ahead else None
+        ahead = ([k for k in partition_keys(config, following) if k not in keys]
+                 if following is not None else [])
+        # Where the partitions to read ahead are (None: not on disk).
+        replies = ray.get(lease_refs + [self.store_of[k].source.remote(k) for k in ahead])
+        leases = [lease[0] if isinstance(lease, list) else lease for lease in replies[:len(keys)]]
+        read_ahead_parts = [(k, OnDisk(source)) for k, source in zip(ahead, replies[len(keys):])
+                            if source is not None]
+        next_use = self._next_use(plan, launched, following) if read_ahead else []
+        refs = train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
-                 known=self.known)
+                 known=self.known, read_ahead=read_ahead_parts, next_use=next_use)
+        return refs, following
+
+    @staticmethod
+    def _next_use(plan: List[Bucket], launched: set, following: Optional[Bucket]) -> List[int]:
+        """The partitions a trainer's next buckets need, in the order they first need
+        them, `following` first."""
+        upcoming = ([following] if following is not None else []) + [
+            b for b in plan if b not in launched and b != following]
+        return parts_by_next_use(upcoming)
 
     def _commit(self, iteration: int, epoch_idx: int, pass_stats: List[Dict[str, Any]],
                 last_of_epoch: bool) -> None:

@@ -37,6 +37,8 @@ BAD_CONFIGS = [
      "export.variants: unknown value 'int4' (did you mean 'int8'?)"),
     (dict(export={"versions": [1, 2]}), "export.versions: export.versions and export.variants "
      "apply to export.format=bundle, not to format=tsv"),
+    (dict(ray={"partition_buffer": 1}), "ray.partition_buffer: must be at least 2, got 1"),
+    (dict(bucket_order="bata"), "bucket_order: unknown value 'bata'"),
 ]
 
 

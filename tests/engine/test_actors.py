@@ -8,7 +8,7 @@ import ray
 from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import PartitionStore
-from pbg_ray.engine.partitions import SwapFile
+from pbg_ray.engine.partitions import SwapFile, written_marker
 from tests.util import config_dict
 
 KEYS = [("user", 0), ("user", 1), ("tag", 0)]  # user is partitioned, tag is not
@@ -66,8 +66,10 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
         embs, state = storage.load_entity_partition(1, *key)
         np.testing.assert_array_equal(embs, expected[key][0])
         np.testing.assert_array_equal(row_adagrad_sums(state, len(embs), key), expected[key][1])
-    # The newest swap files became version 1's; the dead task's is written over next.
-    assert [str(p) for p in storage.path.glob(".*tmp*")] == [dead.staged]
+    # The newest swap files became version 1's (their markers gone); the dead task's is
+    # written over next.
+    assert sorted(str(p) for p in storage.path.glob(".*tmp*")) == sorted(
+        [dead.staged, str(written_marker(dead.staged))])
     assert ray.get(store.lease.remote(("user", 0))).staged == dead.staged
 
     # Once version 2 is current, version 1's files of swapped partitions are spare swap

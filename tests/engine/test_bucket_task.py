@@ -1,14 +1,18 @@
 import os
+import socket
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 import ray.cloudpickle
 
 from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
 from pbg_ray.engine.bucket_task import (
     PartitionCopies, partition_keys, run_bucket, split_held_out, start_trainer_worker, writable)
-from pbg_ray.engine.partitions import SwapFile, load_partition
+from pbg_ray.engine.partitions import (
+    OnDisk, SwapFile, WriterDied, load_partition, wait_written, written_marker)
+from pbg_ray.errors import PbgRayError
 from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import write_random_graph
@@ -83,25 +87,65 @@ def test_partition_copies_reuse_their_buffers_until_told_not_to():
     assert not copies.used
 
 
-def test_partition_copies_hold_a_written_partition_for_the_next_task_that_wants_it():
+def test_partition_copies_keep_written_partitions_and_read_the_next_ones_ahead(
+        make_config, tmp_path):
+    """The worker's partition buffer in disk placement: a partition written behind its
+    task is held for the next task whose lease names what was written; the next bucket's
+    partitions are read ahead; what the driver does not say to keep is dropped."""
+    config = make_config()
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
     copies = PartitionCopies()
-    table, sums = copies.empty((4, 3), np.float32), copies.empty((4,), np.float32)
-    copies.hold(("swap", "file", "t1"), (table, sums))
-    copies.next_task(keep=True, wanted=[("swap", "file", "t1")])
-    other = copies.empty((4, 3), np.float32)  # the held table's buffer is not handed out
-    assert not np.shares_memory(other, table)
-    held = copies.take(("swap", "file", "t1"))
-    assert held[0] is table and held[1] is sums
-    assert copies.take(("swap", "file", "t1")) is None  # once
-    copies.hold(("swap", "file", "t2"), (table, sums))
-    copies.next_task(keep=True, wanted=[("swap", "file", "t3")])
-    assert copies.take(("swap", "file", "t2")) is None  # not wanted: its buffers are free again
-    a, b = copies.empty((4, 3), np.float32), copies.empty((4, 3), np.float32)
-    assert sorted([np.shares_memory(a, table), np.shares_memory(b, table)]) == [False, True]
-    assert copies.empty((4,), np.float32).base is sums.base
-    copies.hold(("swap", "file", "t4"), (a, b))
-    copies.next_task(keep=False, wanted=[("swap", "file", "t4")])  # nothing is kept
-    assert copies.take(("swap", "file", "t4")) is None and not copies.used
+    user0, user1 = ("user", 0), ("user", 1)
+    first = SwapFile(("random", 40, 0), str(storage.swap_file("t", 0)), "lease-1")
+    trained = copies.load(config, user0, first)  # read: not held
+    assert copies.reads == 1
+    trained[0][:] += 1
+    copies.write_behind(config, user0, first, trained, {})
+    # Any reader of what the task wrote waits for the write behind it.
+    np.testing.assert_array_equal(load_partition(config, user0, first.written)[0], trained[0])
+    second = SwapFile(first.written, str(storage.swap_file("t", 1)), "lease-2")
+    ahead = SwapFile(("random", 30, 0), str(storage.swap_file("t", 2)), "lease-3")
+    copies.read_ahead(config, [(user1, OnDisk(ahead.source))])
+    assert copies.reads == 2
+    copies.next_task(keep=True, parts={0, 1}, leases={user0: second.source,
+                                                      user1: ahead.source})
+    other = copies.empty(trained[0].shape, np.float32)  # held buffers are not handed out
+    assert not np.shares_memory(other, trained[0])
+    again = copies.load(config, user0, second)
+    assert again[0] is trained[0] and again[1] is trained[1]  # the arrays it wrote
+    read_ahead = copies.load(config, user1, ahead)
+    np.testing.assert_array_equal(read_ahead[0], load_partition(config, user1, ahead.source)[0])
+    assert copies.reads == 2  # neither read again
+    copies.write_behind(config, user0, second, again, {})
+    copies.write_behind(config, user1, ahead, read_ahead, {})
+    copies.next_task(keep=True, parts={1})  # partition 0 is not kept: its buffers are freed
+    assert set(copies.held) == {(user1, ahead.written)}
+    assert any(np.shares_memory(copies.empty(trained[0].shape, np.float32), trained[0])
+               for _ in range(2))
+    np.testing.assert_array_equal(load_partition(config, user0, second.written)[0], trained[0])
+    copies.next_task(keep=False)  # nothing is kept
+    assert not copies.held and not copies.used and not copies.free
+
+
+def test_a_reader_of_a_swap_file_waits_for_its_write_or_learns_it_never_ends(tmp_path):
+    staged = str(tmp_path / ".partition.h5.tmp-swap-x-0")
+    marker = written_marker(staged)
+    marker.write_text("tok\ndone")
+    wait_written(staged, "tok")
+    with pytest.raises(WriterDied, match="does not hold the values of lease other"):
+        wait_written(staged, "other")
+    marker.write_text("tok\nfailed writing x: disk full")
+    with pytest.raises(PbgRayError, match="writing x: disk full"):
+        wait_written(staged, "tok")
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    marker.write_text(f"tok\npending {socket.gethostname()} {gone}")
+    with pytest.raises(WriterDied, match="died before the write was done"):
+        wait_written(staged, "tok")
+    marker.write_text(f"tok\npending {socket.gethostname()} {os.getpid()}")  # alive: waits
+    with pytest.raises(WriterDied, match="did not finish in 0 s"):
+        wait_written(staged, "tok", timeout=0.05)
 
 
 def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_config):
@@ -148,7 +192,8 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
     read = [load_partition(config, key, swap.written) for key, swap in zip(keys, again)]
     for swap in swaps:
         os.unlink(swap.staged)
-    copies.next_task(keep=True, wanted=[swap.source for swap in again])
+    copies.next_task(keep=True, parts={0, 1},
+                     leases={key: swap.source for key, swap in zip(keys, again)})
     _, held_delta, *_ = run(again, copies)
     for name in params.arrays:
         np.testing.assert_array_equal(held_delta.arrays[name], read_delta.arrays[name])

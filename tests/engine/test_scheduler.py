@@ -4,7 +4,8 @@ import pytest
 from torchbiggraph.bucket_scheduling import create_ordered_buckets
 from torchbiggraph.config import BucketOrder
 
-from pbg_ray.engine.scheduler import BucketScheduler, bucket_order
+from pbg_ray.engine.scheduler import (
+    BucketScheduler, bucket_order, partition_reads, reads_lower_bound)
 from pbg_ray.types import Bucket
 
 pytestmark = pytest.mark.oracle
@@ -77,3 +78,46 @@ def test_a_pass_order_follows_the_seed_and_the_pass():
         return BucketScheduler(6, 6, "random", seed=seed).new_pass(iteration)
     assert order(3, 2) == order(3, 2)  # a resumed run, a restarted actor: the same order
     assert order(3, 2) != order(4, 2) and order(3, 2) != order(3, 1)
+
+
+@pytest.mark.parametrize("nparts", [(1, 1), (2, 2), (5, 5), (8, 8), (16, 16), (6, 1), (3, 5)])
+@pytest.mark.parametrize("buffer", [2, 3, 4, 8, 20])
+def test_beta_trains_every_bucket_once(nparts, buffer):
+    order = bucket_order("beta", *nparts, random.Random(buffer), buffer)
+    assert sorted(order) == [Bucket(l, r) for l in range(nparts[0]) for r in range(nparts[1])]
+
+
+@pytest.mark.parametrize("nparts", [4, 8, 12, 16])
+@pytest.mark.parametrize("buffer", [2, 3, 4, 6])
+def test_beta_reads_fewer_partitions_than_inside_out_near_the_bound(nparts, buffer):
+    for seed in range(3):
+        beta = partition_reads(bucket_order("beta", nparts, nparts, random.Random(seed), buffer),
+                               buffer)
+        inside_out = partition_reads(
+            bucket_order("inside_out", nparts, nparts, random.Random(seed)), buffer)
+        bound = reads_lower_bound(nparts, buffer)
+        assert bound <= beta <= inside_out
+        assert beta <= bound + buffer * (nparts // buffer)  # a round loses at most buffer reads
+    if buffer == 2:  # a buffer of two: one read per new pair of partitions, the bound itself
+        assert beta == bound
+
+
+def test_partition_reads_of_a_buffer():
+    order = [Bucket(0, 1), Bucket(1, 2), Bucket(0, 0), Bucket(2, 2)]
+    assert partition_reads(order, 2) == 4  # 0, 1; 2 evicts 0 (needed again, but 1 now); 0
+    assert partition_reads(order, 3) == 3  # each partition once
+    assert reads_lower_bound(3, 2) == 4  # pairs 01, then 12, then 02: 0 is read twice
+    assert reads_lower_bound(3, 3) == 3
+
+
+def test_a_trainer_takes_its_next_bucket_while_training_the_current_one():
+    scheduler = BucketScheduler(4, 4, "beta", seed=0, buffer=2)
+    order = scheduler.new_pass(0)
+    current = scheduler.acquire()
+    following = scheduler.acquire(after=current)
+    assert (current, following) == (order[0], order[1])
+    assert set(current) & set(following)  # consecutive buckets of beta share a partition
+    other = scheduler.acquire()  # another trainer: nothing that shares a held partition
+    assert other is None or not set(other) & (set(current) | set(following))
+    scheduler.release(current)
+    assert scheduler.acquire(after=following) == next(b for b in order[2:] if b != other)

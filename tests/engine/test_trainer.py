@@ -1,6 +1,7 @@
 """The engine end to end on a real local Ray."""
 
 import json
+import random
 
 import h5py
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from pbg_ray.checkpoints.storage import CheckpointStorage, checkpoint_metadata
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.scheduler import bucket_order, partition_reads, reads_lower_bound
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from tests.fault_injection import armed, checkpoint_arrays, edges_lost_or_doubled
@@ -82,6 +84,34 @@ def test_disk_placement_trains_what_memory_placement_trains(ray_session, tmp_pat
                 run, 1, 1).items() if k != "config/json"}}
 
 
+@pytest.mark.slow  # two passes of 16 buckets
+def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
+    """Disk placement with bucket_order=beta: every bucket line counts its partition reads
+    and writes; a pass trained by one worker reads exactly what the scheduler's
+    simulation of its buffer says (read-ahead and kept partitions included), and never
+    fewer than BETA's lower bound."""
+    config = small_config(
+        tmp_path, entities={"user": {"num_partitions": 4}},
+        relations=[{"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}],
+        bucket_order="beta", eval_fraction=0.0,
+        ray={"placement": "disk", "num_trainers": 1, "partition_buffer": 3})
+    write_random_graph(config, num_edges=800, counts={"user": 40})
+    result = Trainer(config).run()
+    assert result.version == 2
+    assert_valid_checkpoint(config, 2)
+    lines = [json.loads(l) for l in open(tmp_path / "checkpoints" / "training_stats.json")]
+    assert all(l["partition_io"]["writes"] == len({l["lhs_partition"], l["rhs_partition"]})
+               for l in lines)
+    for iteration in range(2):
+        buckets = [l for l in lines if l["epoch_idx"] == iteration]
+        reads = sum(l["partition_io"]["reads"] for l in buckets)
+        plan = bucket_order("beta", 4, 4, random.Random(f"{config.seed}/{iteration}"), 3)
+        assert [(l["lhs_partition"], l["rhs_partition"]) for l in buckets] == [tuple(b) for b in plan]
+        assert reads >= reads_lower_bound(4, 3)
+        if len({l["worker"]["pid"] for l in buckets}) == 1:
+            assert reads == partition_reads(plan, 3)
+
+
 def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
     first = small_config(tmp_path, num_epochs=1)
     write_random_graph(first)
@@ -125,7 +155,8 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
 @pytest.mark.slow
 def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
-    placement having written its swap files): the bucket is trained again, and the
+    placement having trained, or while writing a swap file behind its task, which may
+    have returned: then the pass is trained again): the bucket is trained again, and the
     checkpoint equals an undisturbed run's bit for bit (one trainer at a time makes a
     run deterministic; disk placement trains what memory placement trains), so no update
     was lost or applied twice."""
@@ -137,7 +168,8 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
     expected = checkpoint_arrays(undisturbed)
     # The third bucket of the first pass; the second of the second pass.
     for point, hits, placement in (("train_task.after_read", 3, "memory"),
-                                   ("train_task.before_return", 6, "disk")):
+                                   ("train_task.before_return", 6, "disk"),
+                                   ("train_task.write_behind", 6, "disk")):
         config = small_config(tmp_path, checkpoint_path=str(tmp_path / point),
                               ray={"num_trainers": 1, "placement": placement}, **settings)
         with armed(point, hits) as fired:
