@@ -256,7 +256,7 @@ def _look_up(table: Tuple[np.ndarray, ...], names: Tuple[np.ndarray, np.ndarray,
 def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.ndarray, ...]],
                  edges: Dict[str, Any]) -> Tuple[Any, ...]:
     """A block's edges given their buckets: (edges left out per input, dropped and unseen),
-    then per writer the edges of its buckets (bucket % writers), by (input, bucket)."""
+    then per writer the edges of its buckets (bucket % writers)."""
     types = EntityTypes.of(config)
     router = BucketRouter(config, types, spill_dtype("weight" in edges))
     looked_up = {t: _look_up(tables[t], names, f"entity type {types.names[t]!r}"
@@ -284,8 +284,6 @@ def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.
     left_out = {kind: np.bincount(edges["input"][bucket == kind], minlength=num_inputs)
                 for kind in (DROPPED, UNSEEN)}
     kept = np.flatnonzero(bucket >= 0)
-    group = edges["input"][kept].astype(np.int64) * router.num_buckets + bucket[kept]
-    kept = kept[np.argsort(group, kind="stable")]
     columns = {"input": edges["input"][kept], "bucket": bucket[kept],
                "lhs": sides["lhs"][1][kept], "rhs": sides["rhs"][1][kept],
                "rel": rel[kept].astype(np.int64)}
@@ -305,7 +303,9 @@ def _write_buckets(config: ConfigSchema, stages: List[StoragePath], writer: int,
     weighted = "weight" in columns
     router = BucketRouter(config, EntityTypes.of(config), spill_dtype(weighted))
     group = columns["input"].astype(np.int64) * router.num_buckets + columns["bucket"]
-    order = np.argsort(group, kind="stable")  # each block's edges are sorted: runs merge
+    # Stable: a bucket keeps the blocks' order; a radix sort below 2^16 groups.
+    small = len(config.importer.inputs) * router.num_buckets <= 1 << 16
+    order = np.argsort(group.astype(np.uint16) if small else group, kind="stable")
     group = group[order]
     names = ("lhs", "rhs", "rel", "weight") if weighted else ("lhs", "rhs", "rel")
     written = []
