@@ -53,7 +53,7 @@ from pbg_ray.importer.name_index import NameIndex, mix
 from pbg_ray.importer.read import EntityTypes, IdReader, read_stats, spill_dtype
 from pbg_ray.importer.routing import BucketRouter
 from pbg_ray.importer.staging import Staging
-from pbg_ray.io.raw import RawBatch, RawTable, input_shards
+from pbg_ray.io.raw import PARQUET_BATCH_ROWS, RawBatch, RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path
 
 logger = logging.getLogger("pbg_ray")
@@ -164,11 +164,18 @@ def _index_block(config: ConfigSchema, parts: int, block: pa.Table) -> Tuple[Any
     block = _edges(block)
     reader = IdReader(config)
     first = (block["input"].to_numpy() == 0).astype(np.int64)  # only the first input counts
-    rows = RawBatch(block["lhs"].combine_chunks(), block["rhs"].combine_chunks(),
-                    block["rel_name"].combine_chunks(), None, np.empty(0))
-    rel = (reader.relation_ids(rows, learn=True, counts=first) if config.dynamic_relations
-           else block["rel"].to_numpy())
-    lhs, rhs = reader.entity_ids(rows, rel, learn=True, counts=first)
+    rel, lhs, rhs = [], [], []
+    for at in range(0, len(block), PARQUET_BATCH_ROWS):  # hashed in cache-sized slices
+        part = block.slice(at, PARQUET_BATCH_ROWS)
+        rows = RawBatch(part["lhs"].combine_chunks(), part["rhs"].combine_chunks(),
+                        part["rel_name"].combine_chunks(), None, np.empty(0))
+        counts = first[at:at + len(part)]
+        rel.append(reader.relation_ids(rows, learn=True, counts=counts)
+                   if config.dynamic_relations else part["rel"].to_numpy())
+        ids = reader.entity_ids(rows, rel[-1], learn=True, counts=counts)
+        lhs.append(ids[0])
+        rhs.append(ids[1])
+    rel, lhs, rhs = (np.concatenate(c) if c else np.empty(0, np.int64) for c in (rel, lhs, rhs))
     indexes = dict(enumerate(reader.entity_index[t] for t in reader.types.names))
     if config.dynamic_relations:
         indexes[RELATIONS] = reader.relation_index
