@@ -70,15 +70,20 @@ class IdReader:
             self.relation_index.add(pa.array([r.name for r in config.relations], pa.string()))
         self.spill_dtype = spill_dtype(self.settings.weight_col is not None)
 
-    def _relation_ids(self, batch: RawBatch, learn: bool) -> np.ndarray:
+    def relation_ids(self, batch: RawBatch, learn: bool,
+                     counts: Optional[np.ndarray] = None) -> np.ndarray:
+        """The relation id of each row (`learn`, with dynamic_relations: new names get new
+        ids, each row counted as `counts` occurrences, default 1); -1 where unknown."""
         if batch.rel is None:
             return np.zeros(len(batch), np.int64)
         if learn and self.config.dynamic_relations:
-            return self.relation_index.add(batch.rel)
+            return self.relation_index.add(batch.rel, counts)
         return self.relation_index.lookup(batch.rel)
 
-    def _entity_ids(self, batch: RawBatch, rel: np.ndarray, learn: bool) -> tuple:
-        """(lhs ids, rhs ids), each within its own entity type; -1 where unseen."""
+    def entity_ids(self, batch: RawBatch, rel: np.ndarray, learn: bool,
+                   counts: Optional[np.ndarray] = None) -> tuple:
+        """(lhs ids, rhs ids), each within its own entity type; -1 where unseen (`learn`:
+        new names get new ids, each row's names counted as `counts` occurrences, default 1)."""
         lhs_ids = np.empty(len(batch), np.int64)
         rhs_ids = np.empty(len(batch), np.int64)
         lhs_types, rhs_types = self.types.of_edges("lhs", rel), self.types.of_edges("rhs", rel)
@@ -90,7 +95,9 @@ class IdReader:
             if not len(lhs) + len(rhs):
                 continue
             both = pa.concat_arrays([lhs, rhs])
-            ids = index.add(both) if learn else index.lookup(both)
+            ids = (index.add(both, None if counts is None
+                             else np.concatenate([counts[lmask], counts[rmask]]))
+                   if learn else index.lookup(both))
             lhs_ids[lmask] = ids[:len(lhs)]
             rhs_ids[rmask] = ids[len(lhs):]
         return lhs_ids, rhs_ids
@@ -100,7 +107,7 @@ class IdReader:
         have are refused (skip_bad_rows: left out). With dynamic_relations and not `learn`,
         relations the index doesn't know have id -1."""
         for batch in table.batches():
-            rel = self._relation_ids(batch, learn)
+            rel = self.relation_ids(batch, learn)
             if not self.config.dynamic_relations and (rel < 0).any():
                 bad = rel < 0
                 name = batch.rel[int(np.argmax(bad))].as_py()
@@ -125,7 +132,7 @@ class IdReader:
             for shard in input_shards(spec):
                 tables.append(RawTable(shard.path, self.settings))
                 for batch, rel in self.batches(tables[-1], learn):
-                    lhs, rhs = self._entity_ids(batch, rel, learn)
+                    lhs, rhs = self.entity_ids(batch, rel, learn)
                     known = (lhs >= 0) & (rhs >= 0) & (rel >= 0)
                     unseen += int(len(known) - known.sum())
                     records = np.empty(int(known.sum()), self.spill_dtype)
