@@ -135,18 +135,10 @@ def in_process(config: Any, items: List[str], requests: int) -> Dict[str, Dict[s
     """The same top_lhs queries answered by the service's own code (ServingModel over
     ShardTables) in this process, one at a time, without Ray Serve or HTTP: per mode the
     mean and p99 ms of the computation a request costs."""
-    from pbg_ray.evaluation.serving import ServingModel, ShardTables
+    from pbg_ray.evaluation.serving import ServingModel, in_process_shards
 
     model = ServingModel(config, 1)
-    shards = [ShardTables(config, 1, g) for g in range(config.serve.shard_groups)]
-
-    async def rows(entity, part, offsets):
-        return shards[part % len(shards)].rows(entity, part, offsets)
-
-    def search(group):
-        async def call(*args):
-            return shards[group].search(*args)
-        return call
+    rows, search = in_process_shards(config, 1)
 
     figures = {}
     rng = np.random.default_rng(0)

@@ -582,3 +582,21 @@ class ServingModel(NamedModel):
             answers.append([(names[where[j][0]][int(where[j][1][i])], float(row[j]))
                             for j in best if row[j] != -np.inf])
         return answers
+
+
+def in_process_shards(config: ConfigSchema, version: int
+                      ) -> Tuple[Callable[..., Awaitable[np.ndarray]], Callable[[int], Callable]]:
+    """Every shard group of `version` in this process, as the router reaches them through
+    Ray Serve: (rows(entity, part, offsets), search(group)(...)), what ServingModel's
+    queries take. For the Python API and for measuring the service without Serve."""
+    shards = [ShardTables(config, version, g) for g in range(config.serve.shard_groups)]
+
+    async def rows(entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
+        return shards[shard_of(part, config.serve)].rows(entity, part, offsets)
+
+    def search(group: int) -> Callable:
+        async def call(*args: Any) -> Any:
+            return shards[group].search(*args)
+        return call
+
+    return rows, search

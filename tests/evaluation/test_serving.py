@@ -14,7 +14,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.evaluation.serving import (
     ServingModel, ShardTables, adjoint_queries, build_index, build_set_index, drop_old_indexes,
-    index_file, index_keys, index_kind, set_keys, shares_index)
+    in_process_shards, index_file, index_keys, index_kind, set_keys, shares_index)
 from tests.util import config_dict, random_checkpoint, write_random_graph
 
 
@@ -33,17 +33,7 @@ def build_all(config, version=1):
 
 def local_shards(config, version=1):
     """The shards as the router reaches them, called in this process."""
-    shards = [ShardTables(config, version, g) for g in range(config.serve.shard_groups)]
-
-    async def rows(entity, part, offsets):
-        return shards[part % len(shards)].rows(entity, part, offsets)
-
-    def search(group):
-        async def call(*args):
-            return shards[group].search(*args)
-        return call
-
-    return rows, search
+    return in_process_shards(config, version)
 
 
 def test_candidate_sets_follow_the_operators(tmp_path):
