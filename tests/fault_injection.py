@@ -274,8 +274,11 @@ def lose_a_node(data: Dict[str, Any], hit: int) -> Dict[str, Any]:
     node_loss_run.py), losing a worker node that holds a partition store at the `hit`-th
     bucket read (0: none); the run's summary."""
     script = Path(__file__).with_name("engine") / "node_loss_run.py"
-    proc = subprocess.run([sys.executable, str(script), json.dumps(data), str(hit)],
-                          capture_output=True, text=True, timeout=TRIAL_TIMEOUT_S * 2)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the node-loss run failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryDirectory(prefix="node_loss-") as scratch:
+        summary = Path(scratch) / "summary.json"
+        proc = subprocess.run([sys.executable, str(script), json.dumps(data), str(hit),
+                               str(summary)], capture_output=True, text=True,
+                              timeout=TRIAL_TIMEOUT_S * 2)
+        if proc.returncode != 0 or not summary.exists():
+            raise RuntimeError(f"the node-loss run failed:\n{proc.stderr[-3000:]}")
+        return json.loads(summary.read_text())

@@ -2,9 +2,10 @@
 cluster needs a driver of its own): a three-node Ray cluster on this machine
 (ray.cluster_utils.Cluster: a head with no CPU, two workers of one CPU each, so train
 tasks run on the workers and partition stores sit on all three), one training run, and a
-JSON summary on stdout.
+JSON summary written to SUMMARY_FILE (not stdout: Ray prints a removed node's last log
+lines there as the driver ends).
 
-    python tests/engine/node_loss_run.py CONFIG_JSON HIT
+    python tests/engine/node_loss_run.py CONFIG_JSON HIT SUMMARY_FILE
 
 HIT > 0: the HIT-th time a train task has read its bucket (fault point
 train_task.after_read, armed to "mark"), a worker node is
@@ -35,6 +36,7 @@ POINT = "train_task.after_read"
 
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
 hit = int(sys.argv[2])
+summary = Path(sys.argv[3])
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
 workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
 removed = {}
@@ -62,7 +64,7 @@ try:
             threading.Thread(target=remove_a_node_at_the_mark, args=(fired,), daemon=True).start()
         result = Trainer(config).run()
         marked = fired()
-    print(json.dumps({
+    summary.write_text(json.dumps({
         "version": result.version, "actor_restarts": result.actor_restarts,
         "node_removed": bool(hit) and marked, **removed,
         "nodes_alive": len([n for n in ray.nodes() if n["Alive"]]),
