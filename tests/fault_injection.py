@@ -280,5 +280,6 @@ def lose_a_node(data: Dict[str, Any], hit: int) -> Dict[str, Any]:
                                str(summary)], capture_output=True, text=True,
                               timeout=TRIAL_TIMEOUT_S * 2)
         if proc.returncode != 0 or not summary.exists():
-            raise RuntimeError(f"the node-loss run failed:\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"the node-loss run failed (exit {proc.returncode}):\n"
+                               f"{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
         return json.loads(summary.read_text())

@@ -48,12 +48,15 @@ def remove_a_node_at_the_mark(fired) -> None:
     each node)."""
     while not fired():
         time.sleep(0.02)
-    pid = int(next(FAULTS_DIR.glob(f"{POINT}.fired-*")).name.rsplit("-", 1)[1])
-    ancestors = {p.pid for p in psutil.Process(pid).parents()}
-    node = next(n for n in workers
-                if n.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid in ancestors)
-    cluster.remove_node(node, allow_graceful=False)
-    removed["node_ran_the_task"] = True
+    try:
+        pid = int(next(FAULTS_DIR.glob(f"{POINT}.fired-*")).name.rsplit("-", 1)[1])
+        ancestors = {p.pid for p in psutil.Process(pid).parents()}
+        node = next(n for n in workers if n.all_processes[
+            ray_constants.PROCESS_TYPE_RAYLET][0].process.pid in ancestors)
+        cluster.remove_node(node, allow_graceful=False)
+        removed["node_ran_the_task"] = True
+    except Exception as err:  # noqa: BLE001  reported in the summary, for the test to show
+        removed["watcher_error"] = repr(err)
 
 
 try:

@@ -39,7 +39,7 @@ def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, placement):
     data = graph_config(root, placement, ray={"num_trainers": 2, "placement": placement})
     # The 6th of the first pass's 16 buckets: some applied, some in flight.
     lost = lose_a_node(data, hit=6)
-    assert lost["node_removed"] and lost["node_ran_the_task"]
+    assert lost["node_removed"] and lost.get("node_ran_the_task"), lost
     # Its partition store died with it: the actors came back from the last version.
     assert lost["actor_restarts"] >= 1
     assert lost["nodes_alive"] == 2 and lost["version"] == EPOCHS
