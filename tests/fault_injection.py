@@ -54,8 +54,8 @@ PROCESSES_GONE_TIMEOUT_S = 60
 
 def _clear(point: str) -> None:
     """Remove `point`'s armed file and the records of its hits and firing."""
-    for path in [FAULTS_DIR / point, *FAULTS_DIR.glob(f"{point}.hit-*"),
-                 *FAULTS_DIR.glob(f"{point}.fired-*")]:
+    for path in [FAULTS_DIR / point, FAULTS_DIR / f"{point}.released",
+                 *FAULTS_DIR.glob(f"{point}.hit-*"), *FAULTS_DIR.glob(f"{point}.fired-*")]:
         path.unlink(missing_ok=True)
 
 
@@ -64,11 +64,17 @@ def fired(point: str) -> bool:
     return any(FAULTS_DIR.glob(f"{point}.fired-*"))
 
 
+def release(point: str) -> None:
+    """Let a process held at `point` (action "hold") go on."""
+    (FAULTS_DIR / f"{point}.released").touch()
+
+
 @contextlib.contextmanager
 def armed(point: str, hits: int = 1, action: str = "kill") -> Iterator[Callable[[], bool]]:
     """Arm fault point `point` (pbg_ray.engine.faults) for the block: the `hits`-th time a
-    process reaches it, that process fails by `action` ("kill", "exit" or "raise").
-    Yields `fired`; the fault is disarmed after the block if it did not fire."""
+    process reaches it, that process fails by `action` ("kill", "exit" or "raise") or
+    waits there until released ("hold"). Yields `fired`; after the block the fault is
+    disarmed if it did not fire, and a held process released."""
     _clear(point)
     staged = FAULTS_DIR / f".{point}.tmp"
     staged.write_text(json.dumps({"action": action, "hits": hits}))
@@ -77,6 +83,8 @@ def armed(point: str, hits: int = 1, action: str = "kill") -> Iterator[Callable[
         yield lambda: fired(point)
     finally:
         (FAULTS_DIR / point).unlink(missing_ok=True)
+        if action == "hold":
+            release(point)
 
 
 def hits_per_pass(config: ConfigSchema, point: str) -> int:

@@ -23,13 +23,14 @@ The engine calls `fault_point(name)` at these points (in the process that reache
 Nothing is armed unless the environment variable PBG_RAY_FAULTS_DIR names a directory
 (read once per process: set it before Ray starts, so that every Ray worker inherits it).
 A point is armed by a file in that directory named after the point, holding JSON
-{"action": "kill" | "exit" | "raise" | "mark", "hits": n}. Every hit of an armed point, in
+{"action": "kill" | "exit" | "raise" | "hold", "hits": n}. Every hit of an armed point, in
 any process, takes the next number by creating `<point>.hit-<k>` (O_EXCL: one process per
 k); the process whose hit is the n-th renames the armed file to `<point>.fired-<pid>`,
 which disarms it, and then SIGKILLs itself, exits with EXIT_STATUS, raises FaultInjected,
-or ("mark") goes on: the fired file alone tells a test that the moment has come, for a
-fault it makes itself (a node of the cluster removed). So each armed fault fires exactly
-once.
+or ("hold") waits there until `<point>.released` exists: the fired file tells a test
+that the moment has come for a fault it makes itself (the node of the held process
+removed), and the hold keeps the run at that moment until the test has made it. So each
+armed fault fires exactly once.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import itertools
 import json
 import os
 import signal
+import time
 from typing import Optional
 
 FAULTS_DIR_ENV = "PBG_RAY_FAULTS_DIR"
@@ -84,6 +86,8 @@ def _hit(path: str, name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if fault["action"] == "exit":
         os._exit(EXIT_STATUS)
-    if fault["action"] == "mark":
+    if fault["action"] == "hold":
+        while not os.path.exists(f"{path}.released"):
+            time.sleep(0.01)
         return
     raise FaultInjected(f"fault injected at {name}")

@@ -114,6 +114,7 @@ class Trainer:
         self.stores: List[Any] = []
         self.params: Optional[Any] = None
         self.scheduler: Optional[Any] = None
+        self.actor_restarts = 0
 
     # --- where the first values come from --------------------------------
 
@@ -160,10 +161,13 @@ class Trainer:
         keys = sorted(sources)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         num_stores = self.config.ray.num_partition_stores or min(len(keys), max(1, len(nodes)))
-        # Round-robin over the nodes alive now (Ray's SPREAD strategy may put actors that
-        # ask for no CPU all on one node); soft, so a node lost meanwhile places it elsewhere.
+        # Round-robin over the nodes alive now: Ray's SPREAD strategy, and a soft affinity
+        # while nodes are still starting, may put actors that ask for no CPU all on one
+        # node, which a node's loss then never reaches. After an actor died the affinity is
+        # soft: a node lost a moment ago may still be listed alive.
+        soft = self.actor_restarts > 0
         self.stores = [PartitionStore.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-            nodes[i % len(nodes)], soft=True)).remote(self.config, self.version + 1)
+            nodes[i % len(nodes)], soft=soft)).remote(self.config, self.version + 1)
             for i in range(num_stores)]
         self.store_of = {key: self.stores[i % num_stores] for i, key in enumerate(keys)}
         self.params = ParameterServer.remote(self.config, self.num_relation_ids)

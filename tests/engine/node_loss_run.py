@@ -8,9 +8,9 @@ lines there as the driver ends).
     python tests/engine/node_loss_run.py CONFIG_JSON HIT SUMMARY_FILE
 
 HIT > 0: the HIT-th time a train task has read its bucket (fault point
-train_task.after_read, armed to "mark"), a worker node is
-removed at once, as a machine of a cluster goes away, with the tasks and actors on it:
-the node of the train task that reached it.
+train_task.after_read, armed to "hold": the task waits there), a worker node is
+removed, as a machine of a cluster goes away, with the tasks and actors on it: the node
+of the train task held there, so the loss always strikes with that bucket in flight.
 HIT = 0: an undisturbed run of the same cluster, for comparison.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository: tests.*
 
-from tests.fault_injection import FAULTS_DIR, armed, epoch_losses  # noqa: E402  (sets the faults directory first)
+from tests.fault_injection import FAULTS_DIR, armed, epoch_losses, release  # noqa: E402  (sets the faults directory first)
 
 import psutil  # noqa: E402
 import ray  # noqa: E402
@@ -44,8 +44,8 @@ removed = {}
 
 def remove_a_node_at_the_mark(fired) -> None:
     """Wait for the armed point to fire (not for a time), then remove the worker node
-    whose train task fired it; it holds a partition store too (the trainer places one on
-    each node)."""
+    whose train task is held there; it holds a partition store too (the trainer places
+    one on each node). The hold is released whatever happens, so no run waits forever."""
     while not fired():
         time.sleep(0.02)
     try:
@@ -57,12 +57,14 @@ def remove_a_node_at_the_mark(fired) -> None:
         removed["node_ran_the_task"] = True
     except Exception as err:  # noqa: BLE001  reported in the summary, for the test to show
         removed["watcher_error"] = repr(err)
+    finally:
+        release(POINT)
 
 
 try:
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     cluster.wait_for_nodes()
-    with armed(POINT, hits=max(hit, 1), action="mark") as fired:
+    with armed(POINT, hits=max(hit, 1), action="hold") as fired:
         if hit:
             threading.Thread(target=remove_a_node_at_the_mark, args=(fired,), daemon=True).start()
         result = Trainer(config).run()
