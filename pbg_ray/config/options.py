@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable, Optional, Sequence, Union
+from urllib.parse import parse_qs, urlsplit
 
 from pbg_ray.errors import did_you_mean
 
 HELP = "help"
+# pyarrow's S3 URI options that hold secrets.
+CREDENTIAL_KEYS = {"access_key", "secret_key", "session_token"}
+CREDENTIALS_FIX = ("Remove them from the URI and set them in the environment (e.g. "
+                   "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the node's role).")
 # fail(key, problem, fix) raises the PbgRayError that names the config source and the key.
 Fail = Callable[[str, str, str], None]
 
@@ -43,3 +48,19 @@ def check_choice(value: str, choices: Sequence[str], key: str, fail: Fail) -> No
     if value not in choices:
         fail(key, f"unknown value {value!r}{did_you_mean(value, choices)}",
              f"Valid values: {', '.join(choices)}.")
+
+
+def carries_credentials(location: str) -> bool:
+    """Whether a path or URI holds a password or a secret in its query (s3://b/x?secret_key=)."""
+    if "://" not in location:
+        return False
+    parts = urlsplit(location)
+    return bool(parts.password or CREDENTIAL_KEYS & set(parse_qs(parts.query)))
+
+
+def check_no_credentials(location: Optional[str], key: str, fail: Fail) -> None:
+    """A storage location in the config never carries credentials: config.json, manifests,
+    logs and stats would keep them."""
+    if location and carries_credentials(location):
+        fail(key, "the URI carries credentials, which config.json, manifests and logs would "
+             "keep", CREDENTIALS_FIX)

@@ -10,7 +10,8 @@ from pbg_ray.config.components import (
     BUCKET_ORDERS, COMPARATORS, LOSS_FUNCTIONS, REGULARIZERS, SAME_DIMENSION_OPERATORS,
     UNREGULARIZED_OPERATORS)
 from pbg_ray.config.convert import schema_type
-from pbg_ray.config.options import Fail, check_choice, check_not_negative, check_positive
+from pbg_ray.config.options import (
+    Fail, check_choice, check_no_credentials, check_not_negative, check_positive)
 from pbg_ray.config.tune import flat_search_space
 from pbg_ray.errors import did_you_mean
 
@@ -73,6 +74,25 @@ def validate_config(config: "ConfigSchema", fail: Fail, source: str) -> None:
              "(bias=true adds each vector's first coordinate, which no faiss metric does)",
              "Set serve.index=exact (or auto, which searches biased models exactly).")
     config.importer.validate(fail)
+    _locations(config, fail)
+
+
+def _locations(config: "ConfigSchema", fail: Fail) -> None:
+    """Every storage location of every section: none carries credentials."""
+    single = {"entity_path": config.entity_path, "checkpoint_path": config.checkpoint_path,
+              "init_path": config.init_path,
+              "importer.previous_entity_path": config.importer.previous_entity_path,
+              "export.output": config.export.output, "tune.storage_path": config.tune.storage_path}
+    lists = {"edge_paths": config.edge_paths, "eval_edge_paths": config.eval_edge_paths,
+             "importer.inputs": config.importer.inputs,
+             "importer.previous_edge_paths": config.importer.previous_edge_paths,
+             "eval.edge_paths": config.eval.edge_paths,
+             "eval.filter_paths": config.eval.filter_paths or []}
+    for key, location in single.items():
+        check_no_credentials(location, key, fail)
+    for key, locations in lists.items():
+        for idx, location in enumerate(locations):
+            check_no_credentials(location, f"{key}[{idx}]", fail)
 
 
 def _relation_fits_entities(config: "ConfigSchema", idx: int, fail: Fail) -> None:

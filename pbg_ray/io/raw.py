@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pbg_ray.config.importer import ImportConfig
+from pbg_ray.config.options import CREDENTIALS_FIX, carries_credentials
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.storage import ObjectPath, StoragePath, is_uri, storage_path
 
@@ -41,7 +42,6 @@ TEXT_BLOCK_BYTES = 16 << 20  # bytes of text Arrow parses per batch
 PARQUET_BATCH_ROWS = 1 << 19
 MAX_EXAMPLES = 5  # bad rows quoted in the report
 GLOB_CHARS = "*?["
-CREDENTIAL_KEYS = {"access_key", "secret_key", "session_token"}  # pyarrow's S3 URI options
 
 
 def _file_system(path: StoragePath) -> Tuple[pafs.FileSystem, str]:
@@ -85,12 +85,9 @@ def _storage_errors(what: str) -> Iterator[None]:
 
 def input_shards(spec: str) -> List[Shard]:
     """The files of one importer input (a file, a directory or a glob), in name order."""
-    if is_uri(spec) and (urlsplit(spec).password or CREDENTIAL_KEYS & set(parse_qs(
-            urlsplit(spec).query))):
+    if carries_credentials(spec):
         raise PbgRayError("an importer input's URI carries credentials; they would end up in "
-                          "logs and in the import's manifest. Remove them from the URI and set "
-                          "them in the environment (e.g. AWS_ACCESS_KEY_ID / "
-                          "AWS_SECRET_ACCESS_KEY, or the node's role).")
+                          f"logs and in the import's manifest. {CREDENTIALS_FIX}")
     base_spec, pattern = _split_glob(spec)
     base = storage_path(base_spec)
     fs, fs_path = _file_system(base)

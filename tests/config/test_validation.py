@@ -41,6 +41,23 @@ BAD_CONFIGS = [
     (dict(bucket_order="bata"), "bucket_order: unknown value 'bata'"),
 ]
 
+SECRET_LOCATIONS = [
+    dict(checkpoint_path="s3://b/model?secret_key=hush"),
+    dict(edge_paths=["s3://b/edges", "s3://user:hush@b/more"]),
+    dict(export={"output": "s3://b/export?access_key=AK&secret_key=hush"}),
+    dict(importer={"inputs": ["gs://b/raw?session_token=hush"]}),
+    dict(eval={"filter_paths": ["s3://b/x?secret_key=hush"]}),
+]
+
+
+@pytest.mark.parametrize("overrides", SECRET_LOCATIONS)
+def test_a_location_carrying_credentials_is_refused_without_echoing_them(tmp_path, overrides):
+    with pytest.raises(PbgRayError, match="carries credentials") as info:
+        ConfigSchema.from_dict(config_dict(tmp_path, **overrides))
+    key = next(iter(overrides))
+    assert key in str(info.value) and "hush" not in str(info.value)
+    assert "AWS_SECRET_ACCESS_KEY" in str(info.value)
+
 
 @pytest.mark.parametrize("overrides, message", BAD_CONFIGS)
 def test_bad_config_is_refused_naming_the_key(tmp_path, overrides, message):
