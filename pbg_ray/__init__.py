@@ -14,8 +14,8 @@ The Python API (each name is imported on first use, so `import pbg_ray` stays li
 The package, layer by layer (each imports only those below it; tests/test_layers.py
 enforces it):
 
-    commands      train, import_edges, eval, predict, export, migrate, plot, tune (python -m)
-                  and cli (their shared Hydra entry)
+    commands      train, import_edges, eval, predict, export, migrate, plot, tune, serve
+                  (python -m) and cli (their shared entry)
     engine/       the only Ray code: trainer, scheduler, partition stores, bucket tasks,
                   distributed evaluator, Tune driver
     checkpoints/ importer/ evaluation/ incremental/

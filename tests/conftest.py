@@ -22,6 +22,13 @@ os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                   AWS_EC2_METADATA_DISABLED="true")
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that reaches the S3 test server is marked s3, by its fixtures."""
+    for item in items:
+        if "s3_endpoint" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.s3)
+
+
 @pytest.fixture
 def make_config(tmp_path):
     def make(**overrides: Any) -> ConfigSchema:

@@ -185,6 +185,25 @@ def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpo
     assert not Path(data["checkpoint_path"]).exists() and not list(workdir.iterdir())
 
 
+def test_tune_picks_a_search_space_of_ones_own_by_name(tmp_path, workdir):
+    """tune=<name> selects <config dir>/tune/<name>.yaml, for a PBG config file too."""
+    spaces = tmp_path / "my_conf" / "tune"
+    spaces.mkdir(parents=True)
+    (spaces / "narrow.yaml").write_text(
+        "search_space:\n  lr: {choice: [0.02, 0.03]}\nnum_samples: 3\nscheduler: fifo\n")
+    module = pbg_module(tmp_path / "config.py", tiny_graph(tmp_path))
+    code, out, err = run("tune", [module, "--config-dir", tmp_path / "my_conf", "tune=narrow",
+                                  "--cfg", "job"], workdir)
+    assert code == 0, err[-2000:]
+    tune = yaml.safe_load(out)["tune"]
+    assert tune["search_space"] == {"lr": {"choice": [0.02, 0.03]}}, out[-2000:]
+    assert (tune["num_samples"], tune["scheduler"]) == (3, "fifo")
+    code, out, err = run("tune", [module, "--config-dir", tmp_path / "my_conf", "tune=wide"],
+                         workdir)
+    assert code != 0 and "wide" in err and len(err.strip().splitlines()) == 1, err[-2000:]
+    assert not list(workdir.iterdir())
+
+
 def test_the_demo_checkpoint_path_is_one_place_that_predict_and_plot_default_to(tmp_path,
                                                                                monkeypatch):
     from hydra import compose, initialize_config_module

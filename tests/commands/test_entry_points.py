@@ -57,6 +57,11 @@ def test_train_a_pbg_config_module_from_another_directory(tmp_path):
         assert summary[name][metric] == pytest.approx(np.average(means, weights=counts)), name
     assert 0 < summary["held_out"]["mrr"] <= 1
     assert (tmp_path / "data" / "checkpoints" / "checkpoint_version.txt").read_text() == "1\n"
+    # Quiet by default: no warning a user cannot act on (Ray's token notice included), no
+    # progress bar off a terminal, nothing written into the working directory.
+    assert "WARNING" not in proc.stderr and "token" not in proc.stderr.lower(), proc.stderr
+    assert "\r" not in proc.stderr and "it/s" not in proc.stderr, proc.stderr
+    assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -1,3 +1,7 @@
+"""A bucket's train task: held-out edges, partition keys, the warm-up task, the worker's
+partition copies (reused buffers, read-ahead, write-behind and its markers) and what it
+returns through the object store."""
+
 import os
 import socket
 import subprocess

@@ -1,22 +1,26 @@
+"""The bucket scheduler: PBG's bucket orders, no two held buckets sharing a partition,
+failed buckets handed out again, seeded pass orders, and BETA's buffer-aware order with
+its partition reads against the lower bound."""
+
 import random
 
 import pytest
-from torchbiggraph.bucket_scheduling import create_ordered_buckets
-from torchbiggraph.config import BucketOrder
 
 from pbg_ray.engine.scheduler import (
     BucketScheduler, bucket_order, partition_reads, reads_lower_bound)
 from pbg_ray.types import Bucket
 
-pytestmark = pytest.mark.oracle
-
 ORDERS = ["random", "affinity", "inside_out", "outside_in"]
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("nparts", [(1, 1), (4, 4), (3, 5), (5, 1)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_orders_equal_torchbiggraphs(order, nparts, seed):
+    from torchbiggraph.bucket_scheduling import create_ordered_buckets
+    from torchbiggraph.config import BucketOrder
+
     ours = bucket_order(order, *nparts, random.Random(seed))
     theirs = create_ordered_buckets(*nparts, BucketOrder(order), generator=random.Random(seed))
     assert ours == [Bucket(b.lhs, b.rhs) for b in theirs]

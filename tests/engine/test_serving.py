@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,6 +19,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.serving import start_service, stop_service
 from pbg_ray.evaluation.filtered import rank_counts
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.evaluation.serving import INDEX_DIRECTORY
 from pbg_ray.io.edges import read_edges
 from pbg_ray.types import Bucket
 from tests.util import config_dict, write_random_graph
@@ -250,3 +252,15 @@ def test_a_new_version_is_taken_up_while_requests_succeed(served):
     assert versions[0] == 1 and versions[-1] == 2
     assert versions == sorted(versions)
     assert client.get("/metadata").json()["version"] == 2
+    # The live service answers from version 2's own indexes, as version 2's Predictor does.
+    assert (Path(config.checkpoint_path) / INDEX_DIRECTORY / "v2").is_dir()
+    newer = Predictor.load(config.checkpoint_path, version=2)
+    users = everyone(newer, "user")[::13]
+    got = post(client, "/top_rhs", {"queries": [{"lhs": u, "relation": "likes"} for u in users],
+                                    "k": 5})
+    assert got["version"] == 2
+    for user, answer in zip(users, got["results"]):
+        want = newer.top_rhs(user, "likes", k=5)
+        assert [a["name"] for a in answer] == [n for n, _ in want]
+        np.testing.assert_allclose([a["score"] for a in answer], [s for _, s in want],
+                                   rtol=1e-5, atol=1e-5)

@@ -1,3 +1,6 @@
+"""Edge bucket files (PBG's edges_{lhs}_{rhs}.h5): round trips, chunk bounds as PBG
+counts them, streamed and failed writes, and damaged files refused with their name."""
+
 import h5py
 import numpy as np
 import pytest

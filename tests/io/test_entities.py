@@ -1,3 +1,6 @@
+"""Entity count and name files (PBG's entity_count_*.txt, entity_names_*.json): round
+trips, counts of a config, and bad or missing files named in the error."""
+
 import pytest
 
 from pbg_ray.errors import PbgRayError

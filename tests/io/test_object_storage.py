@@ -23,10 +23,7 @@ from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
 from pbg_ray.plot import main as plot_main
-from tests.oracle import assert_torchbiggraph_loads
 from tests.util import assert_valid_checkpoint, config_dict
-
-pytestmark = pytest.mark.oracle
 
 NAMES = [f"n{i}" for i in range(40)]
 
@@ -61,7 +58,10 @@ def root(request, tmp_path):
     return "file://" + str(tmp_path / "store")
 
 
+@pytest.mark.oracle
 def test_import_train_resume_eval_export_predict(ray_session, root, tmp_path):
+    from tests.oracle import assert_torchbiggraph_loads
+
     config = uri_config(root, tmp_path)
     assert config.checkpoint_path.startswith(root.split("?")[0])  # URIs are kept as given
     stats = import_graph(config)
