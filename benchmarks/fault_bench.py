@@ -54,7 +54,7 @@ from tests.bad_input import (  # noqa: E402
     DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
 from tests.fault_injection import (  # noqa: E402
     ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, driver_kill_trials,
-    edges_lost_or_doubled, epoch_losses, hits_per_pass, limit_file_size, lose_a_node, random_fault)
+    edges_lost_or_doubled, epoch_losses, hits_per_pass, limit_file_size, lose_nodes, random_fault)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
@@ -158,12 +158,13 @@ def node_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
     write_random_graph(reference, num_edges=1000)
     losses = epoch_losses(Trainer(reference).run().bucket_stats, EPOCHS)
     worst, restarts = 0.0, 0
-    for run in range(runs):
-        placement = ("memory", "disk")[run % 2]
-        config = config_at(root, f"node-{run}", entities=entities,
-                           ray={"num_trainers": 2, "placement": placement})
-        hit = rng.randint(1, hits_per_pass(config, "train_task.after_read") * EPOCHS - 2)
-        result = lose_a_node(config.to_dict(), hit)
+    configs = [config_at(root, f"node-{run}", entities=entities,
+                         ray={"num_trainers": 2, "placement": ("memory", "disk")[run % 2]})
+               for run in range(runs)]
+    hits = [rng.randint(1, hits_per_pass(config, "train_task.after_read") * EPOCHS - 2)
+            for config in configs]
+    results = lose_nodes([(config.to_dict(), hit) for config, hit in zip(configs, hits)])
+    for config, result in zip(configs, results):
         figures["faults"] += result["node_removed"]
         figures["finished"] += result["version"] == EPOCHS
         figures["corrupt"] += not intact(config, EPOCHS)

@@ -277,16 +277,17 @@ def epoch_losses(bucket_stats: List[Dict[str, Any]], num_epochs: int) -> List[fl
         for e in range(num_epochs)]
 
 
-def lose_a_node(data: Dict[str, Any], hit: int) -> Dict[str, Any]:
-    """Train the config `data` on a three-node cluster of its own (tests/engine/
-    node_loss_run.py), losing a worker node that holds a partition store at the `hit`-th
-    bucket read (0: none); the run's summary."""
+def lose_nodes(runs: List[Tuple[Dict[str, Any], int]]) -> List[Dict[str, Any]]:
+    """Train each (config dict, hit) of `runs` in turn on one three-node cluster of its
+    own (tests/engine/node_loss_run.py), losing a worker node that holds a partition store
+    at the `hit`-th bucket read (0: none; a new node joins before the next run); the
+    runs' summaries."""
     script = Path(__file__).with_name("engine") / "node_loss_run.py"
     with tempfile.TemporaryDirectory(prefix="node_loss-") as scratch:
         summary = Path(scratch) / "summary.json"
-        proc = subprocess.run([sys.executable, str(script), json.dumps(data), str(hit),
-                               str(summary)], capture_output=True, text=True,
-                              timeout=TRIAL_TIMEOUT_S * 2)
+        proc = subprocess.run([sys.executable, str(script), json.dumps(runs), str(summary)],
+                              capture_output=True, text=True,
+                              timeout=TRIAL_TIMEOUT_S * 2 * len(runs))
         if proc.returncode != 0 or not summary.exists():
             raise RuntimeError(f"the node-loss run failed (exit {proc.returncode}):\n"
                                f"{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")

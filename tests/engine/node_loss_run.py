@@ -1,17 +1,18 @@
 """Run by the node-loss test and benchmarks/fault_bench.py in their own process (a Ray
 cluster needs a driver of its own): a three-node Ray cluster on this machine
 (ray.cluster_utils.Cluster: a head with no CPU, two workers of one CPU each, so train
-tasks run on the workers and partition stores sit on all three), one training run, and a
-JSON summary written to SUMMARY_FILE (not stdout: Ray prints a removed node's last log
-lines there as the driver ends).
+tasks run on the workers and partition stores sit on all three), training runs one after
+the other, and a JSON list of their summaries written to SUMMARY_FILE (not stdout: Ray
+prints a removed node's last log lines there as the driver ends).
 
-    python tests/engine/node_loss_run.py CONFIG_JSON HIT SUMMARY_FILE
+    python tests/engine/node_loss_run.py RUNS_JSON SUMMARY_FILE
 
-HIT > 0: the HIT-th time a train task has read its bucket (fault point
-train_task.after_read, armed to "hold": the task waits there), a worker node is
-removed, as a machine of a cluster goes away, with the tasks and actors on it: the node
-of the train task held there, so the loss always strikes with that bucket in flight.
-HIT = 0: an undisturbed run of the same cluster, for comparison.
+RUNS_JSON: a list of [config dict, HIT]. HIT > 0: the HIT-th time a train task has read
+its bucket (fault point train_task.after_read, armed to "hold": the task waits there), a
+worker node is removed, as a machine of a cluster goes away, with the tasks and actors on
+it: the node of the train task held there, so the loss always strikes with that bucket
+in flight. A new worker node takes its place before the next run. HIT = 0: an
+undisturbed run of the same cluster, for comparison.
 """
 
 import json
@@ -34,15 +35,17 @@ from pbg_ray.engine.trainer import Trainer  # noqa: E402
 
 POINT = "train_task.after_read"
 
-config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
-hit = int(sys.argv[2])
-summary = Path(sys.argv[3])
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+runs = json.loads(sys.argv[1])
+summary = Path(sys.argv[2])
+# The GCS declares a node dead after 3 missed health checks a second apart (Ray's default,
+# 5 missed 3 s apart, leaves each loss unnoticed for most of the run's time).
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
+cluster = Cluster(initialize_head=True,
+                  head_node_args={"num_cpus": 0, "_system_config": HEALTH_CHECKS})
 workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
-removed = {}
 
 
-def remove_a_node_at_the_mark(fired) -> None:
+def remove_a_node_at_the_mark(fired, removed) -> None:
     """Wait for the armed point to fire (not for a time), then remove the worker node
     whose train task is held there; it holds a partition store too (the trainer places
     one on each node). The hold is released whatever happens, so no run waits forever."""
@@ -54,6 +57,7 @@ def remove_a_node_at_the_mark(fired) -> None:
         node = next(n for n in workers if n.all_processes[
             ray_constants.PROCESS_TYPE_RAYLET][0].process.pid in ancestors)
         cluster.remove_node(node, allow_graceful=False)
+        workers.remove(node)
         removed["node_ran_the_task"] = True
     except Exception as err:  # noqa: BLE001  reported in the summary, for the test to show
         removed["watcher_error"] = repr(err)
@@ -61,19 +65,34 @@ def remove_a_node_at_the_mark(fired) -> None:
         release(POINT)
 
 
+def train(config: ConfigSchema, hit: int) -> dict:
+    """One run, losing a node at `hit` (0: none); its summary."""
+    removed: dict = {}
+    if hit:
+        with armed(POINT, hits=hit, action="hold") as fired:
+            watcher = threading.Thread(target=remove_a_node_at_the_mark,
+                                       args=(fired, removed), daemon=True)
+            watcher.start()
+            result = Trainer(config).run()
+            removed["node_removed"] = fired()
+        watcher.join()
+    else:
+        result = Trainer(config).run()
+    return {"version": result.version, "actor_restarts": result.actor_restarts,
+            "node_removed": False, **removed,
+            "nodes_alive": len([n for n in ray.nodes() if n["Alive"]]),
+            "epoch_losses": epoch_losses(result.bucket_stats, config.num_epochs)}
+
+
 try:
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-    cluster.wait_for_nodes()
-    with armed(POINT, hits=max(hit, 1), action="hold") as fired:
-        if hit:
-            threading.Thread(target=remove_a_node_at_the_mark, args=(fired,), daemon=True).start()
-        result = Trainer(config).run()
-        marked = fired()
-    summary.write_text(json.dumps({
-        "version": result.version, "actor_restarts": result.actor_restarts,
-        "node_removed": bool(hit) and marked, **removed,
-        "nodes_alive": len([n for n in ray.nodes() if n["Alive"]]),
-        "epoch_losses": epoch_losses(result.bucket_stats, config.num_epochs)}))
+    summaries = []
+    for data, hit in runs:
+        while len(workers) < 2:  # the lost node's successor joins before the next run
+            workers.append(cluster.add_node(num_cpus=1))
+        cluster.wait_for_nodes()
+        summaries.append(train(ConfigSchema.from_dict(data), hit))
+    summary.write_text(json.dumps(summaries))
 finally:
     ray.shutdown()
     cluster.shutdown()

@@ -7,12 +7,13 @@ import pytest
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.trainer import Trainer
-from tests.fault_injection import edges_lost_or_doubled, epoch_losses, lose_a_node
+from tests.fault_injection import edges_lost_or_doubled, epoch_losses, lose_nodes
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 pytestmark = [pytest.mark.multinode, pytest.mark.faults, pytest.mark.slow]
 
 EPOCHS = 2
+PLACEMENTS = ("memory", "disk")
 PARTITIONS = {"user": {"num_partitions": 4}, "item": {"num_partitions": 4},
               "tag": {"num_partitions": 1}}
 
@@ -33,19 +34,31 @@ def graph(tmp_path_factory, ray_session):
     return root, losses
 
 
-@pytest.mark.parametrize("placement", ["memory", "disk"])
-def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, placement):
-    root, undisturbed_losses = graph
-    data = graph_config(root, placement, ray={"num_trainers": 2, "placement": placement})
-    # The 6th of the first pass's 16 buckets: some applied, some in flight.
-    lost = lose_a_node(data, hit=6)
-    assert lost["node_removed"] and lost.get("node_ran_the_task"), lost
+@pytest.fixture(scope="module")
+def lost(graph):
+    """Placement -> (config dict, summary) of a run on a three-node cluster that lost a
+    worker node at the 6th of the first pass's 16 buckets (some applied, some in flight);
+    both placements on one cluster, one after the other."""
+    root, _ = graph
+    runs = {placement: graph_config(root, placement,
+                                    ray={"num_trainers": 2, "placement": placement})
+            for placement in PLACEMENTS}
+    summaries = lose_nodes([(data, 6) for data in runs.values()])
+    return {placement: (runs[placement], summary)
+            for placement, summary in zip(runs, summaries)}
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, lost, placement):
+    _, undisturbed_losses = graph
+    data, summary = lost[placement]
+    assert summary["node_removed"] and summary.get("node_ran_the_task"), summary
     # Its partition store died with it: the actors came back from the last version.
-    assert lost["actor_restarts"] >= 1
-    assert lost["nodes_alive"] == 2 and lost["version"] == EPOCHS
+    assert summary["actor_restarts"] >= 1
+    assert summary["nodes_alive"] == 2 and summary["version"] == EPOCHS
     config = ConfigSchema.from_dict(data)
     assert_valid_checkpoint(config, EPOCHS)
     assert edges_lost_or_doubled(config) == 0
     # Buckets train in another order after the loss, so the loss is close, not equal.
-    for got, expected in zip(lost["epoch_losses"], undisturbed_losses):
+    for got, expected in zip(summary["epoch_losses"], undisturbed_losses):
         assert got == pytest.approx(expected, rel=0.05)
