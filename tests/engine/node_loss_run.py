@@ -45,11 +45,14 @@ cluster = Cluster(initialize_head=True,
 workers = [cluster.add_node(num_cpus=1) for _ in range(2)]
 
 
-def remove_a_node_at_the_mark(fired, removed) -> None:
+def remove_a_node_at_the_mark(fired, run_ended, removed) -> None:
     """Wait for the armed point to fire (not for a time), then remove the worker node
-    whose train task is held there; it holds a partition store too (the trainer places
-    one on each node). The hold is released whatever happens, so no run waits forever."""
+    whose train task is held there; it holds a partition store too (the trainer pins one
+    to each node). The hold is released whatever happens, so no run waits forever; a run
+    that ends without reaching the point ends the wait."""
     while not fired():
+        if run_ended.is_set():
+            return
         time.sleep(0.02)
     try:
         pid = int(next(FAULTS_DIR.glob(f"{POINT}.fired-*")).name.rsplit("-", 1)[1])
@@ -69,11 +72,15 @@ def train(config: ConfigSchema, hit: int) -> dict:
     """One run, losing a node at `hit` (0: none); its summary."""
     removed: dict = {}
     if hit:
+        run_ended = threading.Event()
         with armed(POINT, hits=hit, action="hold") as fired:
             watcher = threading.Thread(target=remove_a_node_at_the_mark,
-                                       args=(fired, removed), daemon=True)
+                                       args=(fired, run_ended, removed), daemon=True)
             watcher.start()
-            result = Trainer(config).run()
+            try:
+                result = Trainer(config).run()
+            finally:
+                run_ended.set()
             removed["node_removed"] = fired()
         watcher.join()
     else:
