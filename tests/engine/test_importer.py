@@ -153,12 +153,15 @@ def test_two_nodes_import_what_one_process_imports(tmp_path):
     for i in range(4):
         write_text(shards / f"part-{i}.tsv", rows[i * 200:(i + 1) * 200])
     local = make(tmp_path / "local", [str(shards)], **TYPED, engine="local", weight_col=3)
-    on_ray = make(tmp_path / "ray", [str(shards)], **TYPED, engine="ray", weight_col=3)
+    # auto: the inputs are far below importer.ray_min_bytes, so only the cluster's second
+    # node makes it choose Ray Data.
+    on_ray = make(tmp_path / "ray", [str(shards)], **TYPED, engine="auto", weight_col=3)
     local_stats = import_graph(local)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_import.py")),
                            json.dumps(on_ray.to_dict())], capture_output=True, text=True,
                           timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["engine"] == "ray"
     assert summary["nodes"] == 2 and len(summary["task_nodes"]) == 2
     assert_same_import(local, on_ray, local_stats, summary["stats"])
