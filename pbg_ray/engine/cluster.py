@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from typing import Any
+from typing import Any, List
 
 import ray
 from ray.exceptions import RayTaskError
@@ -18,6 +18,9 @@ from pbg_ray.errors import PbgRayError
 # stays as Ray sets it, and joining a cluster (ray.address) is left as it is.
 TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
 TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+# How long a failed run waits for the tasks it stopped (or the other returns of a failed
+# task) to finish, so that none writes after the caller cleaned up.
+CANCEL_WAIT_S = 60.0
 
 
 def not_token_notice(record: logging.LogRecord) -> bool:
@@ -49,3 +52,16 @@ def get_results(refs: Any) -> Any:
         if isinstance(err.cause, PbgRayError):
             raise err.cause from None
         raise
+
+
+def discard(refs: List[ray.ObjectRef], timeout: float = CANCEL_WAIT_S) -> None:
+    """Wait up to `timeout` for `refs`, then read and drop the results that nobody will use:
+    Ray would log a traceback ("Unhandled error") for each failed one once its refs are
+    gone, after the user already got the one error that stopped the run. All the returns of
+    a failed task are waited for, as they reach the driver one after another."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001  the error that counts was raised already
+            pass

@@ -19,9 +19,7 @@ import ray
 
 from pbg_ray.checkpoints.partition_jobs import MapPartitions
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.cluster import connect_ray, get_results
-
-CANCEL_WAIT_S = 60.0  # how long a failed map waits for its cancelled tasks to stop
+from pbg_ray.engine.cluster import connect_ray, discard, get_results
 
 
 class RayPartitionMap:
@@ -45,7 +43,7 @@ class RayPartitionMap:
             if pending:
                 for ref in pending:
                     ray.cancel(ref)
-                ray.wait(list(pending), num_returns=len(pending), timeout=CANCEL_WAIT_S)
+                discard(list(pending))
 
 
 def partition_map(config: ConfigSchema) -> MapPartitions:

@@ -34,6 +34,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
+from pbg_ray.engine.cluster import discard
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import OnDisk, WriterDied
@@ -63,19 +64,11 @@ def get_all(refs: List[ray.ObjectRef]) -> List[Any]:
     (checkpoint files, swap files) are not left going on behind the error, where the
     next run on this checkpoint_path could meet them."""
     ray.wait(refs, num_returns=len(refs))
-    return ray.get(refs)
-
-
-def discard(refs: List[ray.ObjectRef]) -> None:
-    """Read and drop the results of finished tasks that nobody will use: Ray would log a
-    traceback ("Unhandled error") for each failed one once its refs are gone, after the
-    user already got the one error that stopped the run."""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except Exception:  # noqa: BLE001  the error that counts was raised already
-            pass
+    try:
+        return ray.get(refs)
+    except BaseException:
+        discard(refs)
+        raise
 
 
 @dataclasses.dataclass
@@ -399,8 +392,6 @@ class Trainer:
             # still write its swap files after the caller removed the pass's leftovers.
             for ref in running:
                 ray.cancel(ref, force=True)
-            if running:
-                ray.wait(list(running), num_returns=len(running), timeout=60)
             discard([ref for _, _, refs, *_ in running.values() for ref in refs])
             raise
         bar.close()
