@@ -1,12 +1,15 @@
 """A worker node that holds a partition store and runs train tasks goes away mid-epoch on a
 three-node cluster: the run finishes on the nodes left, every bucket of every pass is
-trained once in the checkpoint's stats, the checkpoints are complete, and the loss is an
-undisturbed run's, in memory and in disk placement."""
+trained once in the checkpoint's stats, the checkpoints are complete, and the final loss
+and filtered MRR are within the run-to-run spread of undisturbed runs, in memory and in
+disk placement."""
 
 import pytest
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.evaluator import evaluate_checkpoint
 from pbg_ray.engine.trainer import Trainer
+from pbg_ray.evaluation.metrics import ALL
 from tests.fault_injection import edges_lost_or_doubled, epoch_losses, lose_nodes
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
@@ -18,20 +21,37 @@ PARTITIONS = {"user": {"num_partitions": 4}, "item": {"num_partitions": 4},
               "tag": {"num_partitions": 1}}
 
 
-def graph_config(root, name, **overrides):
+SEEDS = (0, 1, 2, 3)  # of the undisturbed runs; the runs that lose a node have the first
+
+
+def graph_config(root, name, seed=SEEDS[0], **overrides):
     return config_dict(root, checkpoint_path=str(root / name), num_epochs=EPOCHS,
-                       eval_fraction=0.0, entities=PARTITIONS, seed=0, **overrides)
+                       eval_fraction=0.0, entities=PARTITIONS, seed=seed, **overrides)
+
+
+def final_mrr(config: ConfigSchema) -> float:
+    """The filtered MRR of the final checkpoint, on the training edges."""
+    return evaluate_checkpoint(config)["metrics"][ALL]["filtered"]["mrr"]
 
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory, ray_session):
-    """The graph, and the per-epoch mean losses of an undisturbed run of it on the
-    session's Ray (disk placement trains what memory placement trains)."""
+    """The graph, and per placement the (final loss, filtered MRR) of undisturbed runs of
+    it on the session's Ray, one per seed of SEEDS. (Placements train the same buckets in
+    different orders when trainers run side by side: disk placement takes each trainer's
+    next bucket early, to read it ahead.)"""
     root = tmp_path_factory.mktemp("node_loss")
-    config = ConfigSchema.from_dict(graph_config(root, "undisturbed", ray={"num_trainers": 2}))
-    write_random_graph(config, num_edges=1000)
-    losses = epoch_losses(Trainer(config).run().bucket_stats, EPOCHS)
-    return root, losses
+    undisturbed = {placement: [] for placement in PLACEMENTS}
+    for placement in PLACEMENTS:
+        for seed in SEEDS:
+            config = ConfigSchema.from_dict(graph_config(
+                root, f"undisturbed-{placement}-{seed}", seed,
+                ray={"num_trainers": 2, "placement": placement}))
+            if not (root / "edges").exists():
+                write_random_graph(config, num_edges=1000)
+            losses = epoch_losses(Trainer(config).run().bucket_stats, EPOCHS)
+            undisturbed[placement].append((losses[-1], final_mrr(config)))
+    return root, undisturbed
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +70,7 @@ def lost(graph):
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, lost, placement):
-    _, undisturbed_losses = graph
+    _, undisturbed = graph
     data, summary = lost[placement]
     assert summary["node_removed"] and summary.get("node_ran_the_task"), summary
     # Its partition store died with it: the actors came back from the last version.
@@ -59,6 +79,10 @@ def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, lost, placemen
     config = ConfigSchema.from_dict(data)
     assert_valid_checkpoint(config, EPOCHS)
     assert edges_lost_or_doubled(config) == 0
-    # Buckets train in another order after the loss, so the loss is close, not equal.
-    for got, expected in zip(summary["epoch_losses"], undisturbed_losses):
-        assert got == pytest.approx(expected, rel=0.05)
+    # Buckets train in another order after the loss, so the result is not the undisturbed
+    # run's, but no further from the undisturbed runs than they are from each other.
+    results = [(summary["epoch_losses"][-1], "loss"), (final_mrr(config), "filtered MRR")]
+    for i, (got, name) in enumerate(results):
+        runs = [run[i] for run in undisturbed[placement]]
+        spread = max(runs) - min(runs)
+        assert min(runs) - spread <= got <= max(runs) + spread, (name, got, runs)

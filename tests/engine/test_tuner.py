@@ -97,25 +97,50 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_a_failed_trial_restarts_from_the_engines_newest_version(ray_session, tmp_path):
+def test_a_failed_trial_restarts_from_its_newest_version_and_the_sweep_finds_the_same_best(
+        ray_session, tmp_path):
     """tune.max_failures: Tune starts a trial whose process died again, and the trial goes
-    on from its engine checkpoint's newest version, training each bucket once."""
-    config = tune_config(tmp_path, search_space={"lr": 0.1}, scheduler="fifo", max_failures=1)
+    on from its engine checkpoint's newest version, training each bucket once; the sweep
+    ends with the trials' results, and so the best trial, of the same sweep undisturbed."""
+    config = tune_config(tmp_path, scheduler="fifo", max_failures=1)
     config = ConfigSchema.from_dict(dict(config.to_dict(), num_epochs=3))
     write_random_graph(config, num_edges=200)
     write_random_graph(ConfigSchema.from_dict(
         dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=40, seed=1)
+    undisturbed_dir = tmp_path / "undisturbed"
+    undisturbed_dir.mkdir()
+    undisturbed = run_tune(ConfigSchema.from_dict(
+        dict(config.to_dict(), checkpoint_path=str(undisturbed_dir / "checkpoints"))))
 
-    # The trial's process is killed about to report epoch 2 (it reported epoch 1, with its
-    # Tune checkpoint, and trained epoch 2).
+    # A trial's process is killed about to report its epoch 2 (it reported epoch 1, with
+    # its Tune checkpoint, and trained epoch 2).
     with armed("tune.report", hits=2) as fired:
         best = run_tune(config)
     assert fired()
 
-    experiment = tmp_path / "checkpoints-tune" / "pbg_ray_tune"
-    results = [json.loads(line) for line in
-               next(experiment.glob("run_trial_*/result.json")).read_text().splitlines()]
-    assert results[-1]["epoch"] == 3 and best["version"] == 3
-    trial = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=best["checkpoint_path"]))
-    assert edges_lost_or_doubled(trial) == 0
-    assert_valid_checkpoint(trial, 3)
+    def last_results(experiment):
+        last = {}
+        for result_file in experiment.glob("run_trial_*/result.json"):
+            results = [json.loads(line) for line in result_file.read_text().splitlines()]
+            assert [r["epoch"] for r in results][-1] == 3
+            last[results[-1]["config"]["lr"]] = results[-1]
+        return last
+
+    disturbed = last_results(tmp_path / "checkpoints-tune" / "pbg_ray_tune")
+    expected = last_results(undisturbed_dir / "checkpoints-tune" / "pbg_ray_tune")
+    assert set(disturbed) == set(expected) == {0.02, 0.3}
+    for lr, result in disturbed.items():
+        assert result["mrr"] == pytest.approx(expected[lr]["mrr"], abs=1e-6), lr
+        assert result["loss"] == pytest.approx(expected[lr]["loss"], rel=1e-5), lr
+    assert best["config"] == undisturbed["config"]
+    assert best["metrics"]["mrr"] == pytest.approx(undisturbed["metrics"]["mrr"], abs=1e-6)
+    assert best["version"] == 3
+    # Every trial, the restarted one too, trained each bucket of each epoch once.
+    trial_dirs = {json.loads((p / "config.json").read_text())["lr"]: p
+                  for p in tmp_path.glob("checkpoints-*") if (p / "config.json").is_file()}
+    assert set(trial_dirs) == {0.02, 0.3}
+    for lr, trial_dir in trial_dirs.items():
+        trial = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=str(trial_dir),
+                                            lr=lr))
+        assert edges_lost_or_doubled(trial) == 0
+        assert_valid_checkpoint(trial, 3)
