@@ -54,8 +54,9 @@ from tests.bad_input import (  # noqa: E402
     DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
 from tests.fault_injection import (  # noqa: E402
     ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, driver_kill_trials,
-    edges_lost_or_doubled, epoch_losses, hits_per_pass, limit_file_size, lose_nodes, random_fault)
-from tests.util import assert_valid_checkpoint, config_dict, write_random_graph  # noqa: E402
+    edges_lost_or_doubled, epoch_losses, hits_per_pass, intact, limit_file_size, lose_nodes,
+    random_fault)
+from tests.util import config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
 EPOCHS = 4
@@ -64,15 +65,6 @@ EPOCHS = 4
 def config_at(root: Path, name: str, **overrides: Any) -> ConfigSchema:
     return ConfigSchema.from_dict(config_dict(
         root, checkpoint_path=str(root / name), **{**SETTINGS, "num_epochs": EPOCHS, **overrides}))
-
-
-def intact(config: ConfigSchema, version: int) -> bool:
-    try:
-        assert_valid_checkpoint(config, version)
-        return True
-    except Exception as err:  # noqa: BLE001  any way of failing counts
-        print(f"  corrupt: {config.checkpoint_path}: {type(err).__name__}: {err}")
-        return False
 
 
 def driver_kills(root: Path, trials: int, seed: int, address: str, figures: Counter,

@@ -166,6 +166,17 @@ def edges_lost_or_doubled(config: ConfigSchema) -> int:
             + sum(n for k, n in counted.items() if k not in expected))
 
 
+def intact(config: ConfigSchema, version: int) -> bool:
+    """Whether the checkpoint of `config` is complete and valid at `version`; prints why
+    not (a benchmark counts, rather than stops at, a corrupt checkpoint)."""
+    try:
+        assert_valid_checkpoint(config, version)
+        return True
+    except Exception as err:  # noqa: BLE001  any way of failing counts
+        print(f"  corrupt: {config.checkpoint_path}: {type(err).__name__}: {err}")
+        return False
+
+
 def checkpoint_arrays(config: ConfigSchema) -> Dict[str, np.ndarray]:
     """Every array of the current checkpoint version: embeddings, optimizer sums, model."""
     storage = CheckpointStorage(config.checkpoint_path)

@@ -20,12 +20,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from pbg_ray.model.native import extension
 from pbg_ray.model.registry import Registry
 
-try:
-    from pbg_ray.model import _loss
-except ImportError:  # the optional extension was not built
-    _loss = None
+_loss = extension("_loss")
 if _loss is not None and not _loss.supported():  # its code is AVX-512
     _loss = None
 

@@ -1,6 +1,6 @@
 """Random-row access to embedding tables: the C loops of `_rows.c` where they apply (CPU,
-contiguous float32 tables, int64 ids), torch ops elsewhere (CUDA, or an install built
-without a C compiler)."""
+contiguous float32 tables, int64 ids), torch ops elsewhere (CUDA, an install built
+without a C compiler, or PBG_RAY_C_KERNELS=0: see model.native)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-try:
-    from pbg_ray.model import _rows
-except ImportError:  # the optional extension was not built
-    _rows = None
+from pbg_ray.model.native import extension
+
+_rows = extension("_rows")
 
 BUILT = _rows is not None
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -12,6 +16,17 @@ from pbg_ray.model.optim import row_adagrad_
 def test_the_extension_is_built():
     # pip builds it wherever a C compiler is found, as on every machine CI runs on.
     assert rows.BUILT
+
+
+def test_pbg_ray_c_kernels_0_turns_the_c_code_off():
+    probe = "from pbg_ray.model import losses, rows; print(rows.BUILT, losses._loss is None)"
+    used = {}
+    for setting in ("0", "1"):
+        env = dict(os.environ, PBG_RAY_C_KERNELS=setting)
+        used[setting] = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
+                                       capture_output=True, text=True).stdout.split()
+    assert used["0"] == ["False", "True"]
+    assert used["1"][0] == "True"  # (_loss needs AVX-512 as well)
 
 
 def step(monkeypatch, c_loop: bool, dim: int, known: int, known_scale: float):
