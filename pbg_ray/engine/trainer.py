@@ -337,6 +337,7 @@ class Trainer:
                         raise err.cause from None
                     raise
                 except TRAINER_DIED as err:
+                    discard(refs[1:])  # the same error, once per return
                     attempts[bucket] = attempts.get(bucket, 0) + 1
                     if attempts[bucket] >= MAX_BUCKET_ATTEMPTS:
                         raise RuntimeError(f"the trainer of bucket {bucket} died {attempts[bucket]} "

@@ -1,11 +1,13 @@
 """The engine end to end on a real local Ray."""
 
+import gc
 import json
 import random
 
 import h5py
 import numpy as np
 import pytest
+import ray
 
 from pbg_ray.checkpoints.storage import CheckpointStorage, checkpoint_metadata
 from pbg_ray.config import ConfigSchema
@@ -153,19 +155,22 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
 
 @pytest.mark.faults
 @pytest.mark.slow
-def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
+def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path, monkeypatch):
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
     placement having trained, or while writing a swap file behind its task, which may
     have returned: then the pass is trained again): the bucket is trained again, and the
     checkpoint equals an undisturbed run's bit for bit (one trainer at a time makes a
     run deterministic; disk placement trains what memory placement trains), so no update
-    was lost or applied twice."""
+    was lost or applied twice. The death is handled: Ray logs none of its returns as an
+    unhandled error."""
     settings = dict(num_epochs=2, eval_fraction=0.0)
     undisturbed = small_config(tmp_path, checkpoint_path=str(tmp_path / "undisturbed"),
                                ray={"num_trainers": 1}, **settings)
     write_random_graph(undisturbed, num_edges=3000)
     Trainer(undisturbed).run()
     expected = checkpoint_arrays(undisturbed)
+    unhandled = []  # what Ray would log as "Unhandled error"
+    monkeypatch.setattr(ray._private.worker, "_unhandled_error_handler", unhandled.append)
     # The third bucket of the first pass; the second of the second pass.
     for point, hits, placement in (("train_task.after_read", 3, "memory"),
                                    ("train_task.before_return", 6, "disk"),
@@ -176,6 +181,8 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path):
             result = Trainer(config).run()
         assert fired(), point
         assert result.version == 2
+        gc.collect()  # the refs of the run are gone
+        assert not unhandled, (point, unhandled)
         assert_valid_checkpoint(config, 2)
         # Each bucket trained exactly once per pass in the recorded stats, all its edges
         # counted.
