@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import resource
 import subprocess
 import sys
@@ -50,6 +51,50 @@ RUN_PROCESSES = ("ray::PartitionStore", "ray::ParameterServer", "ray::BucketSche
 # Hang guards: how long a run or its processes may take to end.
 TRIAL_TIMEOUT_S = 300
 PROCESSES_GONE_TIMEOUT_S = 60
+
+
+# What a crashed process leaves in its log: faulthandler's report (PYTHONFAULTHANDLER), a
+# fatal signal named by Ray or the shell, a failed Ray check, glibc's heap checks.
+CRASH_SIGNS = re.compile(
+    r"Fatal Python error|Segmentation fault|SIGSEGV|SIGABRT|SIGBUS|SIGILL|SIGFPE|Check failed"
+    r"|[Mm]utex.{0,40}corrupt|core dumped|terminate called|double free|corrupted size"
+    r"|malloc\(\): |free\(\): ")
+# Ray's hints on every unexpected exit, a SIGKILL too ("... or SIGSEGV"): no sign of a crash.
+RAY_HINTS = re.compile(r"Possible reasons include|common causes include")
+
+
+def ray_sessions() -> List[Path]:
+    """The session directories of every Ray started on this machine (newest last)."""
+    root = Path(tempfile.gettempdir()) / "ray"
+    return sorted(root.glob("session_2*"), key=lambda p: p.stat().st_mtime)
+
+
+def crash_reports(session_dirs: Sequence[Path], search: Sequence[Path] = ()) -> List[str]:
+    """'file: line' for each log line of the Ray sessions that shows a crash (CRASH_SIGNS),
+    and each core file found under the sessions and `search`."""
+    found = []
+    for session in session_dirs:
+        for log in sorted((session / "logs").rglob("*")):
+            if not log.is_file():
+                continue
+            with open(log, errors="replace") as f:
+                found += [f"{log}: {line.strip()[:300]}" for line in f
+                          if CRASH_SIGNS.search(line) and not RAY_HINTS.search(line)]
+    for directory in [*session_dirs, *search]:
+        found += [f"{core}: core dump" for core in Path(directory).rglob("core*")
+                  if core.is_file() and re.fullmatch(r"core(\.\d+)?", core.name)]
+    return found
+
+
+def crashed_processes(reports: Sequence[str]) -> int:
+    """How many processes the crash_reports lines are about: a worker's logs are named
+    after its pid, and a core dump is one process."""
+    processes = set()
+    for report in reports:
+        name = report.split(": ", 1)[0]
+        pid = re.search(r"[-_](\d+)\.(err|out|log)$", name)
+        processes.add(pid.group(1) if pid else name)
+    return len(processes)
 
 
 def _clear(point: str) -> None:
