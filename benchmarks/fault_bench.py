@@ -18,14 +18,16 @@ fault point of the engine (pbg_ray.engine.faults) and a hit of it drawn from --s
   in memory and in disk placement; epoch losses compared with an undisturbed run's;
 - a store's checkpoint writes failing once version 1 is current (a file size limit, as on
   a full disk), then rerun;
-- the bad-input corpus (tests/bad_inputs/) and edge and checkpoint files damaged at random.
+- the bad-input corpus (tests/bad_inputs/) and edge and checkpoint files damaged at random;
+- with --soak-minutes, a soak after them (benchmarks/soak_bench.py).
 
 Prints faults injected, runs finished, checkpoints found corrupt (must be 0), edges lost
-or doubled (must be 0), bad inputs tried and bad inputs refused cleanly; then one JSON line.
+or doubled (must be 0), crashed processes found in the logs of the Ray sessions it
+started (must be 0), bad inputs tried and bad inputs refused cleanly; then one JSON line.
 
     python benchmarks/fault_bench.py                      # 30 driver kills, 500 damaged files
     python benchmarks/fault_bench.py --driver-kills 2 --worker-kills 1 --store-kills 1 \
-        --node-kills 2 --damaged 10
+        --node-kills 2 --damaged 10 --soak-minutes 30
 """
 
 from __future__ import annotations
@@ -50,12 +52,13 @@ from pbg_ray.engine.trainer import Trainer  # noqa: E402
 from pbg_ray.errors import PbgRayError  # noqa: E402
 from pbg_ray.io.edges import edges_file  # noqa: E402
 from pbg_ray.types import Bucket  # noqa: E402
+from soak_bench import soak  # noqa: E402  (beside this script)
 from tests.bad_input import (  # noqa: E402
     DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
 from tests.fault_injection import (  # noqa: E402
-    ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, driver_kill_trials,
-    edges_lost_or_doubled, epoch_losses, hits_per_pass, intact, limit_file_size, lose_nodes,
-    random_fault)
+    ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, crash_reports, crashed_processes,
+    driver_kill_trials, edges_lost_or_doubled, epoch_losses, hits_per_pass, intact,
+    limit_file_size, lose_nodes, random_fault, ray_sessions)
 from tests.util import config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
@@ -240,9 +243,14 @@ def main() -> None:
     parser.add_argument("--store-kills", type=int, default=4)
     parser.add_argument("--node-kills", type=int, default=2, help="half per placement")
     parser.add_argument("--damaged", type=int, default=500, help="randomly damaged files")
+    parser.add_argument("--soak-minutes", type=float, default=0.0,
+                        help="then a soak this long (benchmarks/soak_bench.py; 0: none)")
+    parser.add_argument("--soak-hogs", type=int, default=0,
+                        help="busy processes beside the soak")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    sessions_before = set(ray_sessions())
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     figures: Counter = Counter()
     details: Dict[str, Any] = {}
@@ -257,19 +265,34 @@ def main() -> None:
         failing_writes(root, figures, details)
         bad_inputs(root, args.damaged, rng, figures, details)
     ray.shutdown()
+    reports = crash_reports(sorted(set(ray_sessions()) - sessions_before))
+    for report in reports:
+        print(f"  crash: {report}")
+    crashes = crashed_processes(reports)
+    soaked = {"soak_hours": 0.0}
+    if args.soak_minutes:
+        soaked = soak(args.soak_minutes, args.seed, args.soak_hogs, round_minutes=5.0)
+        figures["faults"] += soaked["faults"]
+        figures["finished"] += soaked["runs"] - soaked["runs_failed"]
+        figures["corrupt"] += soaked["checkpoints_corrupt"]
+        figures["lost_or_doubled"] += soaked["edges_lost_or_doubled"]
+        crashes += soaked["crashes"]
     readable = details["bad_inputs"].get("still_readable", 0)
     print(f"faults injected: {figures['faults']}")
     print(f"runs finished: {figures['finished']}")
     print(f"checkpoints found corrupt: {figures['corrupt']}")
     print(f"edges lost or doubled: {figures['lost_or_doubled']}")
+    print(f"crashed processes: {crashes} (soak: {soaked['soak_hours']:.2f} hours)")
     print(f"bad inputs tried: {figures['tried']}")
     print(f"bad inputs refused cleanly: {figures['refused']} (the other {readable} damaged "
           f"files stayed readable; {details['bad_inputs'].get('escaped', 0)} errors escaped)")
     print(json.dumps({
         "faults_injected": figures["faults"], "runs_finished": figures["finished"],
         "checkpoints_corrupt": figures["corrupt"], "edges_lost_or_doubled": figures["lost_or_doubled"],
+        "crashes": crashes, "soak_hours": soaked["soak_hours"],
+        "node_kills": details["node"]["kills"],
         "bad_inputs_tried": figures["tried"], "bad_inputs_refused_cleanly": figures["refused"],
-        **details}))
+        **details, "soak": soaked}))
 
 
 if __name__ == "__main__":
