@@ -35,9 +35,17 @@ def pbg_module(path: Path, data: dict) -> Path:
     return path
 
 
+def sigint_as_in_a_terminal() -> None:
+    """Run in a command's process before it starts: Ctrl-C (SIGINT) interrupts it, as in a
+    terminal, even where the tests run as a shell's background job, which inherits SIGINT
+    ignored (and would pass that on to the command)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def command(name, args, cwd, **kwargs):
     return subprocess.Popen([sys.executable, "-m", f"pbg_ray.{name}", *map(str, args)], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal, **kwargs)
 
 
 def run(name, args, cwd, env=None):
