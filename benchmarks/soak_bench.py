@@ -39,7 +39,7 @@ import time
 import traceback
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import ray
 
