@@ -28,7 +28,8 @@ aggregator actors at every import and carry each edge's names as strings through
 (docs/benchmarks.md, "Local and Ray Data engines"). For the same inputs and seed both
 engines write the same entity files and the same edges in every bucket (the order inside
 a bucket may differ). The driver holds object references and per-shard and per-bucket
-figures only. Output directories must be reachable from every node (object storage, or a
+figures only. The map, count and write tasks are spread over the nodes (Ray's default
+would pack tasks this short onto the driver's node). Output directories must be reachable from every node (object storage, or a
 shared file system).
 """
 
@@ -156,7 +157,7 @@ def _parts_of(keys: np.ndarray, parts: int) -> np.ndarray:
     return (mix(keys.copy()) % np.uint64(parts)).astype(np.int64)
 
 
-@ray.remote
+@ray.remote(scheduling_strategy="SPREAD")
 def _index_block(config: ConfigSchema, parts: int, block: pa.Table) -> Tuple[Any, ...]:
     """A parsed block's (shard stats, edges as block ids with the block's distinct names,
     then its first-input names with their counts, split into `parts` by name key)."""
@@ -195,7 +196,7 @@ def _index_block(config: ConfigSchema, parts: int, block: pa.Table) -> Tuple[Any
     return (stats, edges) + tuple(counted.filter(pa.array(part == p)) for p in range(parts))
 
 
-@ray.remote
+@ray.remote(scheduling_strategy="SPREAD")
 def _count_part(config: ConfigSchema, *counted: pa.Table) -> pa.Table:
     """One part's distinct names with their counts summed over every block."""
     table = pa.concat_tables(counted)
@@ -259,7 +260,7 @@ def _look_up(table: Tuple[np.ndarray, ...], names: Tuple[np.ndarray, np.ndarray,
     return found, np.where(found, part[at], -1), np.where(found, offset[at], -1)
 
 
-@ray.remote
+@ray.remote(scheduling_strategy="SPREAD")
 def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.ndarray, ...]],
                  edges: Dict[str, Any]) -> Tuple[Any, ...]:
     """A block's edges given their buckets: (edges left out per input, dropped and unseen),
@@ -301,7 +302,7 @@ def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.
                                for w in range(writers))
 
 
-@ray.remote
+@ray.remote(scheduling_strategy="SPREAD")
 def _write_buckets(config: ConfigSchema, stages: List[StoragePath], writer: int, writers: int,
                    *routed: Dict[str, np.ndarray]) -> List[Tuple[int, int, int, int]]:
     """Every bucket file of one writer (its buckets of every input, empty or not) from
