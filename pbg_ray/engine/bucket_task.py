@@ -352,13 +352,14 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     return (stats, delta, *results)
 
 
-# No automatic retries: the driver hands a dead trainer's bucket out again
-# through the scheduler, with the partitions' current refs. Train tasks' workers
-# start with the kernel's malloc settings (glibc reads them at start).
-TRAINER_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
+# Every task that reads partitions or runs the kernel (train, eval, export, predict) starts
+# in one kind of worker, with the kernel's malloc settings (glibc reads them at start). Ray
+# keeps an idle pool per runtime_env, at most a worker per CPU in all: tasks of a second
+# kind would push these workers out, and each new worker imports torch again.
+TASK_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
 
 
-@ray.remote(runtime_env=TRAINER_RUNTIME_ENV)
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
 def start_trainer_worker() -> None:
     """Import this module in a train task's kind of worker: launched while the actors
     initialise, so that the first bucket does not wait seconds for a worker process to
@@ -368,7 +369,9 @@ def start_trainer_worker() -> None:
     importlib.import_module(__name__)
 
 
-@ray.remote(max_retries=0, runtime_env=TRAINER_RUNTIME_ENV)
+# No automatic retries: the driver hands a dead trainer's bucket out again
+# through the scheduler, with the partitions' current refs.
+@ray.remote(max_retries=0, runtime_env=TASK_RUNTIME_ENV)
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
@@ -398,7 +401,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     return (stats, *results)
 
 
-@ray.remote
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
 def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
                          *partitions: Partition, per_relation: bool = False,

@@ -21,7 +21,8 @@ import torch
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
+from pbg_ray.engine.bucket_task import (
+    TASK_RUNTIME_ENV, evaluate_bucket_task, partition_counts, partition_keys)
 from pbg_ray.engine.cluster import connect_ray, get_results
 from pbg_ray.engine.partitions import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
@@ -37,7 +38,7 @@ from pbg_ray.types import Bucket
 PartitionKey = Tuple[str, int]
 
 
-@ray.remote
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
 def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                        num_chunks: int, cand_part: int, filter_paths: List[str],
                        num_rel: int, keys: List[PartitionKey], params: ModelParams,
@@ -156,7 +157,7 @@ def filtered_stats(rel: np.ndarray, ranks: Mapping[str, np.ndarray], hits_at: Se
     return result
 
 
-@ray.remote
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
 def load_partition_task(path: str, version: int, entity: str, part: int
                         ) -> Tuple[np.ndarray, np.ndarray]:
     """(embeddings [N, D], empty sums) of a checkpoint partition: evaluation never updates,

@@ -19,6 +19,7 @@ import ray
 
 from pbg_ray.checkpoints.partition_jobs import MapPartitions
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.bucket_task import TASK_RUNTIME_ENV
 from pbg_ray.engine.cluster import connect_ray, discard, get_results
 
 
@@ -48,12 +49,13 @@ class RayPartitionMap:
 
 def partition_map(config: ConfigSchema) -> MapPartitions:
     """Connect to Ray (config.ray) and return a map whose tasks take
-    ray.cpus_per_trainer CPUs each, two tasks per such slot in flight (one running, one
-    result waiting to be consumed)."""
+    ray.cpus_per_trainer CPUs each, in train tasks' kind of worker, two tasks per such
+    slot in flight (one running, one result waiting to be consumed)."""
     connect_ray(config.ray)
     cpus = config.ray.cpus_per_trainer
     slots = ray.cluster_resources().get("CPU", 1) / cpus
-    return RayPartitionMap({"num_cpus": cpus}, 2 * max(1, math.floor(slots)))
+    return RayPartitionMap({"num_cpus": cpus, "runtime_env": TASK_RUNTIME_ENV},
+                           2 * max(1, math.floor(slots)))
 
 
 def predictor_map(config: ConfigSchema) -> MapPartitions:
