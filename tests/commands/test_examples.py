@@ -37,13 +37,13 @@ def test_example_scripts_are_executable_bash():
         assert os.access(script, os.X_OK), script
 
 
-def run_script(args, data: Path):
-    return subprocess.run(args, env=dict(os.environ, PBG_RAY_DATA=str(data)), cwd=data,
+def run_script(args, data: Path, **env):
+    return subprocess.run(args, env=dict(os.environ, PBG_RAY_DATA=str(data), **env), cwd=data,
                           capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
-def test_fb15k_example_runs_end_to_end_on_a_tiny_stand_in(tmp_path):
+def test_fb15k_example_runs_end_to_end_on_a_tiny_stand_in(tmp_path, ray_session):
     rng = np.random.default_rng(0)
     raw = tmp_path / "FB15k"
     raw.mkdir()
@@ -52,8 +52,10 @@ def test_fb15k_example_runs_end_to_end_on_a_tiny_stand_in(tmp_path):
         rows = [f"/m/e{rng.integers(60)}\t/r/rel{rng.integers(5)}\t/m/e{rng.integers(60)}"
                 for _ in range(n)]
         (raw / f"freebase_mtr100_mte100-{split}.txt").write_text("\n".join(rows) + "\n")
+    # Its train and eval join the session's Ray, as under `ray job submit` (RAY_ADDRESS).
     proc = run_script([str(EXAMPLES / "fb15k" / "run.sh"), "num_epochs=1", "dimension=8",
-                       "num_uniform_negs=10", "batch_size=100", "ray.num_cpus=1"], tmp_path)
+                       "num_uniform_negs=10", "batch_size=100"], tmp_path,
+                      RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FB15k is already in" in proc.stdout  # the download was skipped
     assert CheckpointStorage(tmp_path / "model").load_version() == 1
