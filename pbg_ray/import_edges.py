@@ -1,6 +1,6 @@
 """python -m pbg_ray.import_edges [PBG_CONFIG.py] 'importer.inputs=[FILE,...]' [key=value ...]
 
-Turns raw edge files (TSV, CSV, Parquet; plain or gzip) into the config's
+Turns raw edge files (TSV, CSV, Parquet; text plain or compressed) into the config's
 entity_path and edge paths (edge_paths, then eval_edge_paths: one input file
 each) in PBG's v1 layout. Settings live under `importer.` (see
 pbg_ray/config/importer.py: ImportConfig). Prints one JSON line of statistics.

@@ -21,7 +21,8 @@ class ImportConfig:
         "from the environment). Entity and relation dictionaries come from the first input.")
     format: Optional[str] = option(None, help=
         "tsv, csv or parquet; null: from the extension (.tsv/.txt, .csv, .parquet/.pq, each "
-        "optionally .gz). Gzip is recognised by the file's first bytes.")
+        "optionally .gz, .bz2, .zst or .lz4). Compressed text (gzip, bzip2, zstd, LZ4 frames) "
+        "is recognised by the file's first bytes.")
     lhs_col: Any = option(0, help=
         "The lhs column: an integer is a 0-based index, a string a column name (text files "
         "then need a header line).")

@@ -1,4 +1,4 @@
-"""Raw edge tables (TSV, CSV, Parquet; plain or gzip) read in Arrow record batches.
+"""Raw edge tables (TSV, CSV, Parquet; text plain or compressed) read in Arrow record batches.
 
 An importer input is a file, a directory of shards or a glob, on a local path or a URI
 that pyarrow.fs opens (io/storage.py); `input_shards` lists its files (a directory's
@@ -7,7 +7,8 @@ files below it, names starting with `_` or `.` left out, as Spark's `_SUCCESS` a
 the caller works on the current one, so memory holds about two batches, never
 the file. Rows that can't be edges (wrong number of fields, empty or null
 names, weights that aren't numbers) stop the import with the file and line, or
-are counted and left out with `importer.skip_bad_rows=true`.
+are counted and left out with `importer.skip_bad_rows=true`. Compressed text (gzip, bzip2,
+zstd, LZ4 frames) is told by its first bytes, whatever its name.
 Settings: `importer.` (pbg_ray.config.importer.ImportConfig).
 """
 
@@ -17,6 +18,7 @@ import contextlib
 import fnmatch
 import io
 import queue
+import re
 import threading
 import zlib
 from dataclasses import dataclass
@@ -37,7 +39,15 @@ from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.storage import ObjectPath, StoragePath, is_uri, storage_path
 
 FORMATS = ("tsv", "csv", "parquet")
+# Codecs of compressed text (pyarrow's names) by the first bytes of their streams; bzip2's
+# "BZh" is followed by a block size digit and a block's (or the end's) magic number, which
+# no text starts with. Their suffixes are left out when the extension gives the format.
+MAGIC_NUMBERS = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"),
+                 (b"\x04\x22\x4d\x18", "lz4"))
+BZIP2_START = re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")
+COMPRESSION_SUFFIXES = (".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4")
 ROLES = ("lhs", "rel", "rhs", "weight")
+CHECK_THE_FILE = "Check the file (a download or copy cut short?)."
 TEXT_BLOCK_BYTES = 16 << 20  # bytes of text Arrow parses per batch
 PARQUET_BATCH_ROWS = 1 << 19
 MAX_EXAMPLES = 5  # bad rows quoted in the report
@@ -140,13 +150,21 @@ def detect_format(path: StoragePath, fmt: Optional[str]) -> str:
             raise PbgRayError(f"importer.format: unknown format {fmt!r}{did_you_mean(fmt, FORMATS)}. "
                               f"Valid values: {', '.join(FORMATS)} (or null to use the extension).")
         return fmt
-    suffixes = [s.lower() for s in Path(path.name).suffixes if s.lower() != ".gz"]
+    suffixes = [s.lower() for s in Path(path.name).suffixes
+                if s.lower() not in COMPRESSION_SUFFIXES]
     ext = suffixes[-1] if suffixes else ""
     by_ext = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
     if ext not in by_ext:
         raise PbgRayError(f"input file {str(path)!r}: can't tell the format from the extension "
                           f"{ext or '(none)'!r}. Set importer.format to one of {', '.join(FORMATS)}.")
     return by_ext[ext]
+
+
+def text_codec(head: bytes) -> Optional[str]:
+    """The codec of a text file whose first bytes are `head` (10 or more), None if plain."""
+    if BZIP2_START.match(head):
+        return "bz2"
+    return next((codec for magic, codec in MAGIC_NUMBERS if head.startswith(magic)), None)
 
 
 class RawTable:
@@ -164,11 +182,11 @@ class RawTable:
             raise PbgRayError(f"input file {str(path)!r} is empty. Give a file with at least "
                               "one edge.")
         self.format = detect_format(self.path, settings.format)
-        self.gzip = False
+        self.codec: Optional[str] = None  # of compressed text
         if self.format != "parquet":
             with self._reading(), self._fs.open_input_stream(self._fs_path,
                                                              compression=None) as f:
-                self.gzip = f.read(2) == b"\x1f\x8b"
+                self.codec = text_codec(f.read(10))
         self.columns: Dict[str, Optional[int]] = {}  # role -> column index
         self.num_rows = 0
         self.bad_rows = 0
@@ -217,7 +235,7 @@ class RawTable:
 
     def _open_text_stream(self) -> pa.NativeFile:
         stream = self._fs.open_input_stream(self._fs_path, compression=None)
-        return pa.CompressedInputStream(stream, "gzip") if self.gzip else stream
+        return pa.CompressedInputStream(stream, self.codec) if self.codec else stream
 
     def _open_lines(self, errors: str = "strict") -> io.TextIOWrapper:
         return io.TextIOWrapper(self._open_text_stream(), encoding="utf-8", errors=errors,
@@ -248,8 +266,9 @@ class RawTable:
                     if line:
                         return line
         except (OSError, UnicodeDecodeError, EOFError, zlib.error) as err:
+            compressed = f"{self.codec}-compressed " if self.codec else ""
             raise PbgRayError(f"input file {str(self.path)!r} can't be read as "
-                              f"{'gzip-compressed ' if self.gzip else ''}UTF-8 text: {err}") from None
+                              f"{compressed}UTF-8 text: {err}. {CHECK_THE_FILE}") from None
         return None
 
     def _open_parquet(self) -> None:
@@ -310,9 +329,9 @@ class RawTable:
                     "importer.skip_bad_rows=true to leave such rows out.") from None
             raise PbgRayError(f"input file {str(self.path)!r} can't be parsed as "
                               f"{self.format.upper()}: {err}") from None
-        except OSError as err:  # e.g. a gzip stream cut short
+        except OSError as err:  # e.g. a compressed stream cut short
             raise PbgRayError(f"input file {str(self.path)!r}: reading failed: {err}. "
-                              "Check the file (a download or copy cut short?).") from None
+                              f"{CHECK_THE_FILE}") from None
 
     def _parquet_batches(self) -> Iterator[pa.RecordBatch]:
         names = self._parquet.schema_arrow.names

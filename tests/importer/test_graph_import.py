@@ -21,7 +21,8 @@ from tests.importer.util import (
 from tests.util import config_dict
 
 
-@pytest.mark.parametrize("suffix", [".tsv", ".tsv.gz", ".csv", ".csv.gz", ".parquet"])
+@pytest.mark.parametrize("suffix", [".tsv", ".tsv.gz", ".csv", ".csv.gz", ".tsv.bz2", ".csv.zst",
+                                    ".tsv.lz4", ".parquet"])
 def test_round_trip_by_index(tmp_path, suffix):
     rows = random_rows(300)
     path = tmp_path / f"edges{suffix}"

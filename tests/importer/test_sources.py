@@ -61,6 +61,30 @@ def test_a_bad_row_names_its_shard_and_line(tmp_path):
     assert "part-00002.tsv'" in stats["inputs"][0]["bad_row_examples"][0]
 
 
+def test_compressed_shards_are_told_by_their_first_bytes_whatever_their_names(tmp_path):
+    # One shard per codec, half of them named as plain text.
+    rows = random_rows(80)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i, (codec, suffix) in enumerate([("gzip", ".gz"), ("bz2", ""), ("zstd", ".zst"),
+                                         ("lz4", ""), (None, "")]):
+        write_text(shards / f"part-{i}.tsv{suffix}", rows[i * 16:(i + 1) * 16], codec=codec)
+    config = make(tmp_path, [str(shards)])
+    assert import_graph(config)["inputs"][0]["edges"] == 80
+    assert decoded(config, config.edge_paths[0]) == collections.Counter(rows)
+
+
+@pytest.mark.parametrize("kept", [0.01, 0.6])  # in its first line, or after
+def test_a_compressed_stream_cut_short_is_one_line_naming_the_file(tmp_path, kept):
+    path = tmp_path / "edges.tsv.zst"
+    write_text(path, random_rows(20000), codec="zstd")
+    whole = path.read_bytes()
+    path.write_bytes(whole[:int(len(whole) * kept)])
+    message = error_of(make(tmp_path, [str(path)]))
+    assert "edges.tsv.zst" in message and "cut short" in message, message
+    assert not (tmp_path / "train").exists() or not list((tmp_path / "train").iterdir())
+
+
 @pytest.mark.parametrize("spec, problem", [("empty", "is an empty directory"),
                                            ("nothing-*.tsv", "matches no file"),
                                            ("missing.tsv", "does not exist")])

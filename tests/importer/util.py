@@ -3,6 +3,7 @@ imported edges decoded back to names."""
 
 from __future__ import annotations
 
+import bz2
 import collections
 import gzip
 from pathlib import Path
@@ -32,13 +33,29 @@ def random_rows(n: int, seed: int = 0, num_names: int = 40) -> List[Tuple[str, s
              names[rng.integers(num_names)]) for _ in range(n)]
 
 
+def compress(data: bytes, codec: str) -> bytes:
+    """`data` in the stream format of `codec` (gzip and bz2 by Python's own modules, zstd
+    and LZ4 frames by Arrow's)."""
+    if codec in ("gzip", "bz2"):
+        return gzip.compress(data) if codec == "gzip" else bz2.compress(data)
+    sink = pa.BufferOutputStream()
+    with pa.CompressedOutputStream(sink, codec) as out:
+        out.write(data)
+    return sink.getvalue().to_pybytes()
+
+
+SUFFIX_CODECS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
+
+
 def write_text(path: Path, rows: Sequence[tuple], delimiter: str = "\t",
-               header: Sequence[str] = None) -> str:
-    """Rows as delimited text (gzip-compressed for a .gz path); returns the path."""
+               header: Sequence[str] = None, codec: str = None) -> str:
+    """Rows as delimited text, compressed with `codec` or as the suffix says (.gz, .bz2,
+    .zst, .lz4); returns the path."""
     lines = [delimiter.join(header)] if header else []
     lines += [delimiter.join(map(str, r)) for r in rows]
     data = ("\n".join(lines) + "\n").encode()
-    path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    codec = codec or SUFFIX_CODECS.get(path.suffix)
+    path.write_bytes(compress(data, codec) if codec else data)
     return str(path)
 
 
