@@ -29,8 +29,8 @@ aggregator actors at every import and carry each edge's names as strings through
 engines write the same entity files and the same edges in every bucket (the order inside
 a bucket may differ). The driver holds object references and per-shard and per-bucket
 figures only. The map, count and write tasks are spread over the nodes (Ray's default
-would pack tasks this short onto the driver's node). Output directories must be reachable from every node (object storage, or a
-shared file system).
+would pack tasks this short onto the driver's node). Output directories must be reachable
+from every node (object storage, or a shared file system).
 """
 
 from __future__ import annotations
