@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -234,3 +235,16 @@ def test_eval_task_memory_follows_the_partition_not_the_table(tmp_path):
     assert_streams_partitions(*peak_growth(
         tmp_path, "tests.evaluation.test_evaluation:eval_tasks_in_process",
         lambda config, name: [config.checkpoint_path]))
+
+
+def test_an_eval_after_training_starts_no_worker_process(ray_session, tmp_path):
+    """Eval tasks and partition loads run in train tasks' kind of Ray worker: after a run,
+    they take its idle workers, and no new process starts and imports torch again."""
+    config = make(tmp_path, num_epochs=1)
+    write_random_graph(config)
+    write_test_edges(config)
+    stats = Trainer(config).run().bucket_stats
+    raylet = psutil.Process(stats[0]["worker"]["pid"]).parent()
+    before = {p.pid for p in raylet.children()}
+    evaluate_checkpoint(config)
+    assert {p.pid for p in raylet.children()} <= before
