@@ -137,7 +137,8 @@ def processes_mentioning(text: str):
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tmp_path, workdir):
+def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tmp_path, workdir,
+                                                                              ray_session):
     data = tiny_graph(tmp_path, eval_fraction=0.0)
     module = pbg_module(tmp_path / "config.py", data)
     ray_tmp = tempfile.mkdtemp(prefix="pbg-cc-", dir="/tmp")  # Ray's socket paths stay short
@@ -167,7 +168,8 @@ def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tm
     assert not processes_mentioning(ray_tmp), "Ray processes left behind"
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
-    code, out, err = run("train", [module, f"num_epochs={version + 1}", "ray.num_cpus=1"], workdir)
+    code, out, err = run("train", [module, f"num_epochs={version + 1}"], workdir,
+                         env=on_the_sessions_ray(ray_session))
     assert code == 0, err[-3000:]
     assert f"resuming from version {version} of {version + 1} in {data['checkpoint_path']}" in err
     assert json.loads(out.splitlines()[-1])["version"] == version + 1
