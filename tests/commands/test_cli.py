@@ -103,7 +103,6 @@ def test_a_missing_init_path_stops_the_run_before_anything_is_written(tmp_path, 
     assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
 
 
-@pytest.mark.slow  # starts its own Ray
 def on_the_sessions_ray(ray_session) -> dict:
     """A command's environment in which it joins the session's Ray (as under `ray job
     submit`, through RAY_ADDRESS) instead of starting one."""
