@@ -41,6 +41,12 @@ def config_dict(root: Path, **overrides: Any) -> Dict[str, Any]:
     return data
 
 
+def joining_the_session(ray_session: Any) -> Dict[str, str]:
+    """The environment variable by which a command joins the session's Ray (as under `ray
+    job submit`) instead of starting one."""
+    return {"RAY_ADDRESS": ray_session.get_runtime_context().gcs_address}
+
+
 def write_random_graph(config: ConfigSchema, num_edges: int = 200, seed: int = 0,
                        counts: Dict[str, int] = None) -> Dict[Bucket, EdgeList]:
     """Entity files and one bucket file per (lhs, rhs) partition pair; returns the edges."""

@@ -20,7 +20,7 @@ import yaml
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import name_sweep_jobs
 from pbg_ray.importer.demo import demo_checkpoint_path
-from tests.util import config_dict, write_random_graph
+from tests.util import config_dict, joining_the_session, write_random_graph
 
 
 def tiny_graph(root: Path, **overrides) -> dict:
@@ -103,19 +103,14 @@ def test_a_missing_init_path_stops_the_run_before_anything_is_written(tmp_path, 
     assert not list(workdir.iterdir()) and not Path(data["checkpoint_path"]).exists()
 
 
-def on_the_sessions_ray(ray_session) -> dict:
-    """A command's environment in which it joins the session's Ray (as under `ray job
-    submit`, through RAY_ADDRESS) instead of starting one."""
-    return dict(os.environ, RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
-
-
 def test_an_error_inside_a_train_task_is_one_line_and_leaves_nothing(tmp_path, workdir,
                                                                       ray_session):
     data = tiny_graph(tmp_path)
     count_file = Path(data["entity_path"]) / "entity_count_item_0.txt"
     count_file.write_text("1\n")  # the item ids of the edges are now out of range
     module = pbg_module(tmp_path / "config.py", data)
-    code, _, err = run("train", [module], workdir, env=on_the_sessions_ray(ray_session))
+    code, _, err = run("train", [module], workdir,
+                       env=dict(os.environ, **joining_the_session(ray_session)))
     assert code == 2
     assert_one_error_line(err, "outside partition 0 of entity type 'item'")
     checkpoint = Path(data["checkpoint_path"])
@@ -168,7 +163,7 @@ def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tm
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
     code, out, err = run("train", [module, f"num_epochs={version + 1}"], workdir,
-                         env=on_the_sessions_ray(ray_session))
+                         env=dict(os.environ, **joining_the_session(ray_session)))
     assert code == 0, err[-3000:]
     assert f"resuming from version {version} of {version + 1} in {data['checkpoint_path']}" in err
     assert json.loads(out.splitlines()[-1])["version"] == version + 1
@@ -184,7 +179,7 @@ def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpo
                        num_edges=20, seed=1)
     module = pbg_module(tmp_path / "config.py", data)
     code, out, err = run("tune", [module, "tune.num_samples=2", "num_epochs=1"], workdir,
-                         env=on_the_sessions_ray(ray_session))
+                         env=dict(os.environ, **joining_the_session(ray_session)))
     assert code == 0, err[-3000:]
     best = json.loads(out.splitlines()[-1])
     assert f"best config: lr={best['config']['lr']} dimension=" in out

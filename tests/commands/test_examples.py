@@ -16,6 +16,7 @@ from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.io.edges import count_edges
 from pbg_ray.types import Bucket
+from tests.util import joining_the_session
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -52,10 +53,9 @@ def test_fb15k_example_runs_end_to_end_on_a_tiny_stand_in(tmp_path, ray_session)
         rows = [f"/m/e{rng.integers(60)}\t/r/rel{rng.integers(5)}\t/m/e{rng.integers(60)}"
                 for _ in range(n)]
         (raw / f"freebase_mtr100_mte100-{split}.txt").write_text("\n".join(rows) + "\n")
-    # Its train and eval join the session's Ray, as under `ray job submit` (RAY_ADDRESS).
     proc = run_script([str(EXAMPLES / "fb15k" / "run.sh"), "num_epochs=1", "dimension=8",
                        "num_uniform_negs=10", "batch_size=100"], tmp_path,
-                      RAY_ADDRESS=ray_session.get_runtime_context().gcs_address)
+                      **joining_the_session(ray_session))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FB15k is already in" in proc.stdout  # the download was skipped
     assert CheckpointStorage(tmp_path / "model").load_version() == 1

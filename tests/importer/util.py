@@ -33,11 +33,14 @@ def random_rows(n: int, seed: int = 0, num_names: int = 40) -> List[Tuple[str, s
              names[rng.integers(num_names)]) for _ in range(n)]
 
 
+PYTHON_CODECS = {"gzip": gzip.compress, "bz2": bz2.compress}
+
+
 def compress(data: bytes, codec: str) -> bytes:
     """`data` in the stream format of `codec` (gzip and bz2 by Python's own modules, zstd
     and LZ4 frames by Arrow's)."""
-    if codec in ("gzip", "bz2"):
-        return gzip.compress(data) if codec == "gzip" else bz2.compress(data)
+    if codec in PYTHON_CODECS:
+        return PYTHON_CODECS[codec](data)
     sink = pa.BufferOutputStream()
     with pa.CompressedOutputStream(sink, codec) as out:
         out.write(data)
