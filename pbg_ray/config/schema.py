@@ -27,7 +27,7 @@ from pbg_ray.config.pbg_file import drop_pbg_only_keys
 from pbg_ray.config.ray import RayConfig
 from pbg_ray.config.serve import ServeConfig
 from pbg_ray.config.tune import TuneConfig
-from pbg_ray.config.validation import validate_config
+from pbg_ray.config.validation import LOCATIONS, location, validate_config
 from pbg_ray.errors import PbgRayError
 
 
@@ -215,25 +215,24 @@ class ConfigSchema:
         return dataclasses.asdict(self)
 
     def with_absolute_paths(self) -> "ConfigSchema":
-        """Local paths made absolute (URIs kept), so that Ray workers, whose
-        working directory differs from the driver's, find the same files."""
+        """Local paths of every storage location made absolute (URIs kept), so that Ray
+        workers, whose working directory is their raylet's, find the same files."""
 
         def absolute(path: Optional[str]) -> Optional[str]:
             if path is None or "://" in path:
                 return path
             return os.path.abspath(os.path.expanduser(path))
 
-        return dataclasses.replace(
-            self, entity_path=absolute(self.entity_path),
-            edge_paths=[absolute(p) for p in self.edge_paths],
-            eval_edge_paths=[absolute(p) for p in self.eval_edge_paths],
-            checkpoint_path=absolute(self.checkpoint_path), init_path=absolute(self.init_path),
-            tensorboard_dir=absolute(self.tensorboard_dir),
-            eval=dataclasses.replace(
-                self.eval, edge_paths=[absolute(p) for p in self.eval.edge_paths],
-                filter_paths=None if self.eval.filter_paths is None
-                else [absolute(p) for p in self.eval.filter_paths]),
-            tune=dataclasses.replace(self.tune, storage_path=absolute(self.tune.storage_path)))
+        config = self
+        for key in LOCATIONS:
+            value = location(config, key)
+            value = [absolute(p) for p in value] if isinstance(value, list) else absolute(value)
+            section, _, field = key.rpartition(".")
+            if section:
+                value = dataclasses.replace(getattr(config, section), **{field: value})
+                field = section
+            config = dataclasses.replace(config, **{field: value})
+        return config
 
     def entity_dimension(self, entity: str) -> int:
         dim = self.entities[entity].dimension

@@ -4,7 +4,7 @@ IncrementalConfig, TuneConfig, ServeConfig, ExportConfig) and those that span se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pbg_ray.config.components import (
     BUCKET_ORDERS, COMPARATORS, LOSS_FUNCTIONS, REGULARIZERS, SAME_DIMENSION_OPERATORS,
@@ -77,22 +77,28 @@ def validate_config(config: "ConfigSchema", fail: Fail, source: str) -> None:
     _locations(config, fail)
 
 
+# Every storage location of every section, by key: each a path or URI, or a list of them.
+LOCATIONS = ("entity_path", "edge_paths", "eval_edge_paths", "checkpoint_path", "init_path",
+             "tensorboard_dir", "importer.inputs", "importer.previous_entity_path",
+             "importer.previous_edge_paths", "eval.edge_paths", "eval.filter_paths",
+             "export.output", "tune.storage_path")
+
+
+def location(config: "ConfigSchema", key: str) -> Any:
+    """The value of one of LOCATIONS' keys (a top-level key or section.key)."""
+    section, _, field = key.rpartition(".")
+    return getattr(getattr(config, section) if section else config, field)
+
+
 def _locations(config: "ConfigSchema", fail: Fail) -> None:
     """Every storage location of every section: none carries credentials."""
-    single = {"entity_path": config.entity_path, "checkpoint_path": config.checkpoint_path,
-              "init_path": config.init_path,
-              "importer.previous_entity_path": config.importer.previous_entity_path,
-              "export.output": config.export.output, "tune.storage_path": config.tune.storage_path}
-    lists = {"edge_paths": config.edge_paths, "eval_edge_paths": config.eval_edge_paths,
-             "importer.inputs": config.importer.inputs,
-             "importer.previous_edge_paths": config.importer.previous_edge_paths,
-             "eval.edge_paths": config.eval.edge_paths,
-             "eval.filter_paths": config.eval.filter_paths or []}
-    for key, location in single.items():
-        check_no_credentials(location, key, fail)
-    for key, locations in lists.items():
-        for idx, location in enumerate(locations):
-            check_no_credentials(location, f"{key}[{idx}]", fail)
+    for key in LOCATIONS:
+        value = location(config, key)
+        if isinstance(value, list):
+            for idx, path in enumerate(value):
+                check_no_credentials(path, f"{key}[{idx}]", fail)
+        else:
+            check_no_credentials(value, key, fail)
 
 
 def _relation_fits_entities(config: "ConfigSchema", idx: int, fail: Fail) -> None:
