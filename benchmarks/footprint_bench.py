@@ -11,7 +11,7 @@ interest the driver had loaded when it finished, and the seconds from the comman
 start to its first bucket's start and end. Ends with one JSON line.
 
     python benchmarks/footprint_bench.py
-    python benchmarks/footprint_bench.py --work-dir /tmp/fb -- num_epochs=1 ray.placement=disk
+    python benchmarks/footprint_bench.py --work-dir /tmp/fb --epochs 1 -- ray.placement=disk
 """
 
 from __future__ import annotations
