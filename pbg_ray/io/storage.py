@@ -39,16 +39,15 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import h5py
 import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pbg_ray.errors import PbgRayError
-
-if TYPE_CHECKING:  # pyarrow loads with the first URI: a run on local paths never needs it
-    import pyarrow.fs as pafs
 
 logger = logging.getLogger("pbg_ray")
 
@@ -65,9 +64,6 @@ def is_uri(path: Union[str, os.PathLike, "ObjectPath"]) -> bool:
 def _filesystem(scheme: str, netloc: str, query: str) -> Tuple[pafs.FileSystem, str]:
     """(file system, its path of the URI's root) of one bucket and its options, made once
     per process: an S3 file system holds a client and its connections."""
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-
     uri = urlunsplit((scheme, netloc, "/", query, ""))
     try:
         fs, root = pafs.FileSystem.from_uri(uri)
@@ -148,25 +144,22 @@ class ObjectPath:
                 "credentials (e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or the node's "
                 "role) and the URI's endpoint settings.") from None
 
-    def _type(self) -> str:
-        """The name of its pyarrow.fs.FileType: NotFound, File, Directory."""
+    def _type(self) -> pafs.FileType:
         with self._errors("look up"):
-            return self.fs.get_file_info(self.fs_path).type.name
+            return self.fs.get_file_info(self.fs_path).type
 
     def exists(self) -> bool:
-        return self._type() != "NotFound"
+        return self._type() != pafs.FileType.NotFound
 
     def is_file(self) -> bool:
-        return self._type() == "File"
+        return self._type() == pafs.FileType.File
 
     def is_dir(self) -> bool:
-        return self._type() == "Directory"
+        return self._type() == pafs.FileType.Directory
 
     def iterdir(self) -> Iterator["ObjectPath"]:
-        from pyarrow.fs import FileSelector
-
         with self._errors("list"):
-            infos = self.fs.get_file_info(FileSelector(self.fs_path, allow_not_found=True))
+            infos = self.fs.get_file_info(pafs.FileSelector(self.fs_path, allow_not_found=True))
         for info in sorted(infos, key=lambda i: i.path):
             yield self / info.base_name
 

@@ -1,8 +1,6 @@
 """The storage layer: local paths and URIs, on a real S3-compatible server (moto)."""
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,26 +29,6 @@ def test_paths_and_uris_resolve_and_join_keeping_the_query():
     assert storage_path(str(child)) == child  # survives the trip through config strings
     assert join("s3://b?region=x", "e") == "s3://b/e?region=x"
     assert join("file:///abs", "e") == "file:///abs/e" and join("rel", "e") == "rel/e"
-
-
-# In a fresh interpreter: files under a local path, then a URI's file system.
-LOCAL_THEN_URI = """
-import sys
-from pbg_ray.io.storage import storage_path
-from pbg_ray.io.files import write_text_atomic
-root = storage_path(sys.argv[1])
-write_text_atomic(root / "a.txt", "x")
-assert (root / "a.txt").read_text() == "x" and root.is_dir()
-print("LOCAL", "pyarrow" in sys.modules)
-storage_path("s3://bucket/x?endpoint_override=127.0.0.1:1&scheme=http").fs  # no request yet
-print("URI", "pyarrow" in sys.modules)
-"""
-
-
-def test_pyarrow_loads_with_the_first_uri_not_for_local_paths(tmp_path):
-    out = subprocess.run([sys.executable, "-c", LOCAL_THEN_URI, str(tmp_path)], check=True,
-                         capture_output=True, text=True).stdout.split()
-    assert out == ["LOCAL", "False", "URI", "True"]
 
 
 def test_an_unknown_scheme_is_refused_naming_it():
