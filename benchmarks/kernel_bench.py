@@ -31,7 +31,7 @@ import warnings
 from functools import partial
 from typing import Any, Dict, Tuple
 
-from pbg_ray.model.kernel import KERNEL_ENV
+from pbg_ray.model.native import KERNEL_ENV
 
 # The kernel's malloc settings act only from process start: re-exec once with them.
 _MALLOC_ENV = dict(KERNEL_ENV, PYTHONWARNINGS="ignore")  # (quiet torchbiggraph's workers too)

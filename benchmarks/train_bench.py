@@ -108,31 +108,52 @@ def config_dict(root: Path, nparts: int, checkpoint: Path, epochs: int,
         checkpoint_path=str(checkpoint))
 
 
+# Markers in a process's command line -> its role: pbg_ray's workers and actors, then Ray's
+# own processes.
+ROLES = (("train_bucket_task", "train worker"), ("PartitionStore", "partition store"),
+         ("ParameterServer", "parameter server"), ("BucketSchedulerActor", "scheduler"),
+         ("gcs_server", "Ray: gcs_server"), ("raylet/raylet", "Ray: raylet"),
+         ("DashboardAgent", "Ray: dashboard agent"), ("RuntimeEnvAgent", "Ray: runtime env agent"),
+         ("dashboard/dashboard.py", "Ray: dashboard (API server)"),
+         ("log_monitor.py", "Ray: log monitor"), ("autoscaler/_private/monitor.py", "Ray: autoscaler monitor"))
+# The variable that train and eval tasks' workers start with (model/kernel.py's KERNEL_ENV),
+# which tells one of them between two tasks from a plain idle worker.
+KERNEL_WORKER_VARIABLE = "MALLOC_MMAP_THRESHOLD_"
+
+
 def role(proc: psutil.Process) -> str:
     """What a process of the run is, for the memory breakdown."""
-    name = " ".join(proc.cmdline())
-    for role_name, marker in (("train tasks", "train_bucket_task"), ("partition stores", "PartitionStore"),
-                              ("parameter server", "ParameterServer"), ("idle workers", "ray::IDLE")):
+    cmdline = proc.cmdline()
+    name = " ".join(cmdline)
+    for marker, role_name in ROLES:
         if marker in name:
             return role_name
-    return "other (Ray's own processes, Hogwild workers)"
+    if "ray::IDLE" in name:
+        try:
+            kernel_worker = KERNEL_WORKER_VARIABLE in proc.environ()
+        except psutil.Error:
+            kernel_worker = False
+        return "train worker (between tasks)" if kernel_worker else "idle workers"
+    return "other: " + (Path(cmdline[0]).name if cmdline else proc.name())
 
 
 class PeakMemory:
     """Peak of the summed PSS of a process and all its descendants, sampled five times a second;
-    `breakdown` holds the PSS per role at that peak."""
+    `breakdown` holds the PSS per role at that peak, `processes` each process's (role, pid,
+    PSS) at that peak, largest first."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)
         self.peak = 0
         self.breakdown: dict = {}
+        self.processes: list = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            roles: dict = {}
+            found = []
             try:
                 procs = [self.root] + self.root.children(recursive=True)
             except psutil.Error:
@@ -143,10 +164,14 @@ class PeakMemory:
                     key = "driver" if proc.pid == self.root.pid else role(proc)
                 except psutil.Error:
                     continue
-                roles[key] = roles.get(key, 0) + pss
-            total = sum(roles.values())
+                found.append((key, proc.pid, pss))
+            total = sum(pss for _, _, pss in found)
             if total > self.peak:
-                self.peak, self.breakdown = total, roles
+                self.peak = total
+                self.processes = sorted(found, key=lambda p: -p[2])
+                self.breakdown = {}
+                for key, _, pss in found:
+                    self.breakdown[key] = self.breakdown.get(key, 0) + pss
             time.sleep(0.2)
 
     def stop(self) -> int:

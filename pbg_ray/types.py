@@ -12,6 +12,7 @@ T = TypeVar("T")
 
 EntityName = str
 Partition = int
+SIDES = ("lhs", "rhs")  # an edge's sides, by their names in configs and edge files
 
 
 class Side(enum.Enum):

@@ -5,13 +5,15 @@
 
 `model` never imports io, `io` never imports model, Ray is imported only by the engine and
 the commands, and `import pbg_ray.config` loads neither torch, ray nor pyarrow. Imports
-inside functions count as much as those at the top of a module. docs/architecture.md
+inside functions count as much as those at the top of a module. The drivers of train, eval
+and export load no torch: only their tasks' workers run the kernel. docs/architecture.md
 says the same in prose; change both together.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +151,42 @@ def test_light_modules_load_no_heavy_package(module):
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.split()
     assert loaded == [], f"import {module} loaded {loaded}"
+
+
+# Run as `python -c RUN_COMMAND <module> <args>`: the command's main, then the modules of
+# DRIVER_MODULES that the driver process loaded.
+DRIVER_MODULES = ("torch", "numpy")
+RUN_COMMAND = f"""
+import runpy, sys
+module = sys.argv.pop(1)
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+finally:
+    print("LOADED", *(m for m in {DRIVER_MODULES!r} if m in sys.modules))
+"""
+
+
+def test_the_train_eval_and_export_drivers_load_no_torch(tmp_path, ray_session):
+    """Only tasks run the kernel: each command's driver, its work on a tiny graph done (on
+    the session's Ray, whose workers are other processes), has not loaded torch."""
+    from pbg_ray.config import ConfigSchema
+    from tests.util import config_dict, joining_the_session, write_random_graph
+
+    data = config_dict(tmp_path / "data", num_epochs=1, eval_fraction=0.2, dimension=4)
+    data["eval_edge_paths"] = data["edge_paths"]  # the trainer evaluates after training too
+    write_random_graph(ConfigSchema.from_dict(data), num_edges=50)
+    module = tmp_path / "pbg_config.py"
+    module.write_text(f"def get_torchbiggraph_config():\n    return {data!r}\n")
+    env = dict(os.environ, **joining_the_session(ray_session))
+    loaded = {}
+    for command, *args in (("pbg_ray.train",), ("pbg_ray.eval",),
+                           ("pbg_ray.export", f"export.output={tmp_path / 'export'}")):
+        proc = subprocess.run([sys.executable, "-c", RUN_COMMAND, command, str(module), *args],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{command} failed:\n{proc.stderr[-3000:]}"
+        line = next(line for line in proc.stdout.splitlines() if line.startswith("LOADED"))
+        loaded[command] = line.split()[1:]
+    assert all(modules == ["numpy"] for modules in loaded.values()), loaded
 
 
 TESTS = PACKAGE.parent / "tests"

@@ -15,6 +15,8 @@ PBG's code of the time also wrote b = 0, named by METADATA_0. An init directory
 
 `migrate_run` (python -m pbg_ray.migrate) writes such a run as a v1 checkpoint directory;
 `resolve_init_path` turns a pre-1.0 directory or a model bundle given as init_path into one.
+torch loads only in the functions that decode torch.save files: a training driver imports
+this module to recognise an init_path and never loads torch for a v1 one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
-import torch
 
 from pbg_ray.checkpoints import bundle
 from pbg_ray.checkpoints.manager import CheckpointManager
@@ -67,6 +68,8 @@ def v1_config_dict(legacy: Mapping[str, Any]) -> Dict[str, Any]:
 
 def torch_load(path: Path, what: str) -> Any:
     """A torch.save'd file, read without running pickled code (weights_only)."""
+    import torch
+
     if not path.is_file():
         raise PbgRayError(f"{what} file {str(path)!r} is missing.")
     try:
@@ -78,6 +81,8 @@ def torch_load(path: Path, what: str) -> Any:
 
 
 def _integer(value: Any, path: Path, what: str) -> int:
+    import torch
+
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -176,6 +181,8 @@ class LegacyCheckpoint:
     def read_partition(self, entity: str, part: int
                        ) -> Tuple[np.ndarray, Optional[Dict[str, Any]]]:
         """(float32 embeddings [n, dim], RowAdagrad state dict or None) of a partition."""
+        import torch
+
         path = self.partition_file(entity, part)
         data = torch_load(path, "embeddings")
         if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], torch.Tensor)
@@ -189,6 +196,8 @@ class LegacyCheckpoint:
 
 def model_arrays(model_state: Mapping[str, Any], where: str) -> Dict[str, np.ndarray]:
     """Public parameter name -> float32 array of a torchbiggraph model state dict."""
+    import torch
+
     arrays = {}
     for key, value in model_state.items():
         name = public_name(key)

@@ -1,5 +1,8 @@
 """One bucket's work as a Ray task: a thin wrapper around the model's kernel.
 
+The driver imports this module for its remote functions and never runs the kernel, so
+the kernel (and torch) load inside the functions that run it, in the task's worker.
+
 The task reads its edge chunk itself, copies the partitions it received from
 the object store once (they arrive read-only) or reads them from their swap
 files (disk placement), evaluates the held-out edges, trains, evaluates again,
@@ -11,7 +14,6 @@ applied twice.
 
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import threading
@@ -21,7 +23,6 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tu
 
 import numpy as np
 import ray
-import torch
 
 from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
@@ -32,7 +33,7 @@ from pbg_ray.engine.scheduler import partitions_to_keep
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
-from pbg_ray.model.kernel import KERNEL_ENV, evaluate_bucket, train_bucket
+from pbg_ray.model.native import KERNEL_ENV
 from pbg_ray.model.params import KnownRows, ModelParams, partition_key
 from pbg_ray.types import Bucket, EdgeList
 
@@ -289,6 +290,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     PartitionCopies); `read_ahead` the partitions of the trainer's next bucket that it
     reads while this one trains; `write_order` the partition indices to write first (the
     next bucket's: its task waits for them)."""
+    from pbg_ray.model.kernel import evaluate_bucket, train_bucket
+
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionCopies(keep=False)
     reads_before = copies.reads
@@ -361,12 +364,12 @@ TASK_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
 def start_trainer_worker() -> None:
-    """Import this module in a train task's kind of worker: launched while the actors
+    """Import the kernel in a train task's kind of worker: launched while the actors
     initialise, so that the first bucket does not wait seconds for a worker process to
     start and import torch. (Ray ships remote functions by value: a worker imports a
-    module only when a function it runs names one of its globals, so an empty body
-    would start the process and import nothing.)"""
-    importlib.import_module(__name__)
+    module only when a function it runs imports it or names one of its globals, so an
+    empty body would start the process and import nothing.)"""
+    import pbg_ray.model.kernel  # noqa: F401
 
 
 # No automatic retries: the driver hands a dead trainer's bucket out again
@@ -384,6 +387,8 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     bucket's partitions this one lacks; `next_use` the partition indices the trainer's
     next buckets need, in the order they first need them (the worker keeps
     ray.partition_buffer partitions by it, see PartitionCopies)."""
+    import torch
+
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"

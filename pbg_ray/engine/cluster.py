@@ -18,6 +18,11 @@ from pbg_ray.errors import PbgRayError
 # stays as Ray sets it, and joining a cluster (ray.address) is left as it is.
 TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
 TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+# A local Ray started here starts no plain workers ahead of need: Ray would start one per
+# CPU as the driver connects, for tasks without a runtime_env, and pbg_ray's tasks run in
+# their own (bucket_task.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
+# them; the actors start in workers of their own when created.
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
@@ -36,10 +41,13 @@ def connect_ray(ray_config: RayConfig) -> None:
     address = ray_config.address or (None if os.environ.get("RAY_ADDRESS") else "local")
     token_logger = logging.getLogger(TOKEN_LOGGER)
     token_logger.addFilter(not_token_notice)
+    # Settings of the processes Ray starts: only for a Ray started here (joining one refuses them).
+    local = {"_system_config": LOCAL_SYSTEM_CONFIG} if address == "local" else {}
     try:
         ray.init(address=address, num_cpus=ray_config.num_cpus,
                  object_store_memory=ray_config.object_store_memory,
-                 include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+                 include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
+                 **local)
     finally:
         token_logger.removeFilter(not_token_notice)
 

@@ -5,6 +5,7 @@ Partitions reach the tasks as ObjectRefs (zero-copy numpy): the trainer's partit
 stores during training, or load tasks reading any checkpoint version
 (`checkpoint_partitions`) for `python -m pbg_ray.eval`. In disk placement each task reads
 the partitions it needs from the checkpoint itself, so that no table is ever whole in memory.
+The driver imports no torch: the tasks import the scoring code.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import ray
-import torch
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
@@ -29,11 +29,10 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
 from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats, stats_mean
-from pbg_ray.evaluation.scoring import SIDES, Scorer
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_key
-from pbg_ray.types import Bucket
+from pbg_ray.types import SIDES, Bucket
 
 PartitionKey = Tuple[str, int]
 
@@ -45,6 +44,10 @@ def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chu
                        *partitions: Partition) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
     """(relation ids [E], per side the counts [E] of candidate partition cand_part) of
     edge chunk chunk_idx of `bucket` (see evaluation.filtered)."""
+    import torch
+
+    from pbg_ray.evaluation.scoring import Scorer
+
     torch.set_num_threads(max(1, int(config.ray.cpus_per_trainer)))
     partitions = resolved(config, keys, partitions)
     counts = partition_counts(keys, partitions)

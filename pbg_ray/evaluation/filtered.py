@@ -15,18 +15,20 @@ counted, so rounding can never count an excluded candidate once and subtract it 
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.evaluation.scoring import SIDES, Scorer
 from pbg_ray.io.edges import check_edges, read_edges
 from pbg_ray.model.params import PartitionKey, partition_key
-from pbg_ray.types import Bucket, EdgeList
+from pbg_ray.types import SIDES, Bucket, EdgeList
+
+if TYPE_CHECKING:  # torch loads in the functions that score, never in a driver
+    from torch import Tensor
+
+    from pbg_ray.evaluation.scoring import Scorer
 
 # Score blocks of QUERY_BLOCK x CANDIDATE_BLOCK floats (2 MB) stay in cache between the
 # bmm that writes them and the comparison that reads them; larger blocks spill out of it
@@ -108,6 +110,8 @@ def count_above(scorer: Scorer, queries: Tensor, pos: Tensor, candidates: Tensor
 
     queries [B, D], pos [B], candidates [N, D]; (rows, cols) [M]: excluded (query,
     candidate) pairs, unique. Returns int64 [B]."""
+    import torch
+
     B, N = len(queries), len(candidates)
     counts = torch.zeros(B, dtype=torch.float64)
     # Exclusions ordered by (query block, candidate): each score block's are one slice.
@@ -161,6 +165,8 @@ def rank_counts(scorer: Scorer, bucket: Bucket, edges: EdgeList, cand_part: int,
     cand_part, per side: {"lhs": int64 [E], "rhs": int64 [E]}. tables: the raw embeddings
     [N, D] of the bucket's partitions and of partition cand_part of each type; known:
     per side, the known edges of its filter bucket (None: unfiltered)."""
+    import torch
+
     config = scorer.config
     counts = {side: np.zeros(len(edges), np.int64) for side in SIDES}
     ids = {side: getattr(edges, side) for side in SIDES}

@@ -21,7 +21,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.model.kernel import evaluate_bucket
 from pbg_ray.model.params import ModelParams
 from pbg_ray.types import Bucket, EdgeList
 
@@ -72,7 +71,12 @@ def sampled_stats(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
 
     Per-relation mode: PBG batches each relation's edges on their own anyway, so each
     relation is evaluated alone and ALL is their sum. Dynamic mode batches mix relations,
-    so only ALL is computed (per-relation figures come from filtered ranking)."""
+    so only ALL is computed (per-relation figures come from filtered ranking).
+
+    The kernel (and torch) is imported here, in the task that evaluates: drivers import
+    this module for its sums and tables."""
+    from pbg_ray.model.kernel import evaluate_bucket
+
     if config.dynamic_relations or not per_relation:
         return {ALL: evaluate_bucket(config, bucket, edges, partitions, params, seed=seed)}
     result: Dict[Any, Stats] = {}

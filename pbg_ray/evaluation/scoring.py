@@ -27,8 +27,8 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.model.comparators import make_comparator
 from pbg_ray.model.operators import OPERATORS
 from pbg_ray.model.params import global_emb_key, operator_key
+from pbg_ray.types import SIDES
 
-SIDES = ("lhs", "rhs")
 
 
 class Scorer:

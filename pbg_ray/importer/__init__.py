@@ -7,8 +7,18 @@ routing.py       phase 3: spill files -> edge buckets (stable radix sort)
 staging.py       phase 4: staging directories, moved into place; the import's manifest
 name_index.py    the hash table that turns entity and relation names into ids
 demo.py          the built-in demo graph, generated with planted structure
+
+import_graph loads on first use: every command imports demo.py (its config resolvers),
+and the readers' pandas and pyarrow stay out of the drivers that import no edges.
 """
 
-from pbg_ray.importer.graph_import import import_graph
+import importlib
+from typing import Any
 
 __all__ = ["import_graph"]
+
+
+def __getattr__(name: str) -> Any:
+    if name != "import_graph":
+        raise AttributeError(f"module 'pbg_ray.importer' has no attribute {name!r}")
+    return importlib.import_module("pbg_ray.importer.graph_import").import_graph

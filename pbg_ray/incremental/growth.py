@@ -23,9 +23,8 @@ from pbg_ray.io.edges import count_edges, read_edges
 from pbg_ray.io.files import atomic_path
 from pbg_ray.io.storage import storage_path
 from pbg_ray.model.params import KnownRows, PartitionKey, init_partition, partition_key
-from pbg_ray.types import Bucket, EdgeList
+from pbg_ray.types import SIDES, Bucket, EdgeList
 
-SIDES = ("lhs", "rhs")
 NEIGHBOR_CHUNK = 1 << 22  # edges read at a time when averaging neighbours
 
 

@@ -32,8 +32,8 @@ from pbg_ray.model.operators import OPERATORS, Operator
 from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
 from pbg_ray.model.regularizers import REGULARIZERS
 from pbg_ray.model.rows import gather_rows
+from pbg_ray.types import SIDES
 
-SIDES = ("lhs", "rhs")
 
 
 def _dim_order(t: Tensor) -> List[int]:

@@ -32,12 +32,6 @@ from pbg_ray.model.optim import adagrad_, row_adagrad_
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_key, relation_lr
 from pbg_ray.types import Bucket, EdgeList
 
-# The environment a process running the kernel should start with: large score
-# temporaries otherwise go through mmap/munmap every batch and pay page faults
-# each time, which with large negative blocks costs as much as the arithmetic. glibc reads
-# these at start-up, so they must be set before the process starts.
-KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-
 
 def edge_batches(config: ConfigSchema, rel: np.ndarray, batch_size: int,
                  rng: Optional[np.random.Generator]) -> List[np.ndarray]:

@@ -1,6 +1,7 @@
-"""The kernel's optional C extensions (_rows.c, _loss.c): each is used where it is built,
-unless the environment variable PBG_RAY_C_KERNELS is 0, which makes the kernel use its
-torch code everywhere (the same results, slower): to tell whether a crash or a wrong
+"""The kernel's process settings, without torch (the engine starts workers with them):
+the environment a kernel process starts with, and the optional C extensions (_rows.c,
+_loss.c), each used where it is built, unless the environment variable
+PBG_RAY_C_KERNELS is 0, which makes the kernel use its torch code everywhere (the same results, slower): to tell whether a crash or a wrong
 result comes from the C code. Set it where the train tasks' workers start (before a local
 Ray starts, or in the cluster's environment)."""
 
@@ -12,6 +13,11 @@ from types import ModuleType
 from typing import Optional
 
 C_KERNELS_ENV = "PBG_RAY_C_KERNELS"
+# The environment a process running the kernel should start with: large score
+# temporaries otherwise go through mmap/munmap every batch and pay page faults
+# each time, which with large negative blocks costs as much as the arithmetic. glibc reads
+# these at start-up, so they must be set before the process starts.
+KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
 def extension(name: str) -> Optional[ModuleType]:
