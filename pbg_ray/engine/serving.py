@@ -31,7 +31,7 @@ from ray.serve.exceptions import (
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
-from pbg_ray.engine.faults import fault_point
+from pbg_ray.engine.faults import fault_point, faults_dir
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.serving import (
     ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
@@ -255,7 +255,8 @@ class Shard:
         return self.at(version).rows(entity, part, offsets)
 
     async def search(self, version: int, *args: Any) -> Any:
-        fault_point("serve.shard_search")
+        if faults_dir():  # off the event loop: the replica's acceptance of the request
+            await asyncio.to_thread(fault_point, "serve.shard_search")  # goes out first
         return self.at(version).search_group(*args)
 
 
