@@ -233,7 +233,10 @@ class Shard:
         self.shard = shard
         self.tables: Dict[int, ShardTables] = {}
         self.lock = threading.Lock()
-        self.load(version)
+        if CheckpointManager(self.config.checkpoint_path).has_model(version):
+            self.load(version)
+        # else: a replica Serve started (after one died) once newer versions replaced the
+        # one the application started with; each request's version loads on first use.
 
     def load(self, version: int) -> int:
         with self.lock:
@@ -255,9 +258,10 @@ class Shard:
         return self.at(version).rows(entity, part, offsets)
 
     async def search(self, version: int, *args: Any) -> Any:
-        if faults_dir():  # off the event loop: the replica's acceptance of the request
-            await asyncio.to_thread(fault_point, "serve.shard_search")  # goes out first
-        return self.at(version).search_group(*args)
+        found = self.at(version).search_group(*args)
+        if faults_dir():  # after the search, off the event loop: by then Serve's router has
+            await asyncio.to_thread(fault_point, "serve.shard_search")  # its acceptance
+        return found
 
 
 @serve.deployment(max_ongoing_requests=256, logging_config=LOGGING)
