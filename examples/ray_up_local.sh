@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # examples/cluster-onprem.yaml brought up with `ray up` on this very machine, then the
 # whole flow (import -> train -> eval -> export, `ray=cluster`, submitted as Ray jobs as
-# the README's cluster section does), then `ray down`. Not run by CI: it needs root and
+# the README's cluster section does), the HTTP service on it (two shard groups, queried
+# with curl, then shut down), then `ray down`. Not run by CI: it needs root and
 # apt-get, and takes a few minutes.
 #
 #   sudo examples/ray_up_local.sh            # run from anywhere; output in the terminal
@@ -27,6 +28,7 @@ CLUSTER_USER=${CLUSTER_USER:-pbgray}
 SSH_PORT=${SSH_PORT:-22}
 DASHBOARD_PORT=${DASHBOARD_PORT:-8275}  # not Ray's 8265 and 52365, which others' Rays here use
 AGENT_PORT=${AGENT_PORT:-52375}
+SERVE_PORT=${SERVE_PORT:-8276}  # the HTTP service's, not Serve's default 8000
 PYTHON=$(python -c 'import sys; print(sys.executable)')
 WORK=$(mktemp -d /tmp/ray_up_local.XXXXXX)
 chmod 755 "$WORK"
@@ -185,6 +187,38 @@ submit python -m pbg_ray.train config.py ray=cluster ray.num_trainers=2
 submit python -m pbg_ray.eval config.py ray=cluster "eval.edge_paths=[$DATA/test]"
 submit python -m pbg_ray.export config.py export.format=parquet "export.output=$DATA/export"
 ray exec --no-config-cache "$WORK/cluster.yaml" "ls -l $DATA/export; ray status | head -12"
+
+step "ray job submit --no-wait: python -m pbg_ray.serve, two shard groups"
+# The service runs until stopped: a job that does not end. Its answers are fetched with
+# curl on 127.0.0.1:$SERVE_PORT, the head's address here (serve.host=0.0.0.0 opens it to
+# other machines).
+SERVE_JOB=$(ray job submit --address "http://127.0.0.1:$DASHBOARD_PORT" --no-wait \
+    --working-dir "$DATA" -- python -m pbg_ray.serve config.py ray=cluster \
+    serve.shard_groups=2 serve.index=hnsw serve.index_min_rows=0 "serve.port=$SERVE_PORT" \
+    2>&1 | sed -n "s/.*Job '\(raysubmit_[A-Za-z0-9]*\)' submitted successfully.*/\1/p")
+echo "job $SERVE_JOB"
+for _ in $(seq 180); do
+    curl -sf "http://127.0.0.1:$SERVE_PORT/health" >/dev/null && break
+    sleep 1
+done
+ray job logs --address "http://127.0.0.1:$DASHBOARD_PORT" "$SERVE_JOB" | grep -v "^INFO\|^(" || true
+query() {
+    echo "\$ curl $*"
+    curl -s --max-time 60 "$@" || echo "curl failed ($?)"
+    echo
+}
+query "http://127.0.0.1:$SERVE_PORT/metadata"
+query --json '{"queries": [{"lhs": "user1", "relation": "likes"}], "k": 5}' \
+    "http://127.0.0.1:$SERVE_PORT/top_rhs"
+query --json '{"queries": [{"entity": "user1"}], "k": 5}' "http://127.0.0.1:$SERVE_PORT/neighbors"
+ray exec --no-config-cache "$WORK/cluster.yaml" \
+    "serve status -a http://127.0.0.1:$DASHBOARD_PORT | grep -E 'status|Shard|Router'" || true
+
+step "the service shut down: serve shutdown, then the job stopped"
+ray exec --no-config-cache "$WORK/cluster.yaml" \
+    "serve shutdown -y -a http://127.0.0.1:$DASHBOARD_PORT"
+ray job stop --address "http://127.0.0.1:$DASHBOARD_PORT" "$SERVE_JOB" | tail -1
+curl -s --max-time 5 "http://127.0.0.1:$SERVE_PORT/health" || echo "port $SERVE_PORT: nothing answers"
 
 step "ray down"
 ray down -y "$WORK/cluster.yaml" 2>&1 | others

@@ -31,6 +31,9 @@ class ServeConfig:
         "Deployments the partitions are split over (partition p in group p mod shard_groups); "
         "more groups: tables larger than one replica's memory.")
     shard_replicas: int = option(1, help="Replicas of each shard group's deployment.")
+    shard_threads: int = option(1, help=
+        "Threads of each shard replica's search (torch and faiss); more: exact search of a "
+        "lone request sooner, at more CPU per request.")
     shard_cpus: float = option(0.0, help=
         "CPUs Ray reserves for each shard replica; 0 (like the training's actors) never keeps "
         "index builds or train tasks from being placed.")
@@ -55,7 +58,7 @@ class ServeConfig:
         if not 0 < self.port < 65536:
             fail("serve.port", f"must be a TCP port (1 to 65535), got {self.port}",
                  "Set serve.port=8000 or another free port.")
-        for key in ("router_replicas", "shard_groups", "shard_replicas", "hnsw_m",
+        for key in ("router_replicas", "shard_groups", "shard_replicas", "shard_threads", "hnsw_m",
                     "hnsw_ef_construction", "hnsw_ef_search", "ivf_probes", "max_k", "max_batch",
                     "index_cpus"):
             check_positive(getattr(self, key), f"serve.{key}", fail)

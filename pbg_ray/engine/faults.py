@@ -19,6 +19,8 @@ The engine calls `fault_point(name)` at these points (in the process that reache
     partition_store.save         a partition store wrote one partition of a new version
     parameter_server.update      the parameter server is about to add a bucket's change
     tune.report                  a Tune trial is about to report an epoch
+    serve.shard_search           a shard replica of the HTTP service searched and is
+                                 about to answer
 
 Nothing is armed unless the environment variable PBG_RAY_FAULTS_DIR names a directory
 (read once per process: set it before Ray starts, so that every Ray worker inherits it).

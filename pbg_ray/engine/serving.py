@@ -19,15 +19,19 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 import ray
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
+from ray.serve.exceptions import (
+    BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError)
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.engine.faults import fault_point, faults_dir
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.serving import (
     ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
@@ -35,12 +39,21 @@ from pbg_ray.evaluation.serving import (
 logger = logging.getLogger(__name__)
 APPLICATION = "pbg_ray"
 KEEP_VERSIONS = 2  # versions a shard holds: the one served and the one coming (or going)
+# What a call to a shard group raises when no replica of it can answer (one died, or all are
+# overloaded): the request gets a 503, and a retry succeeds once Serve has replaced it.
+UNAVAILABLE = (ray.exceptions.RayActorError, ReplicaUnavailableError,
+               DeploymentUnavailableError, BackPressureError)
 
 
 @ray.remote
 def build_index_task(config: Dict[str, Any], version: int, key: List[Any]) -> Dict[str, Any]:
-    """Build (or find saved) one candidate set's index of `version`."""
-    return build_set_index(ConfigSchema.from_dict(config), version, tuple(key))
+    """Build (or find saved) one candidate set's index of `version`, on as many threads as
+    the task has CPUs (builds run side by side)."""
+    import faiss
+
+    config = ConfigSchema.from_dict(config)
+    faiss.omp_set_num_threads(max(1, int(config.serve.index_cpus)))
+    return build_set_index(config, version, tuple(key))
 
 
 async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
@@ -135,27 +148,95 @@ def ranked(answers: List[List[Any]]) -> List[List[Dict[str, Any]]]:
     return [[{"name": name, "score": score} for name, score in answer] for answer in answers]
 
 
-async def unwrapped(response: Any) -> Any:
-    """A shard's answer; a PbgRayError it raised (a damaged edge file, say) as itself, so
-    that the client gets its 4xx."""
+class ShardUnavailable(Exception):
+    """A shard group could not answer a request (its replica died or is overloaded)."""
+
+
+async def unwrapped(response: Any, group: int) -> Any:
+    """Shard group `group`'s answer; a PbgRayError it raised (a damaged edge file, say) as
+    itself, so that the client gets its 4xx; an unavailable group as ShardUnavailable."""
     try:
         return await response
     except ray.exceptions.RayTaskError as err:
         if isinstance(err.cause, PbgRayError):
             raise err.cause from None
         raise
+    except UNAVAILABLE as err:
+        raise ShardUnavailable(
+            f"shard group {group} (deployment Shard{group}) is unavailable: "
+            f"{type(err).__name__}: {first_line(err)}. Serve replaces a replica that died; "
+            "retry in a few seconds.") from err
 
 
-@serve.deployment(max_ongoing_requests=8)
+def first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
+class JsonErrors:
+    """ASGI middleware: an exception no route handles (a shard group unavailable, a bug)
+    answers as JSON, 503 for ShardUnavailable and 500 otherwise, naming what happened,
+    instead of a plain-text traceback; the replica keeps serving."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked(message: Dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as err:
+            if started:  # an answer is on its way: nothing else can be sent
+                raise
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            if isinstance(err, ShardUnavailable):
+                response = JSONResponse(status_code=503, content={"error": str(err)},
+                                        headers={"Retry-After": "5"})
+            else:
+                cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
+                response = JSONResponse(status_code=500, content={"error": (
+                    f"internal error answering {scope['path']}: {type(cause).__name__}: "
+                    f"{first_line(cause)} (the traceback is in the Serve replica's log)")})
+            await response(scope, receive, send)
+
+
+app.add_middleware(JsonErrors)
+
+
+# Settings of the replicas' processes. Ray Serve's own for a short request path (its
+# performance guide): user code and the handles' routing on the replica's event loop, not
+# on threads of their own; and no access-log line per request.
+REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+               "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+LOGGING = {"enable_access_log": False}
+
+
+@serve.deployment(max_ongoing_requests=8, logging_config=LOGGING)
 class Shard:
-    """One shard group's partitions, at the newest versions asked for."""
+    """One shard group's partitions, at the newest versions asked for. Searches run on the
+    replica's event loop one at a time (serve.shard_threads threads each): CPU-bound work
+    that threads of the replica would only interleave."""
 
     def __init__(self, config: Dict[str, Any], shard: int, version: int) -> None:
+        import faiss
+
         self.config = ConfigSchema.from_dict(config)
+        torch.set_num_threads(self.config.serve.shard_threads)
+        faiss.omp_set_num_threads(self.config.serve.shard_threads)
         self.shard = shard
         self.tables: Dict[int, ShardTables] = {}
         self.lock = threading.Lock()
-        self.load(version)
+        if CheckpointManager(self.config.checkpoint_path).has_model(version):
+            self.load(version)
+        # else: a replica Serve started (after one died) once newer versions replaced the
+        # one the application started with; each request's version loads on first use.
 
     def load(self, version: int) -> int:
         with self.lock:
@@ -172,14 +253,18 @@ class Shard:
             tables = self.tables[version]
         return tables
 
-    def rows(self, version: int, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
+    async def rows(self, version: int, entity: str, part: int, offsets: np.ndarray
+                   ) -> np.ndarray:
         return self.at(version).rows(entity, part, offsets)
 
-    def search(self, version: int, *args: Any) -> Any:
-        return self.at(version).search(*args)
+    async def search(self, version: int, *args: Any) -> Any:
+        found = self.at(version).search_group(*args)
+        if faults_dir():  # after the search, off the event loop: by then Serve's router has
+            await asyncio.to_thread(fault_point, "serve.shard_search")  # its acceptance
+        return found
 
 
-@serve.deployment(max_ongoing_requests=256, ray_actor_options={"num_cpus": 0})
+@serve.deployment(max_ongoing_requests=256, logging_config=LOGGING)
 @serve.ingress(app)
 class Router:
     """The HTTP API; answers come from the shards (one handle per shard group)."""
@@ -217,12 +302,13 @@ class Router:
         version = model.version
 
         async def rows(entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
-            return await unwrapped(self.shards[part % self.config.serve.shard_groups].rows
-                                   .remote(version, entity, part, offsets))
+            group = part % self.config.serve.shard_groups
+            return await unwrapped(self.shards[group].rows.remote(version, entity, part,
+                                                                  offsets), group)
 
         def search(shard: int):
             async def call(*args: Any):
-                return await unwrapped(self.shards[shard].search.remote(version, *args))
+                return await unwrapped(self.shards[shard].search.remote(version, *args), shard)
             return call
 
         return rows, search
@@ -276,10 +362,13 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     serve_config = config.serve
     serve.start(http_options={"host": serve_config.host, "port": serve_config.port})
     plain = config.to_dict()
+    env = {"env_vars": REPLICA_ENV}
     shards = [Shard.options(name=f"Shard{g}", num_replicas=serve_config.shard_replicas,
-                            ray_actor_options={"num_cpus": serve_config.shard_cpus})
+                            ray_actor_options={"num_cpus": serve_config.shard_cpus,
+                                               "runtime_env": env})
               .bind(plain, g, version) for g in range(serve_config.shard_groups)]
-    router = Router.options(num_replicas=serve_config.router_replicas).bind(plain, version, shards)
+    router = Router.options(num_replicas=serve_config.router_replicas, ray_actor_options={
+        "num_cpus": 0, "runtime_env": env}).bind(plain, version, shards)
     serve.run(router, name=APPLICATION, route_prefix="/")
     return {"url": f"http://{serve_config.host}:{serve_config.port}", "version": version,
             "index": built}

@@ -23,8 +23,10 @@ sets are searched in the relation-free set's index with the transformed query.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import hashlib
+import itertools
 import time
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
@@ -53,6 +55,7 @@ Ranked = List[Tuple[str, float]]  # (entity name, score), best first
 INDEX_DIRECTORY = "serve_index"  # in checkpoint_path, one v{N}/ per checkpoint version
 IP_COMPARATORS = ("dot", "cos")
 ROW_CACHE = 65536  # rows of query entities the router keeps (per version)
+SUGGESTIONS = 64  # names near an unknown one (in sorted order) that "did you mean" weighs
 
 
 class NamedModel:
@@ -73,7 +76,11 @@ class NamedModel:
         self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
                                else [r.name for r in config.relations])
         self._names: Dict[str, List[List[str]]] = {}
-        self._index: Dict[str, Dict[str, Tuple[int, int]]] = {}
+        # Per entity type: name -> row over all partitions (str and int only: a dict the
+        # garbage collector never scans), each partition's first row, the names sorted.
+        self._index: Dict[str, Dict[str, int]] = {}
+        self._starts: Dict[str, np.ndarray] = {}
+        self._sorted: Dict[str, List[str]] = {}
 
     # --- names ------------------------------------------------------------
 
@@ -90,18 +97,31 @@ class NamedModel:
                         f"{self.source}. Pass the entity_path the checkpoint was trained on.")
         return self._names[entity]
 
-    def _name_index(self, entity: str) -> Dict[str, Tuple[int, int]]:
-        """name -> (partition, offset) of an entity type, built on first use."""
+    def _name_index(self, entity: str) -> Dict[str, int]:
+        """name -> row of an entity type over all its partitions, built on first use."""
         if entity not in self._index:
-            self._index[entity] = {n: (p, i) for p, names in enumerate(self.names(entity))
-                                   for i, n in enumerate(names)}
+            names = self.names(entity)
+            self._index[entity] = {n: i for i, n in enumerate(itertools.chain(*names))}
+            self._starts[entity] = np.cumsum([0] + [len(part) for part in names])
         return self._index[entity]
+
+    def _suggest(self, name: str, entities: Sequence[str]) -> str:
+        """did_you_mean among the names of `entities` that sort next to `name` (a scan of
+        millions of names per bad request would stall the service)."""
+        near = []
+        for entity in entities:
+            if entity not in self._sorted:
+                self._sorted[entity] = sorted(self._name_index(entity))
+            names = self._sorted[entity]
+            at = bisect.bisect_left(names, name)
+            near += names[max(0, at - SUGGESTIONS // 2):at + SUGGESTIONS // 2]
+        return did_you_mean(name, near)
 
     def _locate(self, entity: str, name: str) -> Tuple[int, int]:
         """(partition, offset) of an entity by name; an entity of another type is named
         as such (the wrong side of a relation)."""
-        where = self._name_index(entity).get(name)
-        if where is None:
+        row = self._name_index(entity).get(name)
+        if row is None:
             elsewhere = [e for e in self.config.entities
                          if e != entity and name in self._name_index(e)]
             if elsewhere:
@@ -109,8 +129,9 @@ class NamedModel:
                                   f"{entity!r}: check the relation and which side the name "
                                   "is on.")
             raise PbgRayError(f"unknown {entity} entity {name!r}"
-                              f"{did_you_mean(name, self._name_index(entity))}.")
-        return where
+                              f"{self._suggest(name, [entity])}.")
+        part = int(np.searchsorted(self._starts[entity], row, side="right")) - 1
+        return part, row - int(self._starts[entity][part])
 
     def _relation(self, name: str) -> Tuple[int, int]:
         """(index into config.relations, relation id) of a relation by name."""
@@ -119,10 +140,9 @@ class NamedModel:
     def _type_of(self, name: str) -> str:
         found = [entity for entity in self.config.entities if name in self._name_index(entity)]
         if len(found) != 1:
-            every = [n for entity in self.config.entities for n in self._name_index(entity)]
             raise PbgRayError(f"entity {name!r} " + (
                 f"is in several types {found}; pass entity_type." if found
-                else f"is unknown{did_you_mean(name, every)}."))
+                else f"is unknown{self._suggest(name, list(self.config.entities))}."))
         return found[0]
 
 
@@ -387,11 +407,25 @@ class ShardTables:
         offsets[values == -float("inf")] = -1
         return values.numpy(), offsets.numpy()
 
+    def search_group(self, entity: str, parts: Sequence[int], relation: Optional[int],
+                     queries: np.ndarray, k: int, exact: bool = False,
+                     exclude: Optional[Dict[str, Any]] = None,
+                     skip: Optional[Tuple[int, int]] = None
+                     ) -> List[Tuple[np.ndarray, np.ndarray]]:
+        """search() of the sets (entity, part, relation) of `parts` (this shard group's),
+        as one call: a request reaches each shard group once. skip: the (partition,
+        offset) of an entity left out of every query's answer."""
+        return [self.search((entity, part, relation), queries, k, exact, exclude,
+                            None if skip is None else
+                            np.full(len(queries), skip[1] if skip[0] == part else -1))
+                for part in parts]
+
 
 # The shards, as the router reaches them: rows(entity, part, offsets) -> raw rows, and
-# search(key, queries, k, exact, exclude, skip) -> (scores, offsets), both awaitable.
+# search(entity, parts, relation, queries, k, exact, exclude, skip) -> [(scores, offsets)
+# per part] (ShardTables.search_group), both awaitable.
 RowsFn = Callable[[str, int, np.ndarray], Awaitable[np.ndarray]]
-SearchFn = Callable[..., Awaitable[Tuple[np.ndarray, np.ndarray]]]
+SearchFn = Callable[..., Awaitable[List[Tuple[np.ndarray, np.ndarray]]]]
 
 
 @dataclasses.dataclass
@@ -419,6 +453,7 @@ class ServingModel(NamedModel):
         self._rows: "OrderedDict[Tuple[str, int, int], np.ndarray]" = OrderedDict()
         if previous is not None and previous.counts == self.counts:
             self._names, self._index = previous._names, previous._index
+            self._starts, self._sorted = previous._starts, previous._sorted
         for entity in config.entities:
             self._name_index(entity)
 
@@ -564,15 +599,16 @@ class ServingModel(NamedModel):
                       relation: Optional[int], queries: np.ndarray, k: int, exact: bool,
                       known: Optional[Dict[str, Any]], skip: Optional[Tuple[int, int]]
                       ) -> List[Ranked]:
-        """Every partition of `entity` searched by its shard, the hits merged into the k
-        best per query, with names."""
-        parts = range(len(self.counts[entity]))
-        calls = []
-        for part in parts:
-            own = None if skip is None else np.array([skip[1] if skip[0] == part else -1])
-            calls.append(search(shard_of(part, self.config.serve))(
-                (entity, part, relation), queries, k, exact, known, own))
-        found = await asyncio.gather(*calls)
+        """Every partition of `entity` searched by its shard group (one call per group),
+        the hits merged into the k best per query, with names."""
+        groups: Dict[int, List[int]] = {}
+        for part in range(len(self.counts[entity])):
+            groups.setdefault(shard_of(part, self.config.serve), []).append(part)
+        answered = await asyncio.gather(*(search(group)(entity, parts, relation, queries, k,
+                                                        exact, known, skip)
+                                          for group, parts in groups.items()))
+        parts = [part for group in groups.values() for part in group]
+        found = [pair for pairs in answered for pair in pairs]
         scores = np.concatenate([s for s, _ in found], axis=1)
         where = [(part, o) for part, (_, offsets) in zip(parts, found) for o in offsets.T]
         names = self.names(entity)
@@ -596,7 +632,7 @@ def in_process_shards(config: ConfigSchema, version: int
 
     def search(group: int) -> Callable:
         async def call(*args: Any) -> Any:
-            return shards[group].search(*args)
+            return shards[group].search_group(*args)
         return call
 
     return rows, search

@@ -1,7 +1,8 @@
 """The HTTP service over real HTTP: a checkpoint the engine trained, served on Ray Serve on a
 free loopback port with faiss indexes over two shard groups; its scores and rankings are
 the Predictor's and eval's, bad requests get 4xx JSON errors, and a new version is taken up
-while requests keep succeeding."""
+while requests keep succeeding; a shard replica that dies mid-request, or any
+unexpected error, is a JSON 5xx, and the service goes on."""
 
 import dataclasses
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import torch
 
@@ -22,6 +24,7 @@ from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.evaluation.serving import INDEX_DIRECTORY
 from pbg_ray.io.edges import read_edges
 from pbg_ray.types import Bucket
+from tests.fault_injection import FAULTS_DIR, armed
 from tests.util import config_dict, write_random_graph
 
 # The module's server takes a training run, the index build tasks and Serve's start.
@@ -264,3 +267,66 @@ def test_a_new_version_is_taken_up_while_requests_succeed(served):
         assert [a["name"] for a in answer] == [n for n, _ in want]
         np.testing.assert_allclose([a["score"] for a in answer], [s for _, s in want],
                                    rtol=1e-5, atol=1e-5)
+
+
+def shard_replica(group: int):
+    """The actor handle of shard group `group`'s replica (Serve names its replicas)."""
+    import ray
+
+    names = [a for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == "serve" and f"#Shard{group}#" in a["name"]]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0]["name"], namespace="serve")
+
+
+NEIGHBOURS = {"queries": [{"entity": "user-0-1"}], "k": 3}  # searched in both shard groups
+
+
+def test_a_shard_replica_dying_mid_request_is_a_json_503_and_serving_goes_on(served):
+    """A request held inside shard group 0's replica while the test kills that replica
+    (ray.kill) gets a JSON 503 naming the group; Serve starts a new replica and the
+    requests after it succeed."""
+    import ray
+
+    client = served[1]
+    answers = {}
+    with armed("serve.shard_search", action="hold") as fired:
+        request = threading.Thread(target=lambda: answers.update(
+            first=client.post("/neighbors", json=NEIGHBOURS)))
+        request.start()
+        deadline = time.monotonic() + 60
+        while not fired() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fired(), "no request reached a shard's search"
+        held = int(next(FAULTS_DIR.glob("serve.shard_search.fired-*")).name.rsplit("-", 1)[1])
+        title = " ".join(psutil.Process(held).cmdline())  # ray::ServeReplica:pbg_ray:Shard<g>
+        group = int(re.search(r"pbg_ray:Shard(\d+)", title).group(1))
+        ray.kill(shard_replica(group), no_restart=True)
+        request.join(timeout=120)
+    first = answers["first"]
+    assert first.status_code == 503, first.text
+    assert first.headers["content-type"] == "application/json"
+    assert re.search(rf"shard group {group} \(deployment Shard{group}\) is unavailable: "
+                     r"\w+Error", first.json()["error"]), first.json()["error"]
+    statuses = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and statuses[-3:] != [200] * 3:
+        response = client.post("/neighbors", json=NEIGHBOURS)
+        assert response.headers["content-type"] == "application/json", response.text
+        statuses.append(response.status_code)
+        time.sleep(0.2 if response.status_code == 200 else 1)
+    assert statuses[-3:] == [200] * 3, statuses
+    assert set(statuses) <= {200, 503}, statuses
+
+
+def test_an_unexpected_error_in_a_shard_is_a_json_500_and_serving_goes_on(served):
+    client = served[1]
+    with armed("serve.shard_search", action="raise") as fired:
+        response = client.post("/neighbors", json=NEIGHBOURS)
+        assert fired()
+    assert response.status_code == 500, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["error"].startswith(
+        "internal error answering /neighbors: FaultInjected: fault injected at "
+        "serve.shard_search"), response.json()["error"]
+    assert post(client, "/neighbors", NEIGHBOURS)["results"][0]
