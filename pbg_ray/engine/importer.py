@@ -35,6 +35,7 @@ from every node (object storage, or a shared file system).
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -54,7 +55,7 @@ from pbg_ray.importer.name_index import NameIndex, mix
 from pbg_ray.importer.read import EntityTypes, IdReader, read_stats, spill_dtype
 from pbg_ray.importer.routing import BucketRouter
 from pbg_ray.importer.staging import Staging
-from pbg_ray.io.raw import PARQUET_BATCH_ROWS, RawBatch, RawTable, input_shards
+from pbg_ray.io.raw import RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path
 
 logger = logging.getLogger("pbg_ray")
@@ -62,6 +63,7 @@ logger = logging.getLogger("pbg_ray")
 UNSEEN = -2  # the bucket of a later input's edges that name what the first never did
 DROPPED = -1  # the bucket of edges whose entity or relation was dropped as too rare
 RELATIONS = -1  # the type index of relation names (dynamic_relations) when counting
+BLOCK_ROWS = 1 << 22  # edges of a shard indexed into one block at most
 
 
 def import_graph(config: ConfigSchema) -> Dict[str, Any]:
@@ -108,48 +110,19 @@ def _reraising(fn, *args, **kwargs):
         raise user from None
 
 
-# --- read ---------------------------------------------------------------------
+# --- read and index ------------------------------------------------------------------
 
 
-def _parse_shards(items: Dict[str, np.ndarray], config: ConfigSchema) -> Iterator[pa.Table]:
-    """Tables of a shard's edges (input, lhs, rhs, rel ids or names, weight), then one row
-    with the shard's stats (JSON in `stats`, names null)."""
-    reader = IdReader(config)
-    weighted = config.importer.weight_col is not None
-    for number, path in zip(items["input"], items["shard"]):
-        table = RawTable(path, config.importer)
-        for batch, rel in reader.batches(table, learn=False):
-            columns = {"input": pa.array(np.full(len(batch), number, np.int32)),
-                       "lhs": batch.lhs.cast(pa.large_string()),
-                       "rhs": batch.rhs.cast(pa.large_string()),
-                       "rel": pa.array(rel.astype(np.int64)),
-                       "rel_name": pa.nulls(len(batch), pa.large_string())
-                       if batch.rel is None or not config.dynamic_relations
-                       else batch.rel.cast(pa.large_string())}
-            if weighted:
-                columns["weight"] = pa.array(batch.weight, pa.float32())
-            columns["stats"] = pa.nulls(len(batch), pa.string())
-            yield pa.table(columns)
-        stats = {"path": str(table.path), "format": table.format, "rows": table.num_rows,
-                 "bad_rows": table.bad_rows, "bad_examples": table.bad_examples}
-        row = {"input": pa.array([number], pa.int32()), "lhs": pa.nulls(1, pa.large_string()),
-               "rhs": pa.nulls(1, pa.large_string()), "rel": pa.array([-1], pa.int64()),
-               "rel_name": pa.nulls(1, pa.large_string())}
-        if weighted:
-            row["weight"] = pa.array([0.0], pa.float32())
-        row["stats"] = pa.array([json.dumps(stats)], pa.string())
-        yield pa.table(row)
+def _list(values: Any) -> pa.Array:
+    """`values` (numpy or Arrow) as a one-element list: a value of a block's row."""
+    values = values if isinstance(values, pa.Array) else pa.array(values)
+    return pa.LargeListArray.from_arrays(pa.array([0, len(values)], pa.int64()), values)
 
 
-def _edges(batch: pa.Table) -> pa.Table:
-    return batch.filter(pc.is_valid(batch["lhs"]))
-
-
-def _shard_stats(batch: pa.Table) -> pa.Table:
-    return batch.filter(pc.is_valid(batch["stats"])).select(["input", "stats"])
-
-
-# --- index and count ---------------------------------------------------------------
+def _values(block: pa.Table, column: str) -> Any:
+    """The values of one of a block's list columns, zero-copy (numpy for numbers)."""
+    values = next(c for c in block[column].chunks if len(c)).flatten()
+    return values if pa.types.is_large_string(values.type) else values.to_numpy()
 
 
 def _parts_of(keys: np.ndarray, parts: int) -> np.ndarray:
@@ -157,58 +130,94 @@ def _parts_of(keys: np.ndarray, parts: int) -> np.ndarray:
     return (mix(keys.copy()) % np.uint64(parts)).astype(np.int64)
 
 
-@ray.remote(scheduling_strategy="SPREAD")
-def _index_block(config: ConfigSchema, parts: int, block: pa.Table) -> Tuple[Any, ...]:
-    """A parsed block's (shard stats, edges as block ids with the block's distinct names,
-    then its first-input names with their counts, split into `parts` by name key)."""
-    stats = _shard_stats(block)
-    block = _edges(block)
-    reader = IdReader(config)
-    first = (block["input"].to_numpy() == 0).astype(np.int64)  # only the first input counts
-    rel, lhs, rhs = [], [], []
-    for at in range(0, len(block), PARQUET_BATCH_ROWS):  # hashed in cache-sized slices
-        part = block.slice(at, PARQUET_BATCH_ROWS)
-        rows = RawBatch(part["lhs"].combine_chunks(), part["rhs"].combine_chunks(),
-                        part["rel_name"].combine_chunks(), None, np.empty(0))
-        counts = first[at:at + len(part)]
-        rel.append(reader.relation_ids(rows, learn=True, counts=counts)
-                   if config.dynamic_relations else part["rel"].to_numpy())
-        ids = reader.entity_ids(rows, rel[-1], learn=True, counts=counts)
-        lhs.append(ids[0])
-        rhs.append(ids[1])
-    rel, lhs, rhs = (np.concatenate(c) if c else np.empty(0, np.int64) for c in (rel, lhs, rhs))
-    indexes = dict(enumerate(reader.entity_index[t] for t in reader.types.names))
-    if config.dynamic_relations:
-        indexes[RELATIONS] = reader.relation_index
-    edges = {"input": block["input"].to_numpy(), "lhs": lhs, "rhs": rhs, "rel": rel,
-             "names": {t: (index.keys(), index.checks(), index.names())
-                       for t, index in indexes.items()}}
-    if "weight" in block.column_names:
-        edges["weight"] = block["weight"].to_numpy()
-    counted, part = [], []
-    for t, index in indexes.items():
-        mine = index.counts > 0
-        counted.append(pa.table({"type": pa.array(np.full(int(mine.sum()), t, np.int32)),
-                                 "name": index.names().filter(pa.array(mine)),
-                                 "count": pa.array(index.counts[mine])}))
-        part.append(_parts_of(index.keys()[mine], parts))
-    counted, part = pa.concat_tables(counted), np.concatenate(part)
-    return (stats, edges) + tuple(counted.filter(pa.array(part == p)) for p in range(parts))
+def _block(number: int, reader: IdReader, edges: Dict[str, List[np.ndarray]], parts: int,
+           stats: Optional[Dict[str, Any]]) -> pa.Table:
+    """One row: a block's edges as block ids, its distinct names, those with a count
+    grouped by count task, and (its shard's last block) the shard's stats."""
+    indexes = ({RELATIONS: reader.relation_index} if reader.config.dynamic_relations else {})
+    indexes.update(enumerate(reader.entity_index[t] for t in reader.types.names))
+    name_type = np.concatenate([np.full(len(index), t, np.int32) for t, index in indexes.items()])
+    key = np.concatenate([index.keys() for index in indexes.values()])
+    count = np.concatenate([index.counts for index in indexes.values()])
+    counted = np.flatnonzero(count > 0)
+    part = _parts_of(key[counted], parts)
+    by_part = np.argsort(part, kind="stable")
+    columns = {"input": pa.array([number], pa.int32()),
+               "stats": pa.array([json.dumps(stats) if stats else None], pa.string()),
+               **{k: _list(np.concatenate(v)) for k, v in edges.items()},
+               "name_type": _list(name_type), "name_key": _list(key),
+               "name_check": _list(np.concatenate([i.checks() for i in indexes.values()])),
+               "name": _list(pa.concat_arrays([i.names() for i in indexes.values()])),
+               "name_count": _list(count), "counted": _list(counted[by_part]),
+               "counted_starts": _list(np.searchsorted(part[by_part], np.arange(parts + 1)))}
+    return pa.table(columns)
+
+
+def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema,
+                 parts: int) -> Iterator[pa.Table]:
+    """Every shard of `items` parsed (io/raw.py's RawTable, the local reader's relation
+    checks) and indexed as it is read (each BLOCK_ROWS edges a block, see _block): raw
+    names never reach the object store."""
+    check = IdReader(config)
+    dynamic, weighted = config.dynamic_relations, config.importer.weight_col is not None
+    for number, path in zip(items["input"], items["shard"]):
+        table = RawTable(path, config.importer)
+        reader, edges, rows = None, {}, 0
+        for batch, rel in check.batches(table, learn=False):
+            if reader is None:
+                reader, rows = IdReader(config), 0
+                edges = {k: [] for k in ("lhs", "rhs", "rel") + (("weight",) if weighted else ())}
+            counts = None if number == 0 else np.zeros(len(batch))  # the first input counts
+            rel = reader.relation_ids(batch, learn=True, counts=counts) if dynamic else rel
+            lhs, rhs = reader.entity_ids(batch, rel, learn=True, counts=counts)
+            edges["lhs"].append(lhs.astype(np.int32))
+            edges["rhs"].append(rhs.astype(np.int32))
+            edges["rel"].append(rel.astype(np.int32))
+            if weighted:
+                edges["weight"].append(np.asarray(batch.weight, np.float32))
+            rows += len(batch)
+            if rows >= BLOCK_ROWS:
+                yield _block(number, reader, edges, parts, None)
+                reader = None
+        stats = {"path": str(table.path), "format": table.format, "rows": table.num_rows,
+                 "bad_rows": table.bad_rows, "bad_examples": table.bad_examples}
+        if reader is None:  # an empty shard, or its last block full: a block of no edges
+            reader = IdReader(config)
+            edges = {k: [np.empty(0, np.float32 if k == "weight" else np.int32)]
+                     for k in ("lhs", "rhs", "rel") + (("weight",) if weighted else ())}
+        yield _block(number, reader, edges, parts, stats)
+
+
+# --- count and dictionaries ----------------------------------------------------------
 
 
 @ray.remote(scheduling_strategy="SPREAD")
-def _count_part(config: ConfigSchema, *counted: pa.Table) -> pa.Table:
-    """One part's distinct names with their counts summed over every block."""
-    table = pa.concat_tables(counted)
+def _count_part(config: ConfigSchema, part: int, *blocks: pa.Table) -> pa.Table:
+    """The distinct names of count task `part`, their counts summed over every block."""
+    columns = collections.defaultdict(list)
+    for block in blocks:
+        starts = _values(block, "counted_starts")
+        mine = _values(block, "counted")[starts[part]:starts[part + 1]]
+        for name in ("name_type", "name_key", "name_check", "name_count"):
+            columns[name].append(_values(block, name)[mine])
+        columns["name"].append(_values(block, "name").take(pa.array(mine)))
+    table = pa.table({name: pa.concat_arrays(values) if name == "name"
+                      else np.concatenate(values) for name, values in columns.items()})
     types = EntityTypes.of(config)
     out = []
-    for t in np.unique(table["type"].to_numpy()):
-        rows = table.filter(pc.equal(table["type"], int(t)))
+    for t in np.unique(table["name_type"].to_numpy()):
         index = NameIndex(f"entity type {types.names[t]!r}" if t >= 0 else "relation names")
-        index.add(rows["name"].combine_chunks(), rows["count"].to_numpy())
-        out.append(pa.table({"type": pa.array(np.full(len(index), t, np.int32)),
-                             "name": index.names(), "count": pa.array(index.counts)}))
+        _add(index, table.filter(pc.equal(table["name_type"], t)))
+        out.append(pa.table({"name_type": pa.array(np.full(len(index), t, np.int32)),
+                             "name_key": index.keys(), "name_check": index.checks(),
+                             "name": index.names(), "name_count": index.counts}))
     return pa.concat_tables(out) if out else table
+
+
+def _add(index: NameIndex, rows: pa.Table) -> None:
+    """Counted names (name_key, name_check, name, name_count) added to a name index."""
+    index.add_keyed(rows["name_key"].to_numpy(), rows["name_check"].to_numpy(),
+                    rows["name"].combine_chunks(), rows["name_count"].to_numpy())
 
 
 @ray.remote(num_returns=2)
@@ -219,12 +228,11 @@ def _build_dictionaries(config: ConfigSchema, entities: StoragePath,
     reader = IdReader(config)
     previous = load_previous(config, reader)  # seeds the reader: known names come first
     for table in counted:
-        types = table["type"].to_numpy()
+        types = table["name_type"].to_numpy()
         for t in np.unique(types):
-            rows = table.filter(pa.array(types == t))
-            index = (reader.relation_index if t == RELATIONS
-                     else reader.entity_index[reader.types.names[t]])
-            index.add(rows["name"].combine_chunks(), rows["count"].to_numpy())
+            _add(reader.relation_index if t == RELATIONS
+                 else reader.entity_index[reader.types.names[t]],
+                 table.filter(pa.array(types == t)))
     dictionaries = build_dictionaries(config, reader, previous)
     dictionaries.write(config, entities)
 
@@ -262,44 +270,51 @@ def _look_up(table: Tuple[np.ndarray, ...], names: Tuple[np.ndarray, np.ndarray,
 
 @ray.remote(scheduling_strategy="SPREAD")
 def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.ndarray, ...]],
-                 edges: Dict[str, Any]) -> Tuple[Any, ...]:
-    """A block's edges given their buckets: (edges left out per input, dropped and unseen),
-    then per writer the edges of its buckets (bucket % writers)."""
+                 block: pa.Table) -> Tuple[Any, ...]:
+    """A block's edges given their buckets: its figures (input, shard stats, edges left
+    out as dropped and as unseen), then per writer the edges of its buckets (bucket %
+    writers)."""
+    weighted = "weight" in block.column_names
     types = EntityTypes.of(config)
-    router = BucketRouter(config, types, spill_dtype("weight" in edges))
-    looked_up = {t: _look_up(tables[t], names, f"entity type {types.names[t]!r}"
-                             if t >= 0 else "relation names")
-                 for t, names in edges["names"].items()}
-    n = len(edges["input"])
+    router = BucketRouter(config, types, spill_dtype(weighted))
+    name_type = _values(block, "name_type")
+    names = [_values(block, c) for c in ("name_key", "name_check", "name")]
+    none = (np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    looked_up = collections.defaultdict(lambda: none)  # a type without names has no edges
+    for t in np.unique(name_type):
+        lo, hi = np.searchsorted(name_type, [t, t + 1])
+        looked_up[t] = _look_up(tables[t], [n[lo:hi] for n in names],
+                                f"entity type {types.names[t]!r}" if t >= 0 else "relation names")
+    edges = {c: _values(block, c) for c in ("lhs", "rhs", "rel")}
+    n = len(edges["rel"])
     if config.dynamic_relations:
         found_rel, _, rel_of = looked_up[RELATIONS]
         found, rel = found_rel[edges["rel"]], rel_of[edges["rel"]]
     else:
-        found, rel = np.ones(n, bool), edges["rel"]
+        found, rel = np.ones(n, bool), edges["rel"].astype(np.int64)
     sides = {}
     for side in ("lhs", "rhs"):
         of_edge = types.of_edges(side, rel)
         part, offset = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
         for t in range(len(types.names)):
-            mask = of_edge == t
+            mask = of_edge == t if len(types.names) > 1 else slice(None)
             hit, parts_of, offsets_of = looked_up[t]
             ids = edges[side][mask]
             part[mask], offset[mask] = parts_of[ids], offsets_of[ids]
             found[mask] &= hit[ids]
         sides[side] = part, offset
     bucket = np.where(found, router.buckets(rel, *sides["lhs"], *sides["rhs"]), UNSEEN)
-    num_inputs = len(config.importer.inputs)
-    left_out = {kind: np.bincount(edges["input"][bucket == kind], minlength=num_inputs)
-                for kind in (DROPPED, UNSEEN)}
+    number = int(block["input"][0].as_py())
+    figures = {"input": number, "stats": block["stats"][0].as_py(),
+               "dropped": int((bucket == DROPPED).sum()), "unseen": int((bucket == UNSEEN).sum())}
     kept = np.flatnonzero(bucket >= 0)
-    columns = {"input": edges["input"][kept], "bucket": bucket[kept],
-               "lhs": sides["lhs"][1][kept], "rhs": sides["rhs"][1][kept],
-               "rel": rel[kept].astype(np.int64)}
-    if "weight" in edges:
-        columns["weight"] = edges["weight"][kept]
+    columns = {"bucket": bucket[kept], "lhs": sides["lhs"][1][kept],
+               "rhs": sides["rhs"][1][kept], "rel": rel[kept]}
+    if weighted:
+        columns["weight"] = _values(block, "weight")[kept]
     writer = columns["bucket"] % writers
-    return (left_out,) + tuple({k: v[writer == w] for k, v in columns.items()}
-                               for w in range(writers))
+    return (figures,) + tuple({"input": number, **{k: v[writer == w] for k, v in columns.items()}}
+                              for w in range(writers))
 
 
 @ray.remote(scheduling_strategy="SPREAD")
@@ -307,10 +322,11 @@ def _write_buckets(config: ConfigSchema, stages: List[StoragePath], writer: int,
                    *routed: Dict[str, np.ndarray]) -> List[Tuple[int, int, int, int]]:
     """Every bucket file of one writer (its buckets of every input, empty or not) from
     the blocks' routed edges; returns (input, bucket, edges, previous edges) of each."""
-    columns = {k: np.concatenate([r[k] for r in routed]) for k in routed[0]}
+    columns = {k: np.concatenate([r[k] for r in routed]) for k in routed[0] if k != "input"}
     weighted = "weight" in columns
     router = BucketRouter(config, EntityTypes.of(config), spill_dtype(weighted))
-    group = columns["input"].astype(np.int64) * router.num_buckets + columns["bucket"]
+    number = np.concatenate([np.full(len(r["bucket"]), r["input"], np.int64) for r in routed])
+    group = number * router.num_buckets + columns["bucket"]
     # Stable: a bucket keeps the blocks' order; a radix sort below 2^16 groups.
     small = len(config.importer.inputs) * router.num_buckets <= 1 << 16
     order = np.argsort(group.astype(np.uint16) if small else group, kind="stable")
@@ -338,41 +354,37 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
     shards = [{"input": number, "shard": str(shard.path)}
               for number, spec in enumerate(config.importer.inputs)
               for shard in input_shards(spec)]
-    parsed = ray.data.from_items(shards, override_num_blocks=len(shards)).map_batches(
-        _parse_shards, batch_size=1, fn_kwargs={"config": config}, batch_format="numpy")
-    blocks = _reraising(parsed.to_arrow_refs)
+    blocks = ray.data.from_items(shards, override_num_blocks=len(shards)).map_batches(
+        _read_blocks, batch_size=1, fn_kwargs={"config": config, "parts": tasks},
+        batch_format="numpy")
+    blocks = _reraising(blocks.to_arrow_refs)
     logger.info("import: %d shards read into %d blocks", len(shards), len(blocks))
-    indexed = [_index_block.options(num_returns=2 + tasks).remote(config, tasks, block)
-               for block in blocks]
-    counted = [_count_part.remote(config, *(refs[2 + p] for refs in indexed))
-               for p in range(tasks)]
+    counted = [_count_part.remote(config, p, *blocks) for p in range(tasks)]
     tables, figures = _build_dictionaries.remote(config, stages.entities, *counted)
     router = BucketRouter(config, EntityTypes.of(config), spill_dtype(False))
     writers = min(tasks, router.num_buckets)
-    routed = [_route_block.options(num_returns=1 + writers).remote(config, writers, tables,
-                                                                   refs[1])
-              for refs in indexed]
+    routed = [_route_block.options(num_returns=1 + writers).remote(config, writers, tables, block)
+              for block in blocks]
     written = [_write_buckets.remote(config, stages.edges, w, writers,
                                      *(refs[1 + w] for refs in routed)) for w in range(writers)]
     written = [row for rows in _reraising(ray.get, written) for row in rows]
-    left_out = _reraising(ray.get, [refs[0] for refs in routed])
-    shard_stats = [s for table in _reraising(ray.get, [refs[0] for refs in indexed])
-                   for s in zip(table["input"].to_pylist(), table["stats"].to_pylist())]
+    read = _reraising(ray.get, [refs[0] for refs in routed])
     figures = _reraising(ray.get, figures)
     per_input = []
     for number, (spec, output) in enumerate(zip(config.importer.inputs,
                                                 config.edge_paths + config.eval_edge_paths)):
-        found = sorted((json.loads(s) for i, s in shard_stats if i == number),
+        mine = [f for f in read if f["input"] == number]
+        found = sorted((json.loads(f["stats"]) for f in mine if f["stats"]),
                        key=lambda s: s["path"])
-        unseen = sum(int(f[UNSEEN][number]) for f in left_out)
+        unseen = sum(f["unseen"] for f in mine)
         stats = {"output": str(storage_path(output)), **read_stats(
             spec, [_ShardFigures(s) for s in found], unseen if number else None,
             config.importer.inputs[0])}
-        mine = [row for row in written if row[0] == number]
-        stats.update(edges=sum(row[2] + row[3] for row in mine),
-                     dropped_rare=sum(int(f[DROPPED][number]) for f in left_out))
+        rows = [row for row in written if row[0] == number]
+        stats.update(edges=sum(row[2] + row[3] for row in rows),
+                     dropped_rare=sum(f["dropped"] for f in mine))
         if config.importer.previous_edge_paths[number:number + 1]:
-            stats["previous_edges"] = sum(row[3] for row in mine)
+            stats["previous_edges"] = sum(row[3] for row in rows)
         per_input.append(stats)
     return per_input, figures["entities"], figures["relations"]
 
