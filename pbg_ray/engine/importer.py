@@ -119,8 +119,16 @@ def _list(values: Any) -> pa.Array:
     return pa.LargeListArray.from_arrays(pa.array([0, len(values)], pa.int64()), values)
 
 
+def _rows(blocks: Tuple[pa.Table, ...]) -> Iterator[pa.Table]:
+    """Each indexed block (see _block) in Ray Data's blocks, which may hold several."""
+    for block in blocks:
+        for row in range(block.num_rows):
+            yield block.slice(row, 1)
+
+
 def _values(block: pa.Table, column: str) -> Any:
-    """The values of one of a block's list columns, zero-copy (numpy for numbers)."""
+    """The values of one of an indexed block's list columns, zero-copy (numpy for
+    numbers)."""
     values = next(c for c in block[column].chunks if len(c)).flatten()
     return values if pa.types.is_large_string(values.type) else values.to_numpy()
 
@@ -195,7 +203,7 @@ def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema,
 def _count_part(config: ConfigSchema, part: int, *blocks: pa.Table) -> pa.Table:
     """The distinct names of count task `part`, their counts summed over every block."""
     columns = collections.defaultdict(list)
-    for block in blocks:
+    for block in _rows(blocks):
         starts = _values(block, "counted_starts")
         mine = _values(block, "counted")[starts[part]:starts[part + 1]]
         for name in ("name_type", "name_key", "name_check", "name_count"):
@@ -270,10 +278,19 @@ def _look_up(table: Tuple[np.ndarray, ...], names: Tuple[np.ndarray, np.ndarray,
 
 @ray.remote(scheduling_strategy="SPREAD")
 def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.ndarray, ...]],
-                 block: pa.Table) -> Tuple[Any, ...]:
-    """A block's edges given their buckets: its figures (input, shard stats, edges left
-    out as dropped and as unseen), then per writer the edges of its buckets (bucket %
-    writers)."""
+                 block: pa.Table) -> Tuple[List[Any], ...]:
+    """_route of each indexed block in a Ray Data block: the list of their figures, then
+    per writer the list of their edges for it."""
+    routed = [_route(config, writers, tables, row) for row in _rows((block,))]
+    return ([figures for figures, _ in routed],) + tuple(
+        [edges[w] for _, edges in routed] for w in range(writers))
+
+
+def _route(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.ndarray, ...]],
+           block: pa.Table) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """An indexed block's edges given their buckets: (its figures: input, shard stats,
+    edges left out as dropped and as unseen; per writer the edges of its buckets, bucket
+    % writers)."""
     weighted = "weight" in block.column_names
     types = EntityTypes.of(config)
     router = BucketRouter(config, types, spill_dtype(weighted))
@@ -313,15 +330,16 @@ def _route_block(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.
     if weighted:
         columns["weight"] = _values(block, "weight")[kept]
     writer = columns["bucket"] % writers
-    return (figures,) + tuple({"input": number, **{k: v[writer == w] for k, v in columns.items()}}
-                              for w in range(writers))
+    return figures, [{"input": number, **{k: v[writer == w] for k, v in columns.items()}}
+                     for w in range(writers)]
 
 
 @ray.remote(scheduling_strategy="SPREAD")
 def _write_buckets(config: ConfigSchema, stages: List[StoragePath], writer: int, writers: int,
-                   *routed: Dict[str, np.ndarray]) -> List[Tuple[int, int, int, int]]:
+                   *blocks: List[Dict[str, Any]]) -> List[Tuple[int, int, int, int]]:
     """Every bucket file of one writer (its buckets of every input, empty or not) from
     the blocks' routed edges; returns (input, bucket, edges, previous edges) of each."""
+    routed = [edges for block in blocks for edges in block]
     columns = {k: np.concatenate([r[k] for r in routed]) for k in routed[0] if k != "input"}
     weighted = "weight" in columns
     router = BucketRouter(config, EntityTypes.of(config), spill_dtype(weighted))
@@ -368,7 +386,7 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
     written = [_write_buckets.remote(config, stages.edges, w, writers,
                                      *(refs[1 + w] for refs in routed)) for w in range(writers)]
     written = [row for rows in _reraising(ray.get, written) for row in rows]
-    read = _reraising(ray.get, [refs[0] for refs in routed])
+    read = [f for block in _reraising(ray.get, [refs[0] for refs in routed]) for f in block]
     figures = _reraising(ray.get, figures)
     per_input = []
     for number, (spec, output) in enumerate(zip(config.importer.inputs,
