@@ -368,6 +368,9 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
     """The phases on Ray Data and Ray tasks (see the module doc)."""
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
+    # Reserved per operator, the read's share of a small cluster would let one shard be
+    # parsed at a time until Ray Data's budget catches up: one operator, no reservation.
+    context.op_resource_reservation_enabled = False
     tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))  # count tasks, writers
     shards = [{"input": number, "shard": str(shard.path)}
               for number, spec in enumerate(config.importer.inputs)
