@@ -62,6 +62,7 @@ logger = logging.getLogger("pbg_ray")
 
 UNSEEN = -2  # the bucket of a later input's edges that name what the first never did
 DROPPED = -1  # the bucket of edges whose entity or relation was dropped as too rare
+PLACE_BITS = 40  # a name's place: partition << PLACE_BITS | offset (see _place)
 RELATIONS = -1  # the type index of relation names (dynamic_relations) when counting
 BLOCK_ROWS = 1 << 22  # edges of a shard indexed into one block at most
 
@@ -245,15 +246,17 @@ def _build_dictionaries(config: ConfigSchema, entities: StoragePath,
     dictionaries.write(config, entities)
 
     def lookup(index: NameIndex, part: np.ndarray, offset: np.ndarray) -> Tuple[np.ndarray, ...]:
+        """(keys in order, their checks, their places: see _place)."""
         order = np.argsort(index.keys(), kind="stable")
-        return index.keys()[order], index.checks()[order], part[order], offset[order]
+        place = np.where(part >= 0, (part << PLACE_BITS) | offset, DROPPED)
+        return index.keys()[order], index.checks()[order], place[order]
 
     tables = {t: lookup(reader.entity_index[name], d.part, d.offset)
               for t, name in enumerate(reader.types.names)
               for d in [dictionaries.entities[name]]}
     if config.dynamic_relations:
-        tables[RELATIONS] = lookup(reader.relation_index, np.zeros_like(
-            dictionaries.relation_ids), dictionaries.relation_ids)
+        ids = dictionaries.relation_ids  # a relation's place is its id
+        tables[RELATIONS] = lookup(reader.relation_index, np.where(ids >= 0, 0, -1), ids)
     return tables, {"entities": dictionaries.entity_counts(),
                     "relations": len(dictionaries.relation_names)}
 
@@ -262,9 +265,10 @@ def _build_dictionaries(config: ConfigSchema, entities: StoragePath,
 
 
 def _look_up(table: Tuple[np.ndarray, ...], names: Tuple[np.ndarray, np.ndarray, pa.Array],
-             what: str) -> Tuple[np.ndarray, ...]:
-    """(found, partition, offset) of each of a block's distinct names in a lookup table."""
-    keys, checks, part, offset = table
+             what: str) -> np.ndarray:
+    """The place of each of a block's distinct names in a lookup table: partition <<
+    PLACE_BITS | offset (a relation's: its id), DROPPED (too rare) or UNSEEN (not in it)."""
+    keys, checks, place = table
     key, check, strings = names
     at = np.minimum(np.searchsorted(keys, key), max(len(keys) - 1, 0))
     found = keys[at] == key if len(keys) else np.zeros(len(key), bool)
@@ -273,7 +277,7 @@ def _look_up(table: Tuple[np.ndarray, ...], names: Tuple[np.ndarray, np.ndarray,
         raise PbgRayError(f"{what}: the name {strings[int(np.argmax(clash))].as_py()!r} shares "
                           "its 64-bit key with another name, a chance of about one in 10^19 "
                           "per pair. Rename one of them.")
-    return found, np.where(found, part[at], -1), np.where(found, offset[at], -1)
+    return np.where(found, place[at], UNSEEN) if len(keys) else np.full(len(key), UNSEEN)
 
 
 @ray.remote(scheduling_strategy="SPREAD")
@@ -296,41 +300,40 @@ def _route(config: ConfigSchema, writers: int, tables: Dict[int, Tuple[np.ndarra
     router = BucketRouter(config, types, spill_dtype(weighted))
     name_type = _values(block, "name_type")
     names = [_values(block, c) for c in ("name_key", "name_check", "name")]
-    none = (np.zeros(0, bool), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    looked_up = collections.defaultdict(lambda: none)  # a type without names has no edges
+    looked_up = collections.defaultdict(lambda: np.zeros(0, np.int64))  # no names: no edges
     for t in np.unique(name_type):
         lo, hi = np.searchsorted(name_type, [t, t + 1])
         looked_up[t] = _look_up(tables[t], [n[lo:hi] for n in names],
                                 f"entity type {types.names[t]!r}" if t >= 0 else "relation names")
     edges = {c: _values(block, c) for c in ("lhs", "rhs", "rel")}
     n = len(edges["rel"])
-    if config.dynamic_relations:
-        found_rel, _, rel_of = looked_up[RELATIONS]
-        found, rel = found_rel[edges["rel"]], rel_of[edges["rel"]]
-    else:
-        found, rel = np.ones(n, bool), edges["rel"].astype(np.int64)
-    sides = {}
+    rel = (looked_up[RELATIONS][edges["rel"]] if config.dynamic_relations
+           else edges["rel"].astype(np.int64))
+    unseen, sides = rel == UNSEEN, {}
     for side in ("lhs", "rhs"):
         of_edge = types.of_edges(side, rel)
-        part, offset = np.full(n, -1, np.int64), np.full(n, -1, np.int64)
+        place = np.empty(n, np.int64)
         for t in range(len(types.names)):
             mask = of_edge == t if len(types.names) > 1 else slice(None)
-            hit, parts_of, offsets_of = looked_up[t]
-            ids = edges[side][mask]
-            part[mask], offset[mask] = parts_of[ids], offsets_of[ids]
-            found[mask] &= hit[ids]
-        sides[side] = part, offset
-    bucket = np.where(found, router.buckets(rel, *sides["lhs"], *sides["rhs"]), UNSEEN)
+            place[mask] = looked_up[t][edges[side][mask]]
+        unseen |= place == UNSEEN
+        sides[side] = (np.where(place >= 0, place >> PLACE_BITS, DROPPED),
+                       place & ((1 << PLACE_BITS) - 1))
+    bucket = np.where(unseen, UNSEEN, router.buckets(rel, *sides["lhs"], *sides["rhs"]))
     number = int(block["input"][0].as_py())
     figures = {"input": number, "stats": block["stats"][0].as_py(),
                "dropped": int((bucket == DROPPED).sum()), "unseen": int((bucket == UNSEEN).sum())}
-    kept = np.flatnonzero(bucket >= 0)
-    columns = {"bucket": bucket[kept], "lhs": sides["lhs"][1][kept],
-               "rhs": sides["rhs"][1][kept], "rel": rel[kept]}
+    # Grouped by writer (the edges left out last) with one stable radix sort: a gather
+    # per column, not a mask per column and writer.
+    writer = np.where(bucket >= 0, bucket % writers, writers)
+    order = np.argsort(writer.astype(np.uint16) if writers < 1 << 16 else writer, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(writer, minlength=writers + 1))])
+    order = order[:bounds[writers]]
+    columns = {"bucket": bucket[order], "lhs": sides["lhs"][1][order],
+               "rhs": sides["rhs"][1][order], "rel": rel[order]}
     if weighted:
-        columns["weight"] = _values(block, "weight")[kept]
-    writer = columns["bucket"] % writers
-    return figures, [{"input": number, **{k: v[writer == w] for k, v in columns.items()}}
+        columns["weight"] = _values(block, "weight")[order]
+    return figures, [{"input": number, **{k: v[bounds[w]:bounds[w + 1]] for k, v in columns.items()}}
                      for w in range(writers)]
 
 
