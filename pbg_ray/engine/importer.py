@@ -162,11 +162,11 @@ def _block(number: int, reader: IdReader, edges: Dict[str, List[np.ndarray]], pa
     return pa.table(columns)
 
 
-def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema,
-                 parts: int) -> Iterator[pa.Table]:
+def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema, parts: int,
+                 block_rows: int) -> Iterator[pa.Table]:
     """Every shard of `items` parsed (io/raw.py's RawTable, the local reader's relation
-    checks) and indexed as it is read (each BLOCK_ROWS edges a block, see _block): raw
-    names never reach the object store."""
+    checks) and indexed as it is read (a block from each `block_rows` edges or more, see
+    _block): raw names never reach the object store."""
     check = IdReader(config)
     dynamic, weighted = config.dynamic_relations, config.importer.weight_col is not None
     for number, path in zip(items["input"], items["shard"]):
@@ -185,7 +185,7 @@ def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema,
             if weighted:
                 edges["weight"].append(np.asarray(batch.weight, np.float32))
             rows += len(batch)
-            if rows >= BLOCK_ROWS:
+            if rows >= block_rows:
                 yield _block(number, reader, edges, parts, None)
                 reader = None
         stats = {"path": str(table.path), "format": table.format, "rows": table.num_rows,
@@ -379,8 +379,8 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
               for number, spec in enumerate(config.importer.inputs)
               for shard in input_shards(spec)]
     blocks = ray.data.from_items(shards, override_num_blocks=len(shards)).map_batches(
-        _read_blocks, batch_size=1, fn_kwargs={"config": config, "parts": tasks},
-        batch_format="numpy")
+        _read_blocks, batch_size=1, batch_format="numpy",
+        fn_kwargs={"config": config, "parts": tasks, "block_rows": BLOCK_ROWS})
     blocks = _reraising(blocks.to_arrow_refs)
     logger.info("import: %d shards read into %d blocks", len(shards), len(blocks))
     counted = [_count_part.remote(config, p, *blocks) for p in range(tasks)]
