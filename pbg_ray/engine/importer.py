@@ -3,28 +3,32 @@
 The importer's phases (pbg_ray/importer/) as parallel work over the inputs' shards,
 committed by the same `run_import` as the local engine:
 
-    read          Ray Data parses every shard in a task (io/raw.py's RawTable, the local
-                  reader's relation checks) into Arrow blocks in the object store
-    index         each block's names get block ids (NameIndex, as the local reader
-                  gives ids); its edges become (input, lhs, rhs, rel[, weight]) block
-                  ids, and its first-input names with their counts are split by a hash
-                  of the name key into one part per count task
-    count         a task per part sums its names' counts: each distinct name reaches
-                  one task, never the driver
+    read, index   Ray Data parses every shard in a task (io/raw.py's RawTable, the
+                  local reader's relation checks) and, in the same task, gives each
+                  block's names block ids as they are read (NameIndex, as the local
+                  reader gives ids): a block is one row of its edges as block ids
+                  (lhs, rhs, rel[, weight]) and its distinct names with their 64-bit
+                  keys and first-input counts, those with a count grouped by a hash of
+                  the key into one part per count task; raw names never reach the
+                  object store
+    count         a task per part sums its names' counts over every block: each
+                  distinct name reaches one task, never the driver
     dictionaries  one task places the distinct names with build_dictionaries (the
                   local engine's seed rule: canonical order by key, seeded shuffle,
                   contiguous partitions; previous imports grown), writes the entity
-                  files and returns lookup tables (name key -> partition, offset)
-    route         each block's distinct names looked up in those tables once, its
-                  edges given their bucket by BucketRouter.buckets, as the local engine
-                  does, and split by bucket into one part per writer
+                  files and returns lookup tables (name key -> partition and offset)
+    route         each block's distinct names looked up by key in those tables once
+                  (no name is hashed again after the read), its edges given their
+                  bucket by BucketRouter.buckets, as the local engine does, and split
+                  by bucket into one part per writer
     write         a task per writer gathers its buckets' edges from every block and
                   writes their files (BucketRouter.write_bucket: the previous import's
                   edges, then the new)
 
-The three exchanges after the read (names to count tasks, routed edges to writers) are
-map tasks with one return per receiving task: Ray Data's hash shuffle would start its
-aggregator actors at every import and carry each edge's names as strings through it
+The exchange of routed edges is a map task with one return per writer, and the count
+tasks read their part of every block (on several nodes a block travels whole to every
+node with a count task): Ray Data's hash shuffle would start its aggregator
+actors at every import and carry each edge's names as strings through it
 (docs/benchmarks.md, "Local and Ray Data engines"). For the same inputs and seed both
 engines write the same entity files and the same edges in every bucket (the order inside
 a bucket may differ). The driver holds object references and per-shard and per-bucket
