@@ -9,7 +9,10 @@ with them), and the first `--pbg-edges` lines with torchbiggraph's convert_input
 (what torchbiggraph_import_from_tsv runs), each in its own process. Prints edges/s, the
 CPU seconds of its whole process tree (Ray's processes included), the driver's peak RSS
 and the peak PSS of the tree (the object store's shared pages counted once) of each, the
-ratios, then one JSON line.
+ratios, then one JSON line. Each pbg_ray import runs twice: timed (edges/s, CPU seconds),
+then again with the tree's PSS sampled every 0.2 s (the memory figures): reading every
+process's memory map costs a Ray run's dozen processes seconds of CPU, the local
+engine's single process next to nothing.
 
     python benchmarks/import_bench.py                 # 10M edges, 1M entities
     python benchmarks/import_bench.py --scale 0.05    # a quick run
@@ -76,7 +79,7 @@ import json, sys, threading, time
 import psutil
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.importer import import_graph
-data, nodes = json.loads(sys.argv[1]), int(sys.argv[2])
+data, nodes, sampled = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == "1"
 peak = [0]
 def sample():  # the whole tree: this driver and, under it, Ray and its workers
     me = psutil.Process()
@@ -89,7 +92,8 @@ def sample():  # the whole tree: this driver and, under it, Ray and its workers
                 pass
         peak[0] = max(peak[0], total)
         time.sleep(0.2)
-threading.Thread(target=sample, daemon=True).start()
+if sampled:
+    threading.Thread(target=sample, daemon=True).start()
 def tree_cpu():  # CPU seconds of the driver and every process under it so far
     total = 0.0
     for p in [psutil.Process()] + psutil.Process().children(recursive=True):
@@ -173,19 +177,20 @@ def main() -> None:
                 ("local_parquet_4x_entities", "local", more["parquet"], 1),
                 ("ray_parquet_4x_entities", "ray", more["parquet"], 1)]
         for name, engine, path, nodes in runs:
-            data = config_dict(root / name)
-            data["importer"] = {"inputs": [str(path)], "lhs_col": 0, "rel_col": 1, "rhs_col": 2,
-                                "engine": engine}
-            out = run(RUN_PBG_RAY, json.dumps(data), str(nodes), str(warm["parquet"]))
+            out, memory = (run(RUN_PBG_RAY, json.dumps(dict(
+                config_dict(root / f"{name}_{sampled}"), importer={
+                    "inputs": [str(path)], "lhs_col": 0, "rel_col": 1, "rhs_col": 2,
+                    "engine": engine})), str(nodes), str(warm["parquet"]), sampled)
+                for sampled in ("0", "1"))
             rate = out["edges"] / out["seconds"]
             results[name] = {"edges_per_s": round(rate), "seconds": round(out["seconds"], 2),
                              "cpu_s": round(out["cpu_s"], 1),
-                             "driver_peak_rss_mb": round(out["peak_rss_mb"]),
-                             "tree_peak_pss_mb": round(out["tree_peak_pss_mb"])}
+                             "driver_peak_rss_mb": round(memory["peak_rss_mb"]),
+                             "tree_peak_pss_mb": round(memory["tree_peak_pss_mb"])}
             print(f"pbg_ray {name:24s} {rate / 1e6:6.2f} M edges/s  {out['seconds']:7.2f} s  "
                   f"CPU {out['cpu_s']:6.1f} s  "
-                  f"driver peak RSS {out['peak_rss_mb']:6.0f} MB  "
-                  f"tree peak PSS {out['tree_peak_pss_mb']:6.0f} MB")
+                  f"driver peak RSS {memory['peak_rss_mb']:6.0f} MB  "
+                  f"tree peak PSS {memory['tree_peak_pss_mb']:6.0f} MB")
         pbg_slice = root / "slice.tsv"
         with open(paths["tsv"]) as src, open(pbg_slice, "w") as dst:
             for _, line in zip(range(args.pbg_edges), src):

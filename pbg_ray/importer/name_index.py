@@ -126,7 +126,11 @@ class NameIndex:
     def add(self, names: pa.Array, counts: Optional[np.ndarray] = None) -> np.ndarray:
         """Ids of `names` (a string array), new names getting new ids; counts each occurrence
         (`counts`: as that many occurrences each)."""
-        keys, checks = name_keys(names)
+        return self.add_keyed(*name_keys(names), names, counts)
+
+    def add_keyed(self, keys: np.ndarray, checks: np.ndarray, names: pa.Array,
+                  counts: Optional[np.ndarray] = None) -> np.ndarray:
+        """`add` of names whose (key, check) name_keys already gave."""
         prior = len(self)
         # A fresh vector per call: pandas hands out a view of it and then refuses to grow it.
         ids = self._table.get_labels(keys, hashtable.UInt64Vector(), prior, -1)

@@ -6,6 +6,7 @@ engine auto chose, the stats, the nodes alive and those that ran tasks."""
 import dataclasses
 import json
 import sys
+import time
 
 import ray
 from ray.cluster_utils import Cluster
@@ -14,6 +15,7 @@ from ray.util.state import list_tasks
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.importer import choose_engine, import_graph
 
+STAGES = ("_read_blocks)", "_count_part", "_build_dictionaries", "_route_block", "_write_buckets")
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True})
 cluster.add_node(num_cpus=2)
@@ -24,8 +26,14 @@ try:
                                                                  address=cluster.address))
     engine = choose_engine(config)
     stats = import_graph(config)
-    tasks = list_tasks(filters=[("state", "=", "FINISHED")], limit=10000,
-                       raise_on_missing_output=False)
+    # Workers report their task events about once a second: wait (at most a minute) until
+    # those of every stage of the import are in.
+    for _ in range(120):
+        tasks = list_tasks(filters=[("state", "=", "FINISHED")], limit=10000,
+                           raise_on_missing_output=False)
+        if all(any(t.name.endswith(stage) for t in tasks) for stage in STAGES):
+            break
+        time.sleep(0.5)
     print(json.dumps({"engine": engine, "stats": stats,
                       "nodes": len([n for n in ray.nodes() if n["Alive"]]),
                       "task_nodes": sorted({t.node_id for t in tasks if t.node_id})}))
