@@ -26,6 +26,7 @@ def test_two_nodes_train_disjoint_buckets_concurrently(ray_session, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["nodes"] == 2 and summary["version"] == 2
+    assert summary["held"], "the two buckets held at once (multinode_run.py) never both waited"
     stats = summary["stats"]
     assert len({s["worker"]["node_id"] for s in stats}) == 2, "all buckets ran on one node"
     overlapping = [
