@@ -9,7 +9,10 @@ each role's share at the peak, training edges/s (of that sampled run), the share
 bucket time outside the kernel from the second epoch on, and partition reads and writes
 per epoch beside what inside_out would read with the same buffer (the rule the trainer
 keeps partitions by, simulated: scheduler.partition_reads) and beside BETA's lower
-bound. At the smallest size it also trains inside_out, to measure its reads. Across
+bound. At the smallest size it also trains inside_out, to measure its reads. The largest
+size's checkpoint is then evaluated (filtered ranking of --eval-edges test edges of the
+diagonal buckets against every entity; out of core as in training) with its process
+tree's peak memory beside training's. Across
 sizes: the least-squares slope of peak memory over table bytes (embeddings and
 row-Adagrad sums, 4 * (dimension + 1) bytes per entity) and the fixed footprint that
 line extrapolates to an empty table. Ends with one JSON line.
@@ -32,23 +35,41 @@ from pathlib import Path
 import numpy as np
 
 from pbg_ray.engine.scheduler import bucket_order, partition_reads, reads_lower_bound
-from train_bench import RUN_PBG_RAY, as_pbg_ray, bench_env, config_dict, generate, train
+from pbg_ray.io.edges import read_edges, write_edges
+from pbg_ray.types import Bucket
+from train_bench import (RUN_PBG_RAY, as_pbg_ray, bench_env, config_dict, generate, run_script,
+                         train)
 
 DIM = 128
 NPARTS = 16
+RUN_EVAL = """
+import json, sys
+from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.evaluator import evaluate_checkpoint
+report = evaluate_checkpoint(ConfigSchema.from_dict(json.loads(sys.argv[1])))
+print("EVAL", json.dumps(report))
+"""
+
+
+def size_config(work: Path, num_entities: int, epochs: int, buffer: int, order: str) -> dict:
+    """The disk-placement run of the graph of `num_entities`."""
+    root = work / f"graph_{num_entities}"
+    return as_pbg_ray(dict(config_dict(root, NPARTS, work / f"ckpt_{num_entities}_{order}", epochs),
+                           dimension=DIM, bucket_order=order,
+                           ray={"placement": "disk", "partition_buffer": buffer}))
 
 
 def run_size(work: Path, num_entities: int, num_edges: int, epochs: int, buffer: int,
-             order: str, env: dict) -> dict:
-    """Train the graph of `num_entities` on disk once, sampled: its figures."""
+             order: str, env: dict, keep: bool = False) -> dict:
+    """Train the graph of `num_entities` on disk once, sampled: its figures. `keep`: leave
+    its checkpoint for evaluate_largest."""
     root = work / f"graph_{num_entities}"
     if not (root / "entities").is_dir():
         generate(root, num_entities, num_edges, NPARTS)
-    cfg = as_pbg_ray(dict(config_dict(root, NPARTS, work / f"ckpt_{num_entities}_{order}", epochs),
-                          dimension=DIM, bucket_order=order,
-                          ray={"placement": "disk", "partition_buffer": buffer}))
+    cfg = size_config(work, num_entities, epochs, buffer, order)
     out, sampler = train(RUN_PBG_RAY, cfg, env, memory=True)
-    shutil.rmtree(cfg["checkpoint_path"], ignore_errors=True)
+    if not keep:
+        shutil.rmtree(cfg["checkpoint_path"], ignore_errors=True)
     seconds = float(re.search(r"TRAIN_SECONDS (\S+)", out).group(1))
     buckets = json.loads(re.search(r"TIMING (.*)", out).group(1))
     later = [b for b in buckets if b["epoch_idx"] >= 1] or buckets
@@ -62,6 +83,34 @@ def run_size(work: Path, num_entities: int, num_edges: int, epochs: int, buffer:
             "partition_io_per_epoch": per_epoch}
 
 
+def evaluate_largest(cfg: dict, num_edges: int, env: dict) -> dict:
+    """Filtered ranking of a sample of `cfg`'s test edges (about num_edges, from the
+    diagonal buckets: a task per bucket and candidate partition, each reading partitions of
+    the whole table's size / P, so that P buckets make P^2 tasks, not P^3) against every
+    entity, in a new process with its own Ray, sampled: its peak memory, filtered MRR and
+    seconds. The checkpoint is removed after."""
+    test = Path(cfg["edge_paths"][0]).with_name("test")
+    sample = Path(cfg["checkpoint_path"]).with_name(f"{test.name}_sample")
+    per_bucket = max(1, num_edges // NPARTS)
+    rng = np.random.default_rng(0)
+    for lhs in range(NPARTS):
+        for rhs in range(NPARTS):
+            edges = read_edges(test, Bucket(lhs, rhs))
+            take = min(per_bucket, len(edges)) if lhs == rhs else 0
+            write_edges(sample, Bucket(lhs, rhs),
+                        edges[np.sort(rng.choice(len(edges), take, replace=False))])
+    eval_cfg = dict(cfg, eval={"edge_paths": [str(sample)], "sampled": False,
+                               "filtered": True, "per_relation": False})
+    out, sampler = run_script(RUN_EVAL, eval_cfg, env, memory=True)
+    shutil.rmtree(cfg["checkpoint_path"], ignore_errors=True)
+    shutil.rmtree(sample, ignore_errors=True)
+    report = json.loads(re.search(r"EVAL (.*)", out).group(1))
+    overall = next(iter(report["metrics"].values()))
+    return {"edges": overall["count"], "filtered_mrr": overall["filtered"]["mrr"],
+            "seconds": report["time_s"], "peak_pss_bytes": sampler.peak,
+            "peak_pss_by_role": sampler.breakdown}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true",
@@ -70,6 +119,8 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--buffer", type=int, default=4, help="ray.partition_buffer")
+    parser.add_argument("--eval-edges", type=int, default=1000,
+                        help="test edges ranked against every entity at the largest size")
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args()
     sizes = args.entities or ([2_000_000, 4_000_000, 8_000_000] if args.full
@@ -92,7 +143,9 @@ def main() -> None:
     for i, num_entities in enumerate(sizes):
         orders = ["beta", "inside_out"] if i == 0 else ["beta"]
         for order in orders:
-            run = run_size(work, num_entities, num_edges, args.epochs, args.buffer, order, env)
+            keep = i == len(sizes) - 1 and order == "beta"
+            run = run_size(work, num_entities, num_edges, args.epochs, args.buffer, order, env,
+                           keep)
             io = run["partition_io_per_epoch"]
             print(f"[{num_entities:,} x {DIM}, table {run['table_bytes'] / 2**20:,.0f} MiB, {order}] "
                   f"peak {run['peak_pss_bytes'] / 2**20:,.0f} MiB, {run['edges_per_s']:,.0f} edges/s, "
@@ -103,6 +156,14 @@ def main() -> None:
                 f"{role} {b / 2**20:,.0f} MiB" for role, b in
                 sorted(run["peak_pss_by_role"].items(), key=lambda kv: -kv[1])), flush=True)
             (figures["sizes"] if order == "beta" else figures.setdefault("inside_out", [])).append(run)
+            if keep:
+                ev = figures["eval_largest"] = evaluate_largest(
+                    size_config(work, num_entities, args.epochs, args.buffer, order),
+                    args.eval_edges, env)
+                print(f"[{num_entities:,} x {DIM}, evaluation] filtered ranking of {ev['edges']:,} "
+                      f"test edges against every entity: peak {ev['peak_pss_bytes'] / 2**20:,.0f} MiB "
+                      f"(training's {run['peak_pss_bytes'] / 2**20:,.0f} MiB), filtered MRR "
+                      f"{ev['filtered_mrr']:.4f}, {ev['seconds']:.1f} s", flush=True)
     table = np.array([r["table_bytes"] for r in figures["sizes"]], float)
     peak = np.array([r["peak_pss_bytes"] for r in figures["sizes"]], float)
     slope, fixed = np.polyfit(table, peak, 1) if len(table) > 1 else (float("nan"), float("nan"))

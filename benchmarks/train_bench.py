@@ -222,6 +222,12 @@ print("TIMING", json.dumps(timing))
 def train(script: str, config: dict, env: dict, memory: bool) -> Tuple[str, Optional[PeakMemory]]:
     """Train `config` from scratch in a new process: (its output, its PeakMemory if `memory`)."""
     shutil.rmtree(config["checkpoint_path"], ignore_errors=True)
+    return run_script(script, config, env, memory)
+
+
+def run_script(script: str, config: dict, env: dict, memory: bool
+               ) -> Tuple[str, Optional[PeakMemory]]:
+    """`script` run on `config` in a new process: (its output, its PeakMemory if `memory`)."""
     proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(config)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     sampler = PeakMemory(proc.pid) if memory else None
