@@ -8,7 +8,8 @@ The graph: `user` (the big type, --partitions partitions) and `item` (small), on
 `likes` user -> item with a diagonal operator and the dot comparator; the queries are
 top_lhs (the best users for an item), whose query vector is the item transformed by the
 relation operator, searched in the users' index with inner product. The service runs with
-serve.index=hnsw on a local Ray and is driven on 127.0.0.1 by an async httpx load loop at
+serve.index=hnsw (router answering HTTP itself: serve.ingress=direct, or
+--ingress proxy) on a local Ray and is driven on 127.0.0.1 by an async httpx load loop at
 rising concurrency, each level bounded in requests and seconds. Prints per mode and concurrency QPS, p50 and p99, the
 CPU time all of Ray's processes and the load generator spent per request, the
 approximate/exact QPS ratio, recall@10 of the index against exact search, the index build
@@ -197,6 +198,8 @@ def main() -> None:
     parser.add_argument("--hnsw-m", type=int, default=24)
     parser.add_argument("--ef-construction", type=int, default=48)
     parser.add_argument("--ef-search", type=int, default=128)
+    parser.add_argument("--ingress", choices=["direct", "proxy"], default="direct",
+                        help="serve.ingress: the router answers HTTP itself, or behind Serve's proxy")
     parser.add_argument("--in-process", type=int, default=50, help=(
         "requests per mode answered without Ray Serve and HTTP, after the load (0: none)"))
     parser.add_argument("--workdir", default=None, help=(
@@ -227,6 +230,7 @@ def main() -> None:
               f"{args.partitions} partitions, {args.items} items, dimension {args.dimension}, "
               f"ready in {time.perf_counter() - start:.1f} s", flush=True)
         data["serve"] = {"port": free_port(), "index": "hnsw", "shard_groups": args.shard_groups,
+                         "ingress": args.ingress,
                          "hnsw_m": args.hnsw_m, "hnsw_ef_construction": args.ef_construction,
                          "hnsw_ef_search": args.ef_search, "reload_interval": 0,
                          "shard_cpus": 0, "index_cpus": 1}
@@ -242,7 +246,8 @@ def main() -> None:
             print(f"index: {build['kinds']} built in {build['seconds']:.1f} s wall "
                   f"({task_seconds:.1f} s summed over {len(build['built'])} Ray tasks"
                   f"{'; all found saved by an earlier run' if not build['built'] else ''}); "
-                  f"service up after {startup:.1f} s at {started['url']}", flush=True)
+                  f"service up after {startup:.1f} s at {started['url']} "
+                  f"(serve.ingress={args.ingress})", flush=True)
             items = [f"item0_{i}" for i in range(args.items)]
             recall = asyncio.run(recall_at_10(started["url"], items, args.recall_samples))
             print(f"recall@10 of the index against exact search: {recall:.4f} "
@@ -286,7 +291,7 @@ def main() -> None:
           f"concurrency: {meeting or 'none'}")
     print(json.dumps({
         "users": args.users, "items": args.items, "partitions": args.partitions,
-        "shard_groups": args.shard_groups, "dimension": args.dimension, "clusters": args.clusters, "generated": True, "index": "hnsw",
+        "shard_groups": args.shard_groups, "ingress": args.ingress, "dimension": args.dimension, "clusters": args.clusters, "generated": True, "index": "hnsw",
         "hnsw_m": args.hnsw_m, "ef_construction": args.ef_construction,
         "ef_search": args.ef_search, "index_build_s": round(build["seconds"], 2),
         "index_task_s": round(task_seconds, 2), "recall_at_10": round(recall, 4),

@@ -10,6 +10,7 @@ from pbg_ray.config.options import Fail, check_choice, check_not_negative, check
 
 # exact: every candidate scored (the reference); hnsw and ivf: faiss indexes; auto: by size.
 INDEX_KINDS = ("exact", "hnsw", "ivf", "auto")
+INGRESS_KINDS = ("direct", "proxy")
 
 
 @dataclass
@@ -20,6 +21,11 @@ class ServeConfig:
     host: str = option("127.0.0.1", help=
         "The address the HTTP server listens on; 0.0.0.0 opens it to other machines.")
     port: int = option(8000, help="The HTTP port.")
+    ingress: str = option("direct", help=
+        "direct: the router replica answers HTTP on port itself (Ray Serve's direct "
+        "ingress: one hop less per request; with several router replicas on a node, each "
+        "takes the next port); proxy: Serve's HTTP proxy on port forwards each request to "
+        "one of the router replicas.")
     version: Optional[int] = option(None, help=
         "The checkpoint version served; null: the newest, and each newer one as training "
         "commits it (checked every reload_interval seconds).")
@@ -55,6 +61,7 @@ class ServeConfig:
     def validate(self, fail: Fail) -> None:
         """Rules of this section; `fail(key, problem, fix)` raises."""
         check_choice(self.index, INDEX_KINDS, "serve.index", fail)
+        check_choice(self.ingress, INGRESS_KINDS, "serve.ingress", fail)
         if not 0 < self.port < 65536:
             fail("serve.port", f"must be a TCP port (1 to 65535), got {self.port}",
                  "Set serve.port=8000 or another free port.")

@@ -13,6 +13,7 @@ newest, loading a version on its first request if a replica missed the load.
 # methods' annotations, which Serve's ingress moves out of this module's namespace.
 import asyncio
 import logging
+import socket
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -25,11 +26,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
+from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 from ray.serve.exceptions import (
     BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError)
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
+from pbg_ray.config.serve import ServeConfig
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.faults import fault_point, faults_dir
 from pbg_ray.errors import PbgRayError
@@ -210,11 +213,39 @@ class JsonErrors:
 app.add_middleware(JsonErrors)
 
 
-# Settings of the replicas' processes. Ray Serve's own for a short request path (its
-# performance guide): user code and the handles' routing on the replica's event loop, not
-# on threads of their own; and no access-log line per request.
-REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
-               "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
+    """Environment of Serve's controller and of the replicas: Ray Serve's throughput-optimized
+    mode (its documented switch: calls between deployments over gRPC instead of Ray actor
+    calls, user code and the handles' routing on the replica's event loop, the garbage
+    collector frozen after start-up).
+
+    serve.ingress=direct: the router replicas answer HTTP themselves (Serve's direct
+    ingress), on serve.port and the ports after it, one per router replica of a node, not
+    behind Serve's proxy; a replica Serve replaces takes its port again at once (no
+    quarantine, which exists for load balancers in front of the replicas, and no drain
+    period before a stopped replica closes). serve.ingress=proxy: Serve's HTTP proxy
+    listens on serve.port and forwards each request to a router replica."""
+    if serve_config.ingress == "proxy":
+        return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(serve_config.port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(serve_config.port
+                                                          + serve_config.router_replicas),
+            "RAY_SERVE_PORT_QUARANTINE_S": "0",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+
+
+def proxy_port(serve_config: ServeConfig) -> int:
+    """The port of Serve's HTTP proxy: serve.port behind serve.ingress=proxy; with direct
+    ingress, where Serve still starts its proxy, a free one that nobody is told of."""
+    if serve_config.ingress == "proxy":
+        return serve_config.port
+    with socket.socket() as probe:
+        probe.bind((serve_config.host, 0))
+        return probe.getsockname()[1]
+
+
+# No access-log line per request.
 LOGGING = {"enable_access_log": False}
 
 
@@ -360,9 +391,15 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
         config, config.serve.version, "serve.version")
     built = asyncio.run(build_indexes(config, version))
     serve_config = config.serve
-    serve.start(http_options={"host": serve_config.host, "port": serve_config.port})
+    if serve_config.ingress == "direct" and serve_running():
+        raise PbgRayError(
+            "Ray Serve already runs on this Ray cluster, and serve.ingress=direct needs a Serve "
+            "started by pbg_ray (its controller assigns the router's port serve.port when it "
+            "starts). Stop the other Serve (`serve shutdown -y`) or set serve.ingress=proxy.")
+    env = {"env_vars": serve_env(serve_config)}
+    serve.start(http_options={"host": serve_config.host, "port": proxy_port(serve_config)},
+                controller_options={"runtime_env": env})
     plain = config.to_dict()
-    env = {"env_vars": REPLICA_ENV}
     shards = [Shard.options(name=f"Shard{g}", num_replicas=serve_config.shard_replicas,
                             ray_actor_options={"num_cpus": serve_config.shard_cpus,
                                                "runtime_env": env})
@@ -372,6 +409,15 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     serve.run(router, name=APPLICATION, route_prefix="/")
     return {"url": f"http://{serve_config.host}:{serve_config.port}", "version": version,
             "index": built}
+
+
+def serve_running() -> bool:
+    """Whether a Ray Serve controller runs on the connected Ray cluster."""
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
 
 
 def stop_service() -> None:

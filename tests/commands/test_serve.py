@@ -1,5 +1,6 @@
 """`python -m pbg_ray.serve` as a user runs it: a PBG config file and overrides in, the
-service up on the port asked for, Ctrl-C stopping it with one line; bad settings as one line."""
+service up on the port asked for (answered by the router replica itself, or by Serve's
+proxy), Ctrl-C stopping it with one line; bad settings as one line."""
 
 import json
 import os
@@ -11,6 +12,7 @@ import tempfile
 import time
 
 import httpx
+import psutil
 import pytest
 
 from pbg_ray.config import ConfigSchema
@@ -25,8 +27,18 @@ def test_a_bad_serve_setting_is_one_line(tmp_path):
     assert_one_error_line(err, "serve.index", "did you mean 'hnsw'?")
 
 
+def listener(port: int) -> str:
+    """The process title of what listens on a loopback TCP port."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+            return " ".join(psutil.Process(conn.pid).cmdline())
+    return ""
+
+
 @pytest.mark.slow
-def test_serve_answers_over_http_until_ctrl_c(tmp_path):
+@pytest.mark.parametrize("ingress, answering", [("direct", "ServeReplica:pbg_ray:Router"),
+                                                ("proxy", "ProxyActor")])
+def test_serve_answers_over_http_until_ctrl_c(tmp_path, ingress, answering):
     data = tiny_graph(tmp_path)
     random_checkpoint(ConfigSchema.from_dict(data))
     module = pbg_module(tmp_path / "config.py", data)
@@ -35,12 +47,14 @@ def test_serve_answers_over_http_until_ctrl_c(tmp_path):
         port = probe.getsockname()[1]
     env = dict(os.environ, RAY_TMPDIR=tempfile.mkdtemp(prefix="pbg-sv-", dir="/tmp"))
     proc = command("serve", [module, f"serve.port={port}", "serve.index=exact",
-                             "ray.num_cpus=1"], tmp_path, env=env, start_new_session=True)
+                             f"serve.ingress={ingress}", "ray.num_cpus=1"], tmp_path, env=env,
+                   start_new_session=True)
     try:
         first = proc.stdout.readline()  # blocks until the service is up (or the command ended)
         assert first.startswith("serving version 1 of "), proc.communicate(timeout=60)[1][-3000:]
         started = json.loads(proc.stdout.readline())
         assert started["url"] == f"http://127.0.0.1:{port}" and started["version"] == 1
+        assert answering in listener(port)  # the router replica itself, or Serve's proxy
         with httpx.Client(base_url=started["url"], timeout=60) as client:
             assert client.get("/health").json() == {"status": "ok", "version": 1}
             top = client.post("/top_rhs", json={"queries": [{"lhs": "user-0-1",

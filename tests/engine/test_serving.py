@@ -19,6 +19,7 @@ import torch
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.serving import start_service, stop_service
+from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import rank_counts
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.evaluation.serving import INDEX_DIRECTORY
@@ -148,6 +149,13 @@ def test_neighbors_of_an_entity_and_of_a_vector(served, predictor):
                                             "k": 6, "exact": True})["results"][0]
     assert by_vector[0]["name"] == name  # itself first, then the same neighbours
     assert [a["name"] for a in by_vector[1:]] == [n for n, _ in want]
+
+
+def test_direct_ingress_is_refused_beside_a_serve_already_running(served):
+    config, client = served
+    with pytest.raises(PbgRayError, match="serve.ingress=proxy"):
+        start_service(config)
+    assert client.get("/health").json()["status"] == "ok"
 
 
 def test_a_batch_answers_as_single_requests(served, predictor):
