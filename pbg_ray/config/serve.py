@@ -22,10 +22,10 @@ class ServeConfig:
         "The address the HTTP server listens on; 0.0.0.0 opens it to other machines.")
     port: int = option(8000, help="The HTTP port.")
     ingress: str = option("direct", help=
-        "direct: the router replica answers HTTP on port itself (Ray Serve's direct "
-        "ingress: one hop less per request; with several router replicas on a node, each "
-        "takes the next port); proxy: Serve's HTTP proxy on port forwards each request to "
-        "one of the router replicas.")
+        "direct: the router replica answers HTTP on port itself, on the node of the "
+        "command (Ray Serve's direct ingress: one hop less per request; with several router "
+        "replicas, each takes the next port); proxy: Serve's HTTP proxy on port (on every "
+        "node) forwards each request to one of the router replicas.")
     version: Optional[int] = option(None, help=
         "The checkpoint version served; null: the newest, and each newer one as training "
         "commits it (checked every reload_interval seconds).")

@@ -220,8 +220,9 @@ def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
     collector frozen after start-up).
 
     serve.ingress=direct: the router replicas answer HTTP themselves (Serve's direct
-    ingress), on serve.port and the ports after it, one per router replica of a node, not
-    behind Serve's proxy; a replica Serve replaces takes its port again at once (no
+    ingress), on the node of the command that started the service, on serve.port and the
+    ports after it, one per router replica, not behind Serve's proxy; a replica Serve
+    replaces takes its port again at once (no
     quarantine, which exists for load balancers in front of the replicas, and no drain
     period before a stopped replica closes). serve.ingress=proxy: Serve's HTTP proxy
     listens on serve.port and forwards each request to a router replica."""
@@ -404,8 +405,11 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
                             ray_actor_options={"num_cpus": serve_config.shard_cpus,
                                                "runtime_env": env})
               .bind(plain, g, version) for g in range(serve_config.shard_groups)]
-    router = Router.options(num_replicas=serve_config.router_replicas, ray_actor_options={
-        "num_cpus": 0, "runtime_env": env}).bind(plain, version, shards)
+    router_options = {"num_cpus": 0, "runtime_env": env}
+    if serve_config.ingress == "direct":  # on this node, whose address serve.port is at
+        router_options["resources"] = {f"node:{ray.util.get_node_ip_address()}": 0.001}
+    router = Router.options(num_replicas=serve_config.router_replicas,
+                            ray_actor_options=router_options).bind(plain, version, shards)
     serve.run(router, name=APPLICATION, route_prefix="/")
     return {"url": f"http://{serve_config.host}:{serve_config.port}", "version": version,
             "index": built}
