@@ -381,18 +381,25 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
                       known: Optional[KnownRows] = None,
                       read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
-                      next_use: Sequence[int] = ()) -> Tuple[Any, ...]:
+                      next_use: Sequence[int] = (),
+                      previous_delta: Optional[ModelParams] = None) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
     SwapFile (disk placement) comes as itself. Disk placement: `read_ahead` the next
     bucket's partitions this one lacks; `next_use` the partition indices the trainer's
     next buckets need, in the order they first need them (the worker keeps
-    ray.partition_buffer partitions by it, see PartitionCopies)."""
+    ray.partition_buffer partitions by it, see PartitionCopies). `previous_delta`: the
+    params delta of the trainer's previous bucket, submitted before it (this task then
+    starts once that one has succeeded): `params` lack it, as that update was not sent yet."""
     import torch
 
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     start = time.time()
+    if previous_delta is not None:
+        params = ModelParams(
+            {k: v + previous_delta.arrays[k] for k, v in params.arrays.items()},
+            {k: v + previous_delta.sums[k] for k, v in params.sums.items()})
     leases = {key: p.source for key, p in zip(keys, partitions) if isinstance(p, SwapFile)}
     held = {key[1] for key, _ in _COPIES.held}
     _COPIES.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
