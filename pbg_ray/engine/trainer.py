@@ -81,6 +81,7 @@ class Launched:
     refs: List[ray.ObjectRef]  # stats, params delta, one result per key
     leases: List[Any]  # per key: the SwapFile it reads and writes, or the ref of its values
     following: Optional[Bucket]  # the trainer's next bucket, taken with this one
+    followed: bool  # whether the following bucket's task is submitted behind this one
     t_start: float  # where its bucket_wall_s begins
     # The following bucket's task, submitted to start once this one has succeeded.
     successor: Optional["Launched"] = None
@@ -331,11 +332,8 @@ class Trainer:
                                 launched, read_ahead, previous)
 
         def follow(task: Launched) -> None:
-            """Submit the task of `task`'s following bucket now, behind it: disk placement,
-            when no partition of `task` comes back as a delta (its successor takes its
-            results as they are) and the following bucket has edges to train."""
-            if (read_ahead and task.following is not None and not any(task.deltas)
-                    and self.edge_counts[edge_path][task.following] > 0):
+            """Submit the task of `task`'s following bucket now, behind it (see _launch)."""
+            if task.followed:
                 task.successor = launch(task.following, previous=task)
 
         def sent(task: Launched) -> None:
@@ -473,7 +471,9 @@ class Trainer:
         worker keeps its buffer by the partitions the buckets after it need. `previous`:
         the trainer's bucket in flight that this one follows (its task is submitted to
         start once that one has succeeded, on the same worker as Ray reuses it): the
-        partitions and parameters are then what the tasks in flight leave behind them."""
+        partitions and parameters are then what the tasks in flight leave behind them, and
+        the partitions both train pass from one to the other in the worker's buffer
+        (bucket_task.HandOver)."""
         config = self.config
         t_start = time.perf_counter()
         # What each task in flight before this one leaves a partition as (in_flight):
@@ -486,6 +486,13 @@ class Trainer:
                       if k not in before or isinstance(before[k], SwapFile)}
         held = [previous.bucket, bucket] if previous is not None else [bucket]
         following = ray.get(self.scheduler.acquire.remote(held)) if read_ahead else None
+        # The following bucket's task is submitted behind this one when no partition of
+        # this one comes back as a delta (it takes this one's results as they are) and it
+        # has edges to train; this task then holds the partitions they share for it.
+        followed = (following is not None and not any(deltas)
+                    and self.edge_counts[edge_path][following] > 0)
+        hand_over = ([k for k in partition_keys(config, following) if k in keys]
+                     if followed else [])
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
         # Where the partitions to read ahead are (None: not on disk).
@@ -506,8 +513,9 @@ class Trainer:
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
-                 previous_delta=previous.refs[1] if previous is not None else None)
-        task = Launched(bucket, keys, deltas, refs, leases, following, t_start)
+                 previous_delta=previous.refs[1] if previous is not None else None,
+                 hand_over=hand_over)
+        task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
         self.in_flight.update((k, task) for k in keys)
         return task
 
