@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import ray
@@ -93,14 +93,18 @@ class PartitionStore:
             self.refs[key] = ray.put(tuple(self.summed[key]))
         return [self.refs[key]]
 
-    def lease(self, key: PartitionKey) -> Union[List[ray.ObjectRef], SwapFile]:
+    def lease(self, key: PartitionKey, after: Optional[SwapFile] = None
+              ) -> Union[List[ray.ObjectRef], SwapFile]:
         """What the train task of a bucket gets for `key`: `get`'s, or in disk placement
-        the SwapFile it reads and writes (its result goes back to `update`)."""
+        the SwapFile it reads and writes (its result goes back to `update`). `after`: the
+        lease of a task in flight, whose result has not come back yet, that the task of
+        this lease follows on its trainer: it reads what that one writes."""
         if self.swaps(key):
             if not self.spare:
                 self.spare.append(str(self.checkpoints.swap_file(self.owner, self.num_swap_files)))
                 self.num_swap_files += 1
-            return SwapFile(self._source(key), self.spare.pop(), uuid.uuid4().hex)
+            source = after.written if after is not None else self._source(key)
+            return SwapFile(source, self.spare.pop(), uuid.uuid4().hex)
         return self.get(key)
 
     def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
@@ -233,7 +237,7 @@ class BucketSchedulerActor:
     def new_pass(self, iteration: int) -> List[Bucket]:
         return self.scheduler.new_pass(iteration)
 
-    def acquire(self, after: Optional[Bucket] = None) -> Optional[Bucket]:
+    def acquire(self, after: Sequence[Bucket] = ()) -> Optional[Bucket]:
         return self.scheduler.acquire(after)
 
     def release(self, bucket: Bucket) -> None:

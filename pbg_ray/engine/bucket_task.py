@@ -117,7 +117,11 @@ class PartitionCopies:
     by a thread of this worker, after the task has returned, so that the kernel of the
     next bucket does not wait for them (a task waits only for the write of a partition it
     trains itself, before changing it). The partitions of the trainer's next bucket that
-    this one does not hold are read ahead, by another thread, while this bucket trains."""
+    this one does not hold are read ahead, by another thread, while this bucket trains.
+
+    A partition that the trainer's next bucket trains too, whose task is submitted to
+    follow this one (see HandOver), is not written: it is held for that task, which
+    trains it on where this one left it."""
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
@@ -178,7 +182,7 @@ class PartitionCopies:
             self.reads += 1
             return lease.load(config, key, self.empty)
         partition, pending = held
-        if pending is not None:
+        if pending is not None and not (isinstance(pending, HandOver) and pending.take()):
             result = pending.result()  # a write's error is raised here
             partition = partition if result is None else result
         return partition
@@ -194,9 +198,17 @@ class PartitionCopies:
                     None, self.reader.submit(lease.load, config, key, self.empty))
 
     def write_behind(self, config: ConfigSchema, key: PartitionKey, lease: "SwapFile",
-                     partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]) -> None:
+                     partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any],
+                     hand_over: bool = False) -> bool:
         """Write `partition` to its swap file: in the background where it is local (the
-        file's marker says when it is done), at once on object storage; then hold it."""
+        file's marker says when it is done), at once on object storage; then hold it.
+        With `hand_over` (the trainer's next task trains it too) a local one is held for
+        that task instead, unwritten (see HandOver). Returns whether it is written."""
+        if hand_over and self.keep and writes_behind(lease.staged):
+            lease.begin_write()
+            self.held[key, lease.written] = (partition, HandOver(
+                self.writer, _write_behind, config, lease, partition, metadata))
+            return False
         if writes_behind(lease.staged):
             lease.begin_write()
             pending = self.writer.submit(_write_behind, config, lease, partition, metadata)
@@ -207,6 +219,7 @@ class PartitionCopies:
             self.held[key, lease.written] = (partition, pending)
         elif pending is not None:
             pending.result()
+        return True
 
     def next_task(self, keep: bool, parts: Optional[Collection[int]] = None,
                   leases: Optional[Dict[PartitionKey, Source]] = None) -> None:
@@ -220,6 +233,8 @@ class PartitionCopies:
         leases = leases or {}
         writing: Dict[int, Future] = {}  # id of a dropped partition's buffer -> its write
         for (key, source), (partition, pending) in list(self.held.items()):
+            if isinstance(pending, HandOver) and leases.get(key) != source:
+                pending.write()  # held for a task that runs elsewhere, or not at all
             if (not keep or (parts is not None and key[1] not in parts)
                     or leases.get(key, source) != source
                     or (source[0] != "swap" and key not in leases)):  # read for another
@@ -254,6 +269,58 @@ def _write_behind(config: ConfigSchema, lease: SwapFile, partition: Tuple[np.nda
     lease.write(config, *partition, metadata)
 
 
+# How long a partition held for the trainer's next task (HandOver) waits for that task to
+# start on this worker before it is written anyway.
+HAND_OVER_WAIT_S = 2.0
+
+
+class HandOver:
+    """The write of a partition held for the trainer's next task, which trains it on from
+    this worker's buffer: that task's lease names this one's swap file as its source, and
+    its own result replaces it, so the file is written only if that task does not take the
+    partition here (Ray ran it on another worker, or it never ran): when this worker's next
+    task is another one, or after HAND_OVER_WAIT_S without one. Until then the file's
+    marker says "pending" (see SwapFile.begin_write): a reader elsewhere waits, and learns
+    of this worker's death (WriterDied: the pass is trained again).
+
+    Stands where PartitionCopies keeps a write's Future: `done` and `result` (which
+    begins the write if it has not begun)."""
+
+    def __init__(self, writer: ThreadPoolExecutor, write: Callable[..., None], *args: Any
+                 ) -> None:
+        self.lock = threading.Lock()
+        self.writer, self.args = writer, (write, *args)
+        self.pending: Optional[Future] = None  # the write, once begun
+        self.taken = False
+        self.timer = threading.Timer(HAND_OVER_WAIT_S, self.write)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def take(self) -> bool:
+        """The next task takes the partition: True unless its write has begun (then wait
+        for it with `result`)."""
+        with self.lock:
+            if self.pending is None:
+                self.taken = True
+                self.timer.cancel()
+            return self.taken
+
+    def write(self) -> None:
+        """Begin the write, unless it has begun or the partition was taken."""
+        with self.lock:
+            if not self.taken and self.pending is None:
+                self.timer.cancel()
+                self.pending = self.writer.submit(*self.args)
+
+    def done(self) -> bool:
+        return self.taken or (self.pending is not None and self.pending.done())
+
+    def result(self) -> None:
+        self.write()
+        if self.pending is not None:
+            self.pending.result()
+
+
 def holdable(source: Source) -> bool:
     """Whether a worker may hold a partition under `source`: a swap file's lease (unique),
     a checkpoint version's file or a seeded start, but no source that names arrays."""
@@ -279,7 +346,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
                known: Optional[KnownRows] = None,
                copies: Optional[PartitionCopies] = None,
                read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
-               write_order: Sequence[int] = ()) -> Tuple[Any, ...]:
+               write_order: Sequence[int] = (),
+               hand_over: Collection[PartitionKey] = ()) -> Tuple[Any, ...]:
     """The pure part of the task. `partitions`: per key its (embeddings, sums), or the
     SwapFile to read them from and write them to (disk placement). Returns (stats,
     params delta, one result per key): the new (embeddings, sums), their change where
@@ -289,7 +357,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     partitions are trained in (and holds those written to swap files, see
     PartitionCopies); `read_ahead` the partitions of the trainer's next bucket that it
     reads while this one trains; `write_order` the partition indices to write first (the
-    next bucket's: its task waits for them)."""
+    next bucket's: its task waits for them); `hand_over` those held unwritten for the
+    trainer's next task, which follows this one and trains them too (see HandOver)."""
     from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 
     t_start = time.perf_counter()
@@ -335,8 +404,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     swapped = [(key, p) for key, p in zip(keys, partitions) if isinstance(p, SwapFile)]
     metadata = checkpoint_metadata(config, iteration, num_chunks) if swapped else {}
     first = {part: i for i, part in enumerate(write_order)}
-    for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))):
-        copies.write_behind(config, key, p, arrays[key], metadata)
+    writes = sum(copies.write_behind(config, key, p, arrays[key], metadata, key in hand_over)
+                 for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))))
     for key, is_delta, p in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
         if isinstance(p, SwapFile):
@@ -350,7 +419,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     stats["timing"] = {"total_s": t_end - t_start, "kernel_s": t_trained - t_ready,
                        "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained)}
     if swapped:
-        stats["partition_io"] = {"reads": copies.reads - reads_before, "writes": len(swapped)}
+        stats["partition_io"] = {"reads": copies.reads - reads_before, "writes": writes}
     fault_point("train_task.before_return")
     return (stats, delta, *results)
 
@@ -381,18 +450,27 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
                       known: Optional[KnownRows] = None,
                       read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
-                      next_use: Sequence[int] = ()) -> Tuple[Any, ...]:
+                      next_use: Sequence[int] = (),
+                      previous_delta: Optional[ModelParams] = None,
+                      hand_over: Collection[PartitionKey] = ()) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
     SwapFile (disk placement) comes as itself. Disk placement: `read_ahead` the next
     bucket's partitions this one lacks; `next_use` the partition indices the trainer's
     next buckets need, in the order they first need them (the worker keeps
-    ray.partition_buffer partitions by it, see PartitionCopies)."""
+    ray.partition_buffer partitions by it, see PartitionCopies). `previous_delta`: the
+    params delta of the trainer's previous bucket, submitted before it (this task then
+    starts once that one has succeeded): `params` lack it, as that update was not sent yet.
+    `hand_over`: the partitions held for the trainer's next task instead of written."""
     import torch
 
     num_threads = max(1, int(config.ray.cpus_per_trainer))
     torch.set_num_threads(num_threads)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     start = time.time()
+    if previous_delta is not None:
+        params = ModelParams(
+            {k: v + previous_delta.arrays[k] for k, v in params.arrays.items()},
+            {k: v + previous_delta.sums[k] for k, v in params.sums.items()})
     leases = {key: p.source for key, p in zip(keys, partitions) if isinstance(p, SwapFile)}
     held = {key[1] for key, _ in _COPIES.held}
     _COPIES.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
@@ -400,7 +478,8 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), deltas,
                                  num_threads, device, known, copies=_COPIES,
-                                 read_ahead=read_ahead, write_order=next_use)
+                                 read_ahead=read_ahead, write_order=next_use,
+                                 hand_over=hand_over)
     stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                        "start": start, "end": time.time()}
     return (stats, *results)

@@ -197,10 +197,10 @@ class BucketScheduler:
     an uninterrupted one would have. `buffer`: partitions a trainer holds (the `beta`
     order's).
 
-    A trainer may take its next bucket while it still trains the current one (`acquire`
-    with `after`), so that the partitions it lacks are read while it trains: the two
-    then share partitions, which is safe because the driver starts the next one only
-    once the current one's update is sent.
+    A trainer may take its next bucket while it still holds the current ones (`acquire`
+    with `after`), so that the partitions it lacks are read while they train: they then
+    share partitions, which is safe because each of them starts only once the one before
+    it has ended, reading what that one wrote.
     """
 
     def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, *,
@@ -225,19 +225,19 @@ class BucketScheduler:
         self.done = []
         return list(self.pending)
 
-    def _locked(self, after: Optional[Bucket]) -> Set[int]:
+    def _locked(self, after: Collection[Bucket]) -> Set[int]:
         locked: Set[int] = set()
-        for b in self.active - {after}:
+        for b in self.active - set(after):
             if self.lock_lhs:
                 locked.add(b.lhs)
             if self.lock_rhs:
                 locked.add(b.rhs)
         return locked
 
-    def acquire(self, after: Optional[Bucket] = None) -> Optional[Bucket]:
+    def acquire(self, after: Collection[Bucket] = ()) -> Optional[Bucket]:
         """The first pending bucket whose partitions are free, or None (either
-        none is free now, or the pass is over: see `pass_done`). `after`: a held
-        bucket of the same trainer, to be trained before the one returned; its
+        none is free now, or the pass is over: see `pass_done`). `after`: held
+        buckets of the same trainer, to be trained before the one returned; their
         partitions count as free."""
         locked = self._locked(after)
         for i, b in enumerate(self.pending):

@@ -37,7 +37,7 @@ from pbg_ray.engine.bucket_task import (
 from pbg_ray.engine.cluster import discard
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
-from pbg_ray.engine.partitions import OnDisk, WriterDied
+from pbg_ray.engine.partitions import OnDisk, PartitionKey, SwapFile, WriterDied
 from pbg_ray.engine.scheduler import parts_by_next_use
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
@@ -69,6 +69,25 @@ def get_all(refs: List[ray.ObjectRef]) -> List[Any]:
     except BaseException:
         discard(refs)
         raise
+
+
+@dataclasses.dataclass
+class Launched:
+    """A bucket's train task in flight."""
+
+    bucket: Bucket
+    keys: List[PartitionKey]
+    deltas: List[bool]
+    refs: List[ray.ObjectRef]  # stats, params delta, one result per key
+    leases: List[Any]  # per key: the SwapFile it reads and writes, or the ref of its values
+    following: Optional[Bucket]  # the trainer's next bucket, taken with this one
+    followed: bool  # whether the following bucket's task is submitted behind this one
+    t_start: float  # where its bucket_wall_s begins
+    # The following bucket's task, submitted to start once this one has succeeded.
+    successor: Optional["Launched"] = None
+
+    def result(self, key: PartitionKey) -> ray.ObjectRef:
+        return self.refs[2 + self.keys.index(key)]
 
 
 @dataclasses.dataclass
@@ -282,12 +301,15 @@ class Trainer:
         edge_path = config.edge_paths[path_idx]
         plan = ray.get(self.scheduler.new_pass.remote(iteration))
         # Disk placement: a trainer takes its next bucket when it starts one, and reads
-        # the partitions it lacks while the current one trains (see PartitionCopies).
+        # the partitions it lacks while the current one trains (see PartitionCopies); the
+        # next bucket's task is submitted then too, to start on the same worker the moment
+        # the current one ends (see follow).
         read_ahead = config.ray.placement == "disk" and config.num_partitions() > 1
         launched: set = set()
         following_ones: List[Bucket] = []  # taken next buckets whose trainer is free
-        running: Dict[ray.ObjectRef, Tuple[Bucket, List, List, List[bool], float,
-                                           Optional[Bucket]]] = {}
+        running: Dict[ray.ObjectRef, Launched] = {}  # by stats ref; successors not listed
+        # The newest task in flight training each partition, until its update is sent.
+        self.in_flight: Dict[PartitionKey, Launched] = {}
         pass_stats: List[Dict[str, Any]] = []
         max_trainers = self.max_trainers()
         num_buckets = self.nparts_lhs * self.nparts_rhs
@@ -301,6 +323,24 @@ class Trainer:
         attempts: Dict[Bucket, int] = {}
         applying: List[ray.ObjectRef] = []  # updates sent to the actors
         io: Dict[str, int] = {}  # disk placement: partition reads and writes of the pass
+
+        def launch(bucket: Bucket, previous: Optional[Launched] = None) -> Launched:
+            launched.add(bucket)
+            keys = partition_keys(config, bucket)
+            deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
+            return self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration, plan,
+                                launched, read_ahead, previous)
+
+        def follow(task: Launched) -> None:
+            """Submit the task of `task`'s following bucket now, behind it (see _launch)."""
+            if task.followed:
+                task.successor = launch(task.following, previous=task)
+
+        def sent(task: Launched) -> None:
+            for key in task.keys:
+                if self.in_flight.get(key) is task:
+                    del self.in_flight[key]
+
         try:
             while True:
                 if applying:
@@ -315,20 +355,20 @@ class Trainer:
                         ray.get(self.scheduler.release.remote(bucket))
                         bar.update(1)
                         continue
-                    t_launch = time.perf_counter()
-                    launched.add(bucket)
-                    keys = partition_keys(config, bucket)
-                    deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
-                    refs, following = self._launch(bucket, keys, deltas, edge_path, chunk_idx,
-                                                   iteration, plan, launched, read_ahead)
-                    running[refs[0]] = (bucket, keys, refs, deltas, t_launch, following)
+                    task = launch(bucket)
+                    running[task.refs[0]] = task
+                    follow(task)
                 if not running:
                     if ray.get(self.scheduler.pass_done.remote()):
                         get_all(applying)
                         break
                     raise RuntimeError("bucket scheduler handed out nothing while no bucket is held")
                 (ready,), _ = ray.wait(list(running), num_returns=1)
-                bucket, keys, refs, deltas, t_launch, following = running.pop(ready)
+                task = running.pop(ready)
+                successor = task.successor
+                if successor is not None:  # it runs now, or fails with this one
+                    running[successor.refs[0]] = successor
+                bucket, keys, refs, deltas = task.bucket, task.keys, task.refs, task.deltas
                 try:
                     stats = ray.get(ready)
                 except RayTaskError as err:
@@ -344,10 +384,20 @@ class Trainer:
                                            f"times in epoch {epoch_idx}; giving up") from err
                     logger.warning("trainer of bucket %s died (%s); handing it out again",
                                    bucket, type(err).__name__)
-                    if following is not None:  # after the bucket it was to follow
-                        ray.get(self.scheduler.fail.remote(following))
-                    ray.get(self.scheduler.fail.remote(bucket))
-                    launched.discard(bucket)
+                    # Its successor, whose task fails with it, and the buckets taken after
+                    # it go back too, in order.
+                    chain = [task]
+                    if successor is not None:
+                        del running[successor.refs[0]]
+                        ray.cancel(successor.refs[0])
+                        discard(successor.refs)
+                        chain.append(successor)
+                    for failed in reversed([t.bucket for t in chain] + [
+                            b for b in [chain[-1].following] if b is not None]):
+                        ray.get(self.scheduler.fail.remote(failed))
+                    for failed_task in chain:
+                        sent(failed_task)
+                        launched.discard(failed_task.bucket)
                     continue
                 loss = stats["stats"]["metrics"].get("loss", 0.0)
                 if not np.isfinite(loss):  # stop before the update is applied anywhere
@@ -365,10 +415,16 @@ class Trainer:
                              for k, r, d in zip(keys, result_refs, deltas)]
                 applying += [self.params.apply_delta.remote(delta_ref),
                              self.scheduler.release.remote(bucket)]
-                if following is not None:
-                    following_ones.append(following)
+                sent(task)
+                if successor is None and task.following is not None:
+                    following_ones.append(task.following)
                 fault_point("driver.after_apply")
-                stats["timing"]["bucket_wall_s"] = time.perf_counter() - t_launch
+                t_done = time.perf_counter()
+                stats["timing"]["bucket_wall_s"] = t_done - task.t_start
+                if successor is not None:
+                    # The trainer's time from here on is its successor's.
+                    successor.t_start = max(successor.t_start, t_done)
+                    follow(successor)
                 pass_sums = add_stats(pass_sums, stats["stats"])
                 # training_stats.json holds per-edge means, as PBG writes them.
                 for key in STATS_KEYS.intersection(stats):
@@ -391,9 +447,11 @@ class Trainer:
         except BaseException:
             # Nothing of this pass may go on behind the error: a task in flight could
             # still write its swap files after the caller removed the pass's leftovers.
-            for ref in running:
-                ray.cancel(ref, force=True)
-            discard([ref for _, _, refs, *_ in running.values() for ref in refs])
+            in_flight = [t for task in running.values() for t in (task, task.successor)
+                         if t is not None]
+            for task in in_flight:
+                ray.cancel(task.refs[0], force=True)
+            discard([ref for task in in_flight for ref in task.refs])
             raise
         bar.close()
         io_text = (f", {io['reads']} partition reads, {io['writes']} writes" if io else "")
@@ -404,33 +462,62 @@ class Trainer:
             logger.info("%s:%s", desc, io_text[1:])
         return pass_stats
 
-    def _launch(self, bucket: Bucket, keys: List[Tuple[str, int]], deltas: List[bool],
+    def _launch(self, bucket: Bucket, keys: List[PartitionKey], deltas: List[bool],
                 edge_path: str, chunk_idx: int, iteration: int, plan: List[Bucket],
-                launched: set, read_ahead: bool) -> Tuple[List[ray.ObjectRef], Optional[Bucket]]:
-        """Start the train task of `bucket`: ([stats, params delta, one result per key],
-        the trainer's next bucket). With `read_ahead` (disk placement) the trainer takes
-        its next bucket now, the task reads its partitions that it lacks, and its worker
-        keeps its buffer by the partitions the buckets after it need."""
+                launched: set, read_ahead: bool, previous: Optional[Launched] = None
+                ) -> Launched:
+        """Start the train task of `bucket`. With `read_ahead` (disk placement) the trainer
+        takes its next bucket now, the task reads its partitions that it lacks, and its
+        worker keeps its buffer by the partitions the buckets after it need. `previous`:
+        the trainer's bucket in flight that this one follows (its task is submitted to
+        start once that one has succeeded, on the same worker as Ray reuses it): the
+        partitions and parameters are then what the tasks in flight leave behind them, and
+        the partitions both train pass from one to the other in the worker's buffer
+        (bucket_task.HandOver)."""
         config = self.config
+        t_start = time.perf_counter()
+        # What each task in flight before this one leaves a partition as (in_flight):
+        # the SwapFile it writes, or the ref of its result.
+        behind = {k: self.in_flight[k] for k in keys if previous is not None and k in self.in_flight}
+        before = {k: task.leases[task.keys.index(k)] for k, task in behind.items()}
         # An object-store ref each, or in disk placement the SwapFile the task reads and
         # writes; asked for while the scheduler picks the next bucket.
-        lease_refs = [self.store_of[k].lease.remote(k) for k in keys]
-        following = ray.get(self.scheduler.acquire.remote(bucket)) if read_ahead else None
+        lease_refs = {k: self.store_of[k].lease.remote(k, before.get(k)) for k in keys
+                      if k not in before or isinstance(before[k], SwapFile)}
+        held = [previous.bucket, bucket] if previous is not None else [bucket]
+        following = ray.get(self.scheduler.acquire.remote(held)) if read_ahead else None
+        # The following bucket's task is submitted behind this one when no partition of
+        # this one comes back as a delta (it takes this one's results as they are) and it
+        # has edges to train; this task then holds the partitions they share for it.
+        followed = (following is not None and not any(deltas)
+                    and self.edge_counts[edge_path][following] > 0)
+        hand_over = ([k for k in partition_keys(config, following) if k in keys]
+                     if followed else [])
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
         # Where the partitions to read ahead are (None: not on disk).
-        replies = ray.get(lease_refs + [self.store_of[k].source.remote(k) for k in ahead])
-        leases = [lease[0] if isinstance(lease, list) else lease for lease in replies[:len(keys)]]
-        read_ahead_parts = [(k, OnDisk(source)) for k, source in zip(ahead, replies[len(keys):])
-                            if source is not None]
+        written = {k: self.in_flight[k].leases[self.in_flight[k].keys.index(k)].written
+                   for k in ahead if k in self.in_flight}
+        source_refs = {k: self.store_of[k].source.remote(k) for k in ahead if k not in written}
+        replies = dict(zip([*lease_refs, *source_refs],
+                           ray.get([*lease_refs.values(), *source_refs.values()])))
+        leases = [behind[k].result(k) if k not in lease_refs
+                  else replies[k][0] if isinstance(replies[k], list) else replies[k]
+                  for k in keys]
+        read_ahead_parts = [(k, OnDisk(written[k] if k in written else replies[k])) for k in ahead
+                            if k in written or replies[k] is not None]
         next_use = self._next_use(plan, launched, following) if read_ahead else []
         refs = train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
         ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
-                 known=self.known, read_ahead=read_ahead_parts, next_use=next_use)
-        return refs, following
+                 known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
+                 previous_delta=previous.refs[1] if previous is not None else None,
+                 hand_over=hand_over)
+        task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
+        self.in_flight.update((k, task) for k in keys)
+        return task
 
     @staticmethod
     def _next_use(plan: List[Bucket], launched: set, following: Optional[Bucket]) -> List[int]:

@@ -1,17 +1,19 @@
 """A bucket's train task: held-out edges, partition keys, the warm-up task, the worker's
-partition copies (reused buffers, read-ahead, write-behind and its markers) and what it
+partition copies (reused buffers, read-ahead, write-behind and its markers, hand-over) and what it
 returns through the object store."""
 
 import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import ray.cloudpickle
 
 from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
+from pbg_ray.engine import bucket_task
 from pbg_ray.engine.bucket_task import (
     PartitionCopies, partition_keys, run_bucket, split_held_out, start_trainer_worker, writable)
 from pbg_ray.engine.partitions import (
@@ -130,6 +132,42 @@ def test_partition_copies_keep_written_partitions_and_read_the_next_ones_ahead(
     np.testing.assert_array_equal(load_partition(config, user0, second.written)[0], trained[0])
     copies.next_task(keep=False)  # nothing is kept
     assert not copies.held and not copies.used and not copies.free
+
+
+def test_a_partition_handed_over_to_the_next_task_is_written_only_if_it_is_not_taken(
+        make_config, tmp_path, monkeypatch):
+    """A partition the trainer's next task trains too is held for it unwritten (its
+    marker says pending): taken by that task, it is never written; when the worker's next
+    task is another one, it is written then; with no next task, after HAND_OVER_WAIT_S."""
+    monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 0.05)
+    config = make_config()
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    copies = PartitionCopies()
+    user0 = ("user", 0)
+    first = SwapFile(("random", 40, 0), str(storage.swap_file("t", 0)), "lease-1")
+    trained = copies.load(config, user0, first)
+    trained[0][:] += 1
+    assert not copies.write_behind(config, user0, first, trained, {}, hand_over=True)
+    assert written_marker(first.staged).read_text().startswith("lease-1\npending ")
+    # Taken by the task it was held for: trained on in place, never written.
+    second = SwapFile(first.written, str(storage.swap_file("t", 1)), "lease-2")
+    copies.next_task(keep=True, parts={0}, leases={user0: second.source})
+    again = copies.load(config, user0, second)
+    assert again[0] is trained[0]
+    time.sleep(0.2)
+    assert written_marker(first.staged).read_text().startswith("lease-1\npending ")
+    # The worker's next task is another one: written when it starts.
+    again[0][:] += 1
+    assert not copies.write_behind(config, user0, second, again, {}, hand_over=True)
+    copies.next_task(keep=True, parts={0}, leases={})
+    np.testing.assert_array_equal(load_partition(config, user0, second.written)[0], again[0])
+    # No next task: written after HAND_OVER_WAIT_S.
+    third = SwapFile(second.written, str(storage.swap_file("t", 2)), "lease-3")
+    last = copies.load(config, user0, third)
+    assert not copies.write_behind(config, user0, third, last, {}, hand_over=True)
+    np.testing.assert_array_equal(load_partition(config, user0, third.written)[0], last[0])
+    copies.next_task(keep=False)
 
 
 def test_a_reader_of_a_swap_file_waits_for_its_write_or_learns_it_never_ends(tmp_path):

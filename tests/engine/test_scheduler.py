@@ -118,10 +118,22 @@ def test_a_trainer_takes_its_next_bucket_while_training_the_current_one():
     scheduler = BucketScheduler(4, 4, "beta", seed=0, buffer=2)
     order = scheduler.new_pass(0)
     current = scheduler.acquire()
-    following = scheduler.acquire(after=current)
+    following = scheduler.acquire(after=[current])
     assert (current, following) == (order[0], order[1])
     assert set(current) & set(following)  # consecutive buckets of beta share a partition
     other = scheduler.acquire()  # another trainer: nothing that shares a held partition
     assert other is None or not set(other) & (set(current) | set(following))
     scheduler.release(current)
-    assert scheduler.acquire(after=following) == next(b for b in order[2:] if b != other)
+    assert scheduler.acquire(after=[following]) == next(b for b in order[2:] if b != other)
+
+
+def test_a_trainer_takes_a_bucket_after_two_it_holds():
+    """A trainer with a bucket training and the next one submitted takes the one after
+    both: in beta's order it shares partitions with each."""
+    scheduler = BucketScheduler(4, 4, "beta", seed=0, buffer=2)
+    order = scheduler.new_pass(0)
+    first = scheduler.acquire()
+    second = scheduler.acquire(after=[first])
+    third = scheduler.acquire(after=[first, second])
+    assert [first, second, third] == order[:3]
+    assert set(third) & set(first) and set(third) & set(second)

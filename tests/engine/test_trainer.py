@@ -3,6 +3,8 @@
 import gc
 import json
 import random
+import threading
+import time
 
 import h5py
 import numpy as np
@@ -14,7 +16,8 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.scheduler import bucket_order, partition_reads, reads_lower_bound
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
-from tests.fault_injection import armed, checkpoint_arrays, edges_lost_or_doubled
+from tests.fault_injection import (
+    FAULTS_DIR, armed, checkpoint_arrays, edges_lost_or_doubled, fired, release)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 
@@ -91,7 +94,8 @@ def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
     """Disk placement with bucket_order=beta: every bucket line counts its partition reads
     and writes; a pass trained by one worker reads exactly what the scheduler's
     simulation of its buffer says (read-ahead and kept partitions included), and never
-    fewer than BETA's lower bound."""
+    fewer than BETA's lower bound; a bucket writes only the partitions its trainer's next
+    bucket does not train."""
     config = small_config(
         tmp_path, entities={"user": {"num_partitions": 4}},
         relations=[{"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}],
@@ -102,13 +106,17 @@ def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
     assert result.version == 2
     assert_valid_checkpoint(config, 2)
     lines = [json.loads(l) for l in open(tmp_path / "checkpoints" / "training_stats.json")]
-    assert all(l["partition_io"]["writes"] == len({l["lhs_partition"], l["rhs_partition"]})
-               for l in lines)
     for iteration in range(2):
         buckets = [l for l in lines if l["epoch_idx"] == iteration]
         reads = sum(l["partition_io"]["reads"] for l in buckets)
         plan = bucket_order("beta", 4, 4, random.Random(f"{config.seed}/{iteration}"), 3)
         assert [(l["lhs_partition"], l["rhs_partition"]) for l in buckets] == [tuple(b) for b in plan]
+        # A bucket writes the partitions that the next one does not train; those it does
+        # pass to it unwritten, in the worker's buffer.
+        parts = [{l["lhs_partition"], l["rhs_partition"]} for l in buckets]
+        assert [l["partition_io"]["writes"] for l in buckets] == [
+            len(own - following) for own, following in zip(parts, parts[1:] + [set()])]
+        assert sum(l["partition_io"]["writes"] for l in buckets) < sum(map(len, parts))
         assert reads >= reads_lower_bound(4, 3)
         if len({l["worker"]["pid"] for l in buckets}) == 1:
             assert reads == partition_reads(plan, 3)
@@ -191,6 +199,38 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path, monkeypatch
         assert expected.keys() == got.keys()
         for name in expected:
             np.testing.assert_array_equal(got[name], expected[name], err_msg=f"{point}: {name}")
+
+
+@pytest.mark.faults
+def test_a_trainers_next_task_starts_before_the_driver_takes_the_current_results(
+        ray_session, tmp_path):
+    """Disk placement: the next bucket's task is submitted while the current one trains,
+    behind it, so it starts as the current one ends, before the driver has looked at the
+    current one's results: with the driver held where it takes the first bucket's results
+    (driver.before_apply), the second bucket's task reaches train_task.after_read (armed
+    to count its hits, never to fire). The pass then trains every bucket once."""
+    config = small_config(tmp_path, num_epochs=1, ray={"placement": "disk", "num_trainers": 1})
+    write_random_graph(config, num_edges=400)
+    second_read = FAULTS_DIR / "train_task.after_read.hit-2"
+    seen = []
+
+    def release_when_the_second_task_has_read() -> None:
+        while not fired("driver.before_apply"):
+            time.sleep(0.01)
+        deadline = time.monotonic() + 120  # a hang guard: without the overlap it never comes
+        while not second_read.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(second_read.exists())
+        release("driver.before_apply")
+
+    with armed("driver.before_apply", action="hold"), armed("train_task.after_read", 10**6):
+        thread = threading.Thread(target=release_when_the_second_task_has_read, daemon=True)
+        thread.start()
+        result = Trainer(config).run()
+        thread.join()
+    assert seen == [True]
+    assert result.version == 1
+    assert edges_lost_or_doubled(config) == 0
 
 
 def test_second_run_on_the_same_checkpoint_path_is_refused(ray_session, tmp_path):
