@@ -140,12 +140,13 @@ class ConfigSchema:
         "PBG's count of Hogwild processes; accepted and ignored, with a warning: each train "
         "task runs int(ray.cpus_per_trainer) Hogwild threads, ray.num_trainers tasks at once.")
     hogwild_delay: float = option(2.0, help=
-        "PBG's warm-up, in seconds: in the first epoch each bucket's first Hogwild thread "
-        "trains alone this long before the task's other threads join (at once if the bucket's "
-        "batches run out sooner), as PBG's Hogwild processes other than the first wait this "
-        "long. The first, largest updates of the shared parameters (relation operators, "
-        "global embeddings) then come without races. Matters with ray.cpus_per_trainer of 2 "
-        "or more; 0: no warm-up.")
+        "PBG's warm-up, in seconds: the first Hogwild thread of a bucket trains alone this "
+        "long before the task's other threads join (at once if the bucket's batches run out "
+        "sooner), so that the first, largest Adagrad updates of its partitions and of the "
+        "shared parameters (relation operators, global embeddings) come without races. "
+        "pbg_ray warms up the buckets of the first epoch that train a partition no bucket "
+        "has trained yet (at most one per partition); PBG warms up every bucket of its first "
+        "epoch. Matters with ray.cpus_per_trainer of 2 or more; 0: no warm-up.")
     seed: int = option(0, help=
         "pbg_ray extension: the seed of training: new embeddings, the shuffle of each "
         "bucket's edges into batches, the negatives, the held-out edges (eval_fraction) and "

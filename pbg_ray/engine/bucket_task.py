@@ -19,7 +19,8 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (
+    Any, Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple, Union)
 
 import numpy as np
 import ray
@@ -82,9 +83,57 @@ def task_seed(config: ConfigSchema, iteration: int, bucket: Bucket) -> int:
     return int(sequence.generate_state(1, np.uint64)[0])
 
 
-def warmup_seconds(config: ConfigSchema, iteration: int, num_chunks: int) -> float:
-    """hogwild_delay in the passes of the first epoch, 0 later."""
-    return config.hogwild_delay if iteration < len(config.edge_paths) * num_chunks else 0.0
+class HogwildWarmUp:
+    """Which buckets get PBG's Hogwild warm-up (hogwild_delay: the task's first thread
+    trains alone up to that long before its other threads join, see model.kernel.BatchQueue).
+
+    The rule: a bucket of the first epoch is warmed up when it trains a partition that no
+    bucket has trained yet since the run's actors loaded the partitions; every other
+    bucket trains on all its threads at once.
+
+    Why: PBG's docs give the warm-up's purpose: "Optimization is further stabilized by
+    performing a short period of training with a single thread before beginning Hogwild!
+    training". It burns in the Adagrad state: each element of a sum only grows, so while
+    the sums are still zero the first updates are the largest, and once they are not,
+    asynchronous updates are stable. A bucket whose partitions have all been trained has
+    sums burnt in, and so have the shared parameters (relation operators, global
+    embeddings), which every bucket trains. PBG itself warms up every bucket of epoch 0,
+    so a one-epoch run of n partitions of one entity type waits at its n * n buckets, where
+    this waits at n of them at most.
+
+    A partition counts as trained once the update of a bucket holding it has been sent to
+    the actors (`trained`), and for a task submitted behind its trainer's bucket in flight
+    (disk placement, see Trainer._launch) once that bucket is trained (`before`). Buckets
+    trained at the same time share no partitioned entity type's partition (the
+    scheduler's locks), so a bucket that brings no new partition starts after those that
+    trained its partitions; a bucket whose trainer died brought nothing in, and is warmed
+    up when it goes out again.
+
+    Resumed and incremental runs: the set of trained partitions starts empty whenever the
+    actors load the partitions (the run's start, and the restart after an actor died), so
+    a run resumed within its first epoch warms up each partition's first bucket once more
+    (its partitions come from a checkpoint with their sums burnt in: the wait is all it
+    costs), one resumed after its first epoch warms up nothing, and an init_path run
+    warms up each partition's first bucket (a grown partition's new rows start with zero
+    sums)."""
+
+    def __init__(self, config: ConfigSchema, num_chunks: int) -> None:
+        self.hogwild_delay = config.hogwild_delay
+        self.first_epoch_passes = len(config.edge_paths) * num_chunks
+        self.trained_partitions: Set[PartitionKey] = set()
+
+    def seconds(self, iteration: int, keys: Collection[PartitionKey],
+                before: Collection[PartitionKey] = ()) -> float:
+        """The warm-up of a bucket of partitions `keys` in pass `iteration`; `before`: the
+        partitions of the bucket in flight whose task this one's starts behind."""
+        if iteration < self.first_epoch_passes and not self.trained_partitions.union(
+                before).issuperset(keys):
+            return self.hogwild_delay
+        return 0.0
+
+    def trained(self, keys: Collection[PartitionKey]) -> None:
+        """The update of a bucket of partitions `keys` was sent to the actors."""
+        self.trained_partitions.update(keys)
 
 
 def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[EdgeList, EdgeList]:
@@ -343,7 +392,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
                params: ModelParams,
                partitions: List[Union[Tuple[np.ndarray, np.ndarray], SwapFile]],
                deltas: List[bool], num_threads: int, device: str,
-               known: Optional[KnownRows] = None,
+               known: Optional[KnownRows] = None, warmup_s: float = 0.0,
                copies: Optional[PartitionCopies] = None,
                read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
                write_order: Sequence[int] = (),
@@ -353,7 +402,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     params delta, one result per key): the new (embeddings, sums), their change where
     `deltas` says so (partitions other buckets train at the same time), or the SwapFile,
     whose write may still go on (see PartitionCopies). `known`: what init_path trained
-    (incremental runs), trained at its own learning rate. `copies` gives the arrays the
+    (incremental runs), trained at its own learning rate. `warmup_s`: the Hogwild
+    warm-up (HogwildWarmUp) the driver decided for the bucket. `copies` gives the arrays the
     partitions are trained in (and holds those written to swap files, see
     PartitionCopies); `read_ahead` the partitions of the trainer's next bucket that it
     reads while this one trains; `write_order` the partition indices to write first (the
@@ -393,7 +443,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
                                                      seed=seed)
     train_stats = train_bucket(config, bucket, train_edges, arrays, local,
                                num_threads=num_threads, device=device, seed=seed,
-                               warmup_s=warmup_seconds(config, iteration, num_chunks),
+                               warmup_s=warmup_s,
                                known=known)
     if len(held_out):
         stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local,
@@ -417,7 +467,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     t_end = time.perf_counter()
     stats["stats"] = {"count": train_stats["count"], "metrics": train_stats["metrics"]}
     stats["timing"] = {"total_s": t_end - t_start, "kernel_s": t_trained - t_ready,
-                       "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained)}
+                       "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained),
+                       "warmup_s": warmup_s}
     if swapped:
         stats["partition_io"] = {"reads": copies.reads - reads_before, "writes": writes}
     fault_point("train_task.before_return")
@@ -448,13 +499,14 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
                       *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
-                      known: Optional[KnownRows] = None,
+                      known: Optional[KnownRows] = None, warmup_s: float = 0.0,
                       read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
                       next_use: Sequence[int] = (),
                       previous_delta: Optional[ModelParams] = None,
                       hand_over: Collection[PartitionKey] = ()) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
-    SwapFile (disk placement) comes as itself. Disk placement: `read_ahead` the next
+    SwapFile (disk placement) comes as itself. `warmup_s`: the bucket's Hogwild warm-up
+    (HogwildWarmUp). Disk placement: `read_ahead` the next
     bucket's partitions this one lacks; `next_use` the partition indices the trainer's
     next buckets need, in the order they first need them (the worker keeps
     ray.partition_buffer partitions by it, see PartitionCopies). `previous_delta`: the
@@ -477,7 +529,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
         held, {key[1] for key in leases}, next_use, config.ray.partition_buffer))
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), deltas,
-                                 num_threads, device, known, copies=_COPIES,
+                                 num_threads, device, known, warmup_s, copies=_COPIES,
                                  read_ahead=read_ahead, write_order=next_use,
                                  hand_over=hand_over)
     stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),

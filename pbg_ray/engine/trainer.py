@@ -33,7 +33,7 @@ from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
-    gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
+    HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.cluster import discard
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
@@ -126,6 +126,8 @@ class Trainer:
         self.stores: List[Any] = []
         self.params: Optional[Any] = None
         self.scheduler: Optional[Any] = None
+        # Which buckets are warmed up: by the partitions trained since the actors loaded them.
+        self.warm_up = HogwildWarmUp(config, self.num_chunks)
         self.actor_restarts = 0
 
     # --- where the first values come from --------------------------------
@@ -170,6 +172,7 @@ class Trainer:
         if self.scheduler is not None:  # started, and none has died since
             return
         sources, model_source = self._sources()
+        self.warm_up = HogwildWarmUp(self.config, self.num_chunks)  # the partitions load anew
         keys = sorted(sources)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         num_stores = self.config.ray.num_partition_stores or min(len(keys), max(1, len(nodes)))
@@ -416,6 +419,7 @@ class Trainer:
                 applying += [self.params.apply_delta.remote(delta_ref),
                              self.scheduler.release.remote(bucket)]
                 sent(task)
+                self.warm_up.trained(keys)
                 if successor is None and task.following is not None:
                     following_ones.append(task.following)
                 fault_point("driver.after_apply")
@@ -514,7 +518,8 @@ class Trainer:
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
                  previous_delta=previous.refs[1] if previous is not None else None,
-                 hand_over=hand_over)
+                 hand_over=hand_over, warmup_s=self.warm_up.seconds(
+                     iteration, keys, before=previous.keys if previous is not None else ()))
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
         self.in_flight.update((k, task) for k in keys)
         return task

@@ -170,7 +170,8 @@ class BatchQueue:
     The warm-up is PBG's hogwild_delay: PBG's Hogwild processes other than the first
     sleep that many seconds at each bucket of the first epoch, so the first one trains
     alone meanwhile. Here the other threads wait up to `warmup_s` seconds before their
-    first batch, and join at once when the batches run out sooner."""
+    first batch, and join at once when the batches run out sooner; the driver decides
+    which buckets have one (engine.bucket_task.HogwildWarmUp)."""
 
     def __init__(self, count: int, warmup_s: float = 0.0) -> None:
         self.count = count
@@ -236,7 +237,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     `seed` (a non-negative int below 2**64) decides the shuffle of the edges into batches
     and every batch's uniform negatives (batch i draws from seed + 1 + i), whichever
     thread trains it. With `warmup_s` the first thread trains alone for that long before
-    the others join (BatchQueue), as in PBG's first epoch.
+    the others join (BatchQueue), as PBG's first Hogwild process does in the first epoch.
 
     Returns PBG's stats layout, metrics summed over batches:
     {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.

@@ -1,5 +1,5 @@
 """The `seed` key: one train task of one thread writes the same checkpoint on every run,
-and the seed decides it; each bucket's draws and warm-up follow the pass."""
+and the seed decides it; each bucket's draws follow the pass."""
 
 from pathlib import Path
 from typing import Dict
@@ -9,7 +9,7 @@ import numpy as np
 
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.bucket_task import task_seed, warmup_seconds
+from pbg_ray.engine.bucket_task import task_seed
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.types import Bucket
 from tests.util import config_dict, write_random_graph
@@ -55,10 +55,3 @@ def test_each_pass_and_bucket_draws_from_its_own_seed(tmp_path):
     seeds = {task_seed(config, i, b) for i in range(3) for b in (Bucket(0, 1), Bucket(1, 0))}
     assert len(seeds) == 6 and task_seed(config, 2, Bucket(1, 0)) in seeds
     assert task_seed(seeded_config(tmp_path, "c", seed=6), 0, Bucket(0, 1)) not in seeds
-
-
-def test_the_warm_up_is_in_the_first_epoch_only(tmp_path):
-    config = ConfigSchema.from_dict(config_dict(
-        tmp_path, edge_paths=[str(tmp_path / "a"), str(tmp_path / "b")], hogwild_delay=1.5))
-    # Two edge paths of two chunks: the first epoch is passes 0 to 3.
-    assert [warmup_seconds(config, i, num_chunks=2) for i in range(6)] == [1.5] * 4 + [0.0] * 2
