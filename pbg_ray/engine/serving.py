@@ -222,9 +222,8 @@ def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
     serve.ingress=direct: the router replicas answer HTTP themselves (Serve's direct
     ingress), on the node of the command that started the service, on serve.port and the
     ports after it, one per router replica, not behind Serve's proxy; a replica Serve
-    replaces takes its port again at once (no
-    quarantine, which exists for load balancers in front of the replicas, and no drain
-    period before a stopped replica closes). serve.ingress=proxy: Serve's HTTP proxy
+    replaces takes its port again at once (no quarantine, which exists for load balancers
+    in front of the replicas, and no drain period before a stopped replica closes). serve.ingress=proxy: Serve's HTTP proxy
     listens on serve.port and forwards each request to a router replica."""
     if serve_config.ingress == "proxy":
         return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
@@ -388,15 +387,15 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     serve.host:serve.port. Returns the URL, the version and the index build's figures."""
     config = config.with_absolute_paths()
     connect_ray(config.ray)
-    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
-        config, config.serve.version, "serve.version")
-    built = asyncio.run(build_indexes(config, version))
     serve_config = config.serve
     if serve_config.ingress == "direct" and serve_running():
         raise PbgRayError(
             "Ray Serve already runs on this Ray cluster, and serve.ingress=direct needs a Serve "
             "started by pbg_ray (its controller assigns the router's port serve.port when it "
             "starts). Stop the other Serve (`serve shutdown -y`) or set serve.ingress=proxy.")
+    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
+        config, config.serve.version, "serve.version")
+    built = asyncio.run(build_indexes(config, version))
     env = {"env_vars": serve_env(serve_config)}
     serve.start(http_options={"host": serve_config.host, "port": proxy_port(serve_config)},
                 controller_options={"runtime_env": env})
