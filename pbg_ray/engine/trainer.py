@@ -89,6 +89,9 @@ class Launched:
     def result(self, key: PartitionKey) -> ray.ObjectRef:
         return self.refs[2 + self.keys.index(key)]
 
+    def lease(self, key: PartitionKey) -> Any:
+        return self.leases[self.keys.index(key)]
+
 
 @dataclasses.dataclass
 class TrainResult:
@@ -483,7 +486,7 @@ class Trainer:
         # What each task in flight before this one leaves a partition as (in_flight):
         # the SwapFile it writes, or the ref of its result.
         behind = {k: self.in_flight[k] for k in keys if previous is not None and k in self.in_flight}
-        before = {k: task.leases[task.keys.index(k)] for k, task in behind.items()}
+        before = {k: task.lease(k) for k, task in behind.items()}
         # An object-store ref each, or in disk placement the SwapFile the task reads and
         # writes; asked for while the scheduler picks the next bucket.
         lease_refs = {k: self.store_of[k].lease.remote(k, before.get(k)) for k in keys
@@ -500,7 +503,7 @@ class Trainer:
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
         # Where the partitions to read ahead are (None: not on disk).
-        written = {k: self.in_flight[k].leases[self.in_flight[k].keys.index(k)].written
+        written = {k: self.in_flight[k].lease(k).written
                    for k in ahead if k in self.in_flight}
         source_refs = {k: self.store_of[k].source.remote(k) for k in ahead if k not in written}
         replies = dict(zip([*lease_refs, *source_refs],
