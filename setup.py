@@ -1,9 +1,9 @@
-"""The optional C extensions pbg_ray.model._rows and _loss; all else is declared in
-pyproject.toml.
+"""The optional C extensions pbg_ray.model._rows, _loss and _operators; all else is
+declared in pyproject.toml.
 
 Optional: without a C compiler the install goes on and the CPU kernel uses torch ops
-for its row gathers and RowAdagrad steps (pbg_ray/model/rows.py) and its softmax loss
-(pbg_ray/model/losses.py).
+for its row gathers and RowAdagrad steps (pbg_ray/model/rows.py), its softmax loss
+(pbg_ray/model/losses.py) and its complex_diagonal operator (pbg_ray/model/operators.py).
 """
 
 from setuptools import Extension, setup
@@ -14,4 +14,7 @@ setup(ext_modules=[
               extra_compile_args=["-O3", "-ffp-contract=off"], optional=True),
     Extension("pbg_ray.model._loss", ["pbg_ray/model/_loss.c"],
               extra_compile_args=["-O3"], optional=True),
+    # No fused multiply-adds: the operator rounds like torch's products and sums.
+    Extension("pbg_ray.model._operators", ["pbg_ray/model/_operators.c"],
+              extra_compile_args=["-O3", "-ffp-contract=off"], optional=True),
 ])

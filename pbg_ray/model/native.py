@@ -1,6 +1,6 @@
 """The kernel's process settings, without torch (the engine starts workers with them):
 the environment a kernel process starts with, and the optional C extensions (_rows.c,
-_loss.c), each used where it is built, unless the environment variable PBG_RAY_C_KERNELS
+_loss.c, _operators.c), each used where it is built, unless the environment variable PBG_RAY_C_KERNELS
 is 0, which makes the kernel use its torch code everywhere (the same results, slower): to
 tell whether a crash or a wrong result comes from the C code. Set it where the train
 tasks' workers start (before a local Ray starts, or in the cluster's environment)."""
@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 import os
 from types import ModuleType
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 C_KERNELS_ENV = "PBG_RAY_C_KERNELS"
 # The environment a process running the kernel should start with: large score
@@ -28,3 +31,12 @@ def extension(name: str) -> Optional[ModuleType]:
         return importlib.import_module(f"pbg_ray.model.{name}")
     except ImportError:  # the optional extension was not built
         return None
+
+
+def c_ready(floats: Sequence["Tensor"], longs: Sequence["Tensor"] = ()) -> bool:
+    """Whether C loops can take these tensors by address: all of them contiguous on the
+    CPU, `floats` float32 and `longs` int64 (told by their attributes: no torch import)."""
+    return (all(t.device.type == "cpu" and t.is_contiguous() for t in (*floats, *longs))
+            and all(t.dtype.is_floating_point and t.dtype.itemsize == 4 for t in floats)
+            and all(t.dtype.is_signed and not (t.dtype.is_floating_point or t.dtype.is_complex)
+                    and t.dtype.itemsize == 8 for t in longs))

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from pbg_ray.model.native import extension
+from pbg_ray.model.native import c_ready, extension
 
 _rows = extension("_rows")
 
@@ -19,9 +19,7 @@ BUILT = _rows is not None
 def native(floats: Sequence[Tensor], longs: Sequence[Tensor]) -> bool:
     """Whether the C loops can serve these tensors: built, and all of them contiguous on the
     CPU, `floats` float32 and `longs` int64."""
-    return (BUILT and all(t.device.type == "cpu" and t.is_contiguous() for t in (*floats, *longs))
-            and all(t.dtype == torch.float32 for t in floats)
-            and all(t.dtype == torch.int64 for t in longs))
+    return BUILT and c_ready(floats, longs)
 
 
 def gather_rows(table: Tensor, ids: Tensor, out: Tensor) -> Tensor:

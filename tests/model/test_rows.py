@@ -19,14 +19,15 @@ def test_the_extension_is_built():
 
 
 def test_pbg_ray_c_kernels_0_turns_the_c_code_off():
-    probe = "from pbg_ray.model import losses, rows; print(rows.BUILT, losses._loss is None)"
+    probe = ("from pbg_ray.model import losses, operators, rows; "
+             "print(rows.BUILT, losses._loss is None, operators._operators is None)")
     used = {}
     for setting in ("0", "1"):
         env = dict(os.environ, PBG_RAY_C_KERNELS=setting)
         used[setting] = subprocess.run([sys.executable, "-c", probe], env=env, check=True,
                                        capture_output=True, text=True).stdout.split()
-    assert used["0"] == ["False", "True"]
-    assert used["1"][0] == "True"  # (_loss needs AVX-512 as well)
+    assert used["0"] == ["False", "True", "True"]
+    assert used["1"][0] == "True" and used["1"][2] == "False"  # (_loss needs AVX-512 as well)
 
 
 def step(monkeypatch, c_loop: bool, dim: int, known: int, known_scale: float):
