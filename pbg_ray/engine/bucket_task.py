@@ -14,6 +14,7 @@ applied twice.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -169,8 +170,11 @@ class PartitionCopies:
     this one does not hold are read ahead, by another thread, while this bucket trains.
 
     A partition that the trainer's next bucket trains too, whose task is submitted to
-    follow this one (see HandOver), is not written: it is held for that task, which
-    trains it on where this one left it."""
+    follow this one, is not written: it is held for that task, which trains it on where
+    this one left it (see HandOver). With one trainer, so are the others its buffer keeps
+    for its next buckets (write-back): each is written once the buffer drops it, or
+    when the trainer's pass ends, or HAND_OVER_WAIT_S after its task if no task of
+    this worker took it by then."""
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
@@ -184,6 +188,8 @@ class PartitionCopies:
         # (write, ndim, buffer) of partitions no longer held, whose writes may go on
         self.retiring: List[Tuple[Future, int, np.ndarray]] = []
         self.reads = 0  # partitions read from files, by tasks and ahead of them
+        self.writes = 0  # partitions written to swap files (begun), by tasks and behind them
+        self.reported = (0, 0)  # reads and writes counted in tasks' stats
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Ray ships a remote function by value with the globals it names: each worker
@@ -253,15 +259,16 @@ class PartitionCopies:
         file's marker says when it is done), at once on object storage; then hold it.
         With `hand_over` (the trainer's next task trains it too) a local one is held for
         that task instead, unwritten (see HandOver). Returns whether it is written."""
+        begin = functools.partial(self._write_behind, config, lease, partition, metadata)
         if hand_over and self.keep and writes_behind(lease.staged):
             lease.begin_write()
-            self.held[key, lease.written] = (partition, HandOver(
-                self.writer, _write_behind, config, lease, partition, metadata))
+            self.held[key, lease.written] = (partition, HandOver(begin))
             return False
         if writes_behind(lease.staged):
             lease.begin_write()
-            pending = self.writer.submit(_write_behind, config, lease, partition, metadata)
+            pending = begin()
         else:
+            self.writes += 1
             lease.write(config, *partition, metadata)
             pending = None
         if self.keep:
@@ -269,6 +276,25 @@ class PartitionCopies:
         elif pending is not None:
             pending.result()
         return True
+
+    def _write_behind(self, config: ConfigSchema, lease: "SwapFile",
+                      partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
+                      ) -> Future:
+        """Begin writing `partition` to its local swap file on the writer thread."""
+        self.writes += 1
+        return self.writer.submit(_write_behind, config, lease, partition, metadata)
+
+    def take_io(self) -> Dict[str, int]:
+        """Partition reads and writes begun since the last call (by a task, or behind it)."""
+        (reads, writes), self.reported = self.reported, (self.reads, self.writes)
+        return {"reads": self.reads - reads, "writes": self.writes - writes}
+
+    def write_held(self) -> None:
+        """Begin the writes of the partitions held unwritten (HandOver): the trainer's pass
+        ends, and its checkpoint waits for them."""
+        for _, pending in self.held.values():
+            if isinstance(pending, HandOver):
+                pending.write()
 
     def next_task(self, keep: bool, parts: Optional[Collection[int]] = None,
                   leases: Optional[Dict[PartitionKey, Source]] = None) -> None:
@@ -282,11 +308,12 @@ class PartitionCopies:
         leases = leases or {}
         writing: Dict[int, Future] = {}  # id of a dropped partition's buffer -> its write
         for (key, source), (partition, pending) in list(self.held.items()):
-            if isinstance(pending, HandOver) and leases.get(key) != source:
-                pending.write()  # held for a task that runs elsewhere, or not at all
-            if (not keep or (parts is not None and key[1] not in parts)
-                    or leases.get(key, source) != source
-                    or (source[0] != "swap" and key not in leases)):  # read for another
+            dropped = (not keep or (parts is not None and key[1] not in parts)
+                       or leases.get(key, source) != source
+                       or (source[0] != "swap" and key not in leases))  # read for another
+            if isinstance(pending, HandOver) and dropped:
+                pending.write()  # held unwritten no longer
+            if dropped:
                 del self.held[key, source]
                 if partition is None or not keep:  # being read, or nothing is kept: wait
                     if pending is not None:
@@ -318,27 +345,27 @@ def _write_behind(config: ConfigSchema, lease: SwapFile, partition: Tuple[np.nda
     lease.write(config, *partition, metadata)
 
 
-# How long a partition held for the trainer's next task (HandOver) waits for that task to
-# start on this worker before it is written anyway.
+# How long a partition held for a later task of the trainer (HandOver) waits for a task
+# of this worker to take it before it is written anyway.
 HAND_OVER_WAIT_S = 2.0
 
 
 class HandOver:
-    """The write of a partition held for the trainer's next task, which trains it on from
-    this worker's buffer: that task's lease names this one's swap file as its source, and
-    its own result replaces it, so the file is written only if that task does not take the
-    partition here (Ray ran it on another worker, or it never ran): when this worker's next
-    task is another one, or after HAND_OVER_WAIT_S without one. Until then the file's
-    marker says "pending" (see SwapFile.begin_write): a reader elsewhere waits, and learns
-    of this worker's death (WriterDied: the pass is trained again).
+    """The write of a partition held for a later task of the trainer, which trains it on
+    from this worker's buffer: that task's lease names this one's swap file as its
+    source, and its own result replaces it, so the file is written only if no task takes
+    the partition here (Ray ran it on another worker, or it never ran): when the buffer
+    drops it, when the trainer's pass ends, or after HAND_OVER_WAIT_S. Until then the
+    file's marker says "pending" (see SwapFile.begin_write): a reader elsewhere waits,
+    and learns of this worker's death (WriterDied: the pass is trained again).
 
     Stands where PartitionCopies keeps a write's Future: `done` and `result` (which
-    begins the write if it has not begun)."""
+    begins the write if it has not begun). `begin` begins the write, returning its
+    Future."""
 
-    def __init__(self, writer: ThreadPoolExecutor, write: Callable[..., None], *args: Any
-                 ) -> None:
+    def __init__(self, begin: Callable[[], Future]) -> None:
         self.lock = threading.Lock()
-        self.writer, self.args = writer, (write, *args)
+        self.begin = begin
         self.pending: Optional[Future] = None  # the write, once begun
         self.taken = False
         self.timer = threading.Timer(HAND_OVER_WAIT_S, self.write)
@@ -359,7 +386,7 @@ class HandOver:
         with self.lock:
             if not self.taken and self.pending is None:
                 self.timer.cancel()
-                self.pending = self.writer.submit(*self.args)
+                self.pending = self.begin()
 
     def done(self) -> bool:
         return self.taken or (self.pending is not None and self.pending.done())
@@ -407,13 +434,13 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     partitions are trained in (and holds those written to swap files, see
     PartitionCopies); `read_ahead` the partitions of the trainer's next bucket that it
     reads while this one trains; `write_order` the partition indices to write first (the
-    next bucket's: its task waits for them); `hand_over` those held unwritten for the
+    next bucket's: its task waits for them; none: no bucket follows in the trainer's pass,
+    and what the worker holds unwritten is written now); `hand_over` those held unwritten for the
     trainer's next task, which follows this one and trains them too (see HandOver)."""
     from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionCopies(keep=False)
-    reads_before = copies.reads
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
 
     def load(key: PartitionKey, p: Union[Tuple[np.ndarray, np.ndarray], SwapFile]
@@ -454,8 +481,10 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     swapped = [(key, p) for key, p in zip(keys, partitions) if isinstance(p, SwapFile)]
     metadata = checkpoint_metadata(config, iteration, num_chunks) if swapped else {}
     first = {part: i for i, part in enumerate(write_order)}
-    writes = sum(copies.write_behind(config, key, p, arrays[key], metadata, key in hand_over)
-                 for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))))
+    for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))):
+        copies.write_behind(config, key, p, arrays[key], metadata, key in hand_over)
+    if not write_order:  # no bucket follows in the trainer's pass to take what is held
+        copies.write_held()
     for key, is_delta, p in zip(keys, deltas, partitions):
         new_embs, new_sums = arrays[key]
         if isinstance(p, SwapFile):
@@ -470,7 +499,7 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
                        "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained),
                        "warmup_s": warmup_s}
     if swapped:
-        stats["partition_io"] = {"reads": copies.reads - reads_before, "writes": writes}
+        stats["partition_io"] = copies.take_io()
     fault_point("train_task.before_return")
     return (stats, delta, *results)
 
@@ -503,7 +532,8 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
                       next_use: Sequence[int] = (),
                       previous_delta: Optional[ModelParams] = None,
-                      hand_over: Collection[PartitionKey] = ()) -> Tuple[Any, ...]:
+                      hand_over: Collection[PartitionKey] = (),
+                      write_back: Optional[Collection[int]] = None) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
     SwapFile (disk placement) comes as itself. `warmup_s`: the bucket's Hogwild warm-up
     (HogwildWarmUp). Disk placement: `read_ahead` the next
@@ -512,7 +542,10 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     ray.partition_buffer partitions by it, see PartitionCopies). `previous_delta`: the
     params delta of the trainer's previous bucket, submitted before it (this task then
     starts once that one has succeeded): `params` lack it, as that update was not sent yet.
-    `hand_over`: the partitions held for the trainer's next task instead of written."""
+    `hand_over`: the partitions held for the trainer's next task instead of written.
+    `write_back`: the partition indices of the trainer's next bucket, when all its next
+    buckets run on this worker (one trainer): the partitions the buffer keeps for them
+    are held unwritten too, each written once the buffer drops it (see PartitionCopies)."""
     import torch
 
     num_threads = max(1, int(config.ray.cpus_per_trainer))
@@ -527,6 +560,11 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     held = {key[1] for key, _ in _COPIES.held}
     _COPIES.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
         held, {key[1] for key in leases}, next_use, config.ray.partition_buffer))
+    if write_back is not None:  # what the next task's next_task above will keep
+        after = {key[1] for key, _ in _COPIES.held} | {key[1] for key in leases} | {
+            key[1] for key, _ in read_ahead}
+        kept = partitions_to_keep(after, write_back, next_use, config.ray.partition_buffer)
+        hand_over = {*hand_over, *(key for key in leases if key[1] in kept)}
     stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
                                  num_relation_ids, keys, params, list(partitions), deltas,
                                  num_threads, device, known, warmup_s, copies=_COPIES,

@@ -335,7 +335,7 @@ class Trainer:
             keys = partition_keys(config, bucket)
             deltas = [concurrent and config.entities[e].num_partitions == 1 for e, _ in keys]
             return self._launch(bucket, keys, deltas, edge_path, chunk_idx, iteration, plan,
-                                launched, read_ahead, previous)
+                                launched, read_ahead, max_trainers == 1, previous)
 
         def follow(task: Launched) -> None:
             """Submit the task of `task`'s following bucket now, behind it (see _launch)."""
@@ -471,11 +471,12 @@ class Trainer:
 
     def _launch(self, bucket: Bucket, keys: List[PartitionKey], deltas: List[bool],
                 edge_path: str, chunk_idx: int, iteration: int, plan: List[Bucket],
-                launched: set, read_ahead: bool, previous: Optional[Launched] = None
-                ) -> Launched:
+                launched: set, read_ahead: bool, one_trainer: bool,
+                previous: Optional[Launched] = None) -> Launched:
         """Start the train task of `bucket`. With `read_ahead` (disk placement) the trainer
         takes its next bucket now, the task reads its partitions that it lacks, and its
-        worker keeps its buffer by the partitions the buckets after it need. `previous`:
+        worker keeps its buffer by the partitions the buckets after it need (written
+        back once dropped from it when `one_trainer` trains the pass). `previous`:
         the trainer's bucket in flight that this one follows (its task is submitted to
         start once that one has succeeded, on the same worker as Ray reuses it): the
         partitions and parameters are then what the tasks in flight leave behind them, and
@@ -498,8 +499,15 @@ class Trainer:
         # has edges to train; this task then holds the partitions they share for it.
         followed = (following is not None and not any(deltas)
                     and self.edge_counts[edge_path][following] > 0)
+        next_use = self._next_use(plan, launched, following) if read_ahead else []
+        # Held for a later task of the trainer on its worker instead of written (see
+        # bucket_task.HandOver): what the following bucket trains, when its task follows
+        # this one; with one trainer, whose next buckets all run on that worker, also what
+        # else the worker's buffer keeps for them (written once the buffer drops it).
         hand_over = ([k for k in partition_keys(config, following) if k in keys]
                      if followed else [])
+        write_back = (one_trainer and following is not None
+                      and [k[1] for k in partition_keys(config, following)])
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
         # Where the partitions to read ahead are (None: not on disk).
@@ -513,7 +521,6 @@ class Trainer:
                   for k in keys]
         read_ahead_parts = [(k, OnDisk(written[k] if k in written else replies[k])) for k in ahead
                             if k in written or replies[k] is not None]
-        next_use = self._next_use(plan, launched, following) if read_ahead else []
         refs = train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
             num_gpus=gpus_per_trainer(config),
@@ -521,7 +528,8 @@ class Trainer:
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
                  previous_delta=previous.refs[1] if previous is not None else None,
-                 hand_over=hand_over, warmup_s=self.warm_up.seconds(
+                 hand_over=hand_over, write_back=write_back or None,
+                 warmup_s=self.warm_up.seconds(
                      iteration, keys, before=previous.keys if previous is not None else ()))
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
         self.in_flight.update((k, task) for k in keys)

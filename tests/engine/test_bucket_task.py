@@ -134,39 +134,56 @@ def test_partition_copies_keep_written_partitions_and_read_the_next_ones_ahead(
     assert not copies.held and not copies.used and not copies.free
 
 
-def test_a_partition_handed_over_to_the_next_task_is_written_only_if_it_is_not_taken(
+def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
         make_config, tmp_path, monkeypatch):
-    """A partition the trainer's next task trains too is held for it unwritten (its
-    marker says pending): taken by that task, it is never written; when the worker's next
-    task is another one, it is written then; with no next task, after HAND_OVER_WAIT_S."""
-    monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 0.05)
+    """A partition a later task of the trainer trains too is held for it unwritten (its
+    marker says pending): taken by that task, it is never written; kept in the buffer
+    while the worker's next task trains others, it stays unwritten; dropped from the
+    buffer, it is written then; at the end of the trainer's pass (write_held) at once;
+    with no next task, after HAND_OVER_WAIT_S. Every write begun is counted once."""
+    monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 60.0)
     config = make_config()
     storage = CheckpointStorage(config.checkpoint_path)
     storage.prepare()
     copies = PartitionCopies()
     user0 = ("user", 0)
+
+    def pending(lease):
+        return written_marker(lease.staged).read_text().startswith(f"{lease.token}\npending ")
+
     first = SwapFile(("random", 40, 0), str(storage.swap_file("t", 0)), "lease-1")
     trained = copies.load(config, user0, first)
     trained[0][:] += 1
     assert not copies.write_behind(config, user0, first, trained, {}, hand_over=True)
-    assert written_marker(first.staged).read_text().startswith("lease-1\npending ")
+    assert pending(first)
     # Taken by the task it was held for: trained on in place, never written.
     second = SwapFile(first.written, str(storage.swap_file("t", 1)), "lease-2")
     copies.next_task(keep=True, parts={0}, leases={user0: second.source})
     again = copies.load(config, user0, second)
     assert again[0] is trained[0]
-    time.sleep(0.2)
-    assert written_marker(first.staged).read_text().startswith("lease-1\npending ")
-    # The worker's next task is another one: written when it starts.
+    assert pending(first) and copies.take_io() == {"reads": 1, "writes": 0}
+    # The worker's next task trains other partitions and the buffer keeps this one: unwritten.
     again[0][:] += 1
     assert not copies.write_behind(config, user0, second, again, {}, hand_over=True)
-    copies.next_task(keep=True, parts={0}, leases={})
+    copies.next_task(keep=True, parts={0, 1}, leases={})
+    assert pending(second) and copies.take_io() == {"reads": 0, "writes": 0}
+    # Dropped from the buffer: written as the next task starts.
+    copies.next_task(keep=True, parts={1}, leases={})
     np.testing.assert_array_equal(load_partition(config, user0, second.written)[0], again[0])
-    # No next task: written after HAND_OVER_WAIT_S.
+    assert copies.take_io() == {"reads": 0, "writes": 1}
+    # The trainer's pass ends: what is held is written at once.
     third = SwapFile(second.written, str(storage.swap_file("t", 2)), "lease-3")
     last = copies.load(config, user0, third)
     assert not copies.write_behind(config, user0, third, last, {}, hand_over=True)
+    copies.write_held()
     np.testing.assert_array_equal(load_partition(config, user0, third.written)[0], last[0])
+    # No next task: written after HAND_OVER_WAIT_S.
+    monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 0.05)
+    fourth = SwapFile(third.written, str(storage.swap_file("t", 3)), "lease-4")
+    kept = copies.load(config, user0, fourth)
+    assert not copies.write_behind(config, user0, fourth, kept, {}, hand_over=True)
+    np.testing.assert_array_equal(load_partition(config, user0, fourth.written)[0], kept[0])
+    assert copies.take_io() == {"reads": 1, "writes": 2}
     copies.next_task(keep=False)
 
 
