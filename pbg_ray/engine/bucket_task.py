@@ -19,6 +19,7 @@ import math
 import os
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import (
     Any, Callable, Collection, Dict, List, Optional, Sequence, Set, Tuple, Union)
@@ -315,14 +316,19 @@ class PartitionCopies:
                 pending.write()  # held unwritten no longer
             if dropped:
                 del self.held[key, source]
-                if partition is None or not keep:  # being read, or nothing is kept: wait
+                if partition is None:  # a read ahead that no task takes: its error is nobody's
+                    futures.wait([pending])
+                elif not keep:  # nothing is kept: wait for the write
                     if pending is not None:
                         pending.result()
                 elif pending is not None:
                     writing.update((id(_owner(a)), pending) for a in partition)
         reserved = set()
-        for partition, pending in self.held.values():
+        for (key, source), (partition, pending) in list(self.held.items()):
             if partition is None:  # being read: the buffers it takes are its own
+                if pending.exception() is not None:  # the task that needs it reads it again
+                    del self.held[key, source]
+                    continue
                 partition = pending.result()
             reserved.update(id(_owner(a)) for a in partition)
         with self.lock:

@@ -187,6 +187,31 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     copies.next_task(keep=False)
 
 
+def test_a_read_ahead_that_failed_fails_only_the_task_that_takes_it(make_config):
+    """A read ahead of a swap file whose writer died (a pass that failed, trained again)
+    raises nothing where the worker drops it; kept for a task, that task reads the file
+    itself and gets its own error."""
+    config = make_config()
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    copies = PartitionCopies()
+    user1 = ("user", 1)
+    lost = SwapFile(("random", 30, 0), str(storage.swap_file("t", 0)), "lease-1")
+    lost.begin_write()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    written_marker(lost.staged).write_text(f"lease-1\npending {socket.gethostname()} {gone}")
+    copies.read_ahead(config, [(user1, OnDisk(lost.written))])
+    copies.next_task(keep=True, parts={0}, leases={})  # dropped: nobody's error
+    assert not copies.held
+    copies.read_ahead(config, [(user1, OnDisk(lost.written))])
+    copies.next_task(keep=True, parts={1}, leases={user1: lost.written})  # kept, failed
+    assert not copies.held
+    with pytest.raises(WriterDied, match="died before the write was done"):
+        copies.load(config, user1, SwapFile(lost.written, str(storage.swap_file("t", 1)), "l2"))
+    copies.next_task(keep=False)
+
+
 def test_a_reader_of_a_swap_file_waits_for_its_write_or_learns_it_never_ends(tmp_path):
     staged = str(tmp_path / ".partition.h5.tmp-swap-x-0")
     marker = written_marker(staged)
