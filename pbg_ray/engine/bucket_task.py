@@ -282,7 +282,8 @@ class PartitionCopies:
                       partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
                       ) -> Future:
         """Begin writing `partition` to its local swap file on the writer thread."""
-        self.writes += 1
+        with self.lock:  # (HandOver's timer thread begins writes too)
+            self.writes += 1
         return self.writer.submit(_write_behind, config, lease, partition, metadata)
 
     def take_io(self) -> Dict[str, int]:
@@ -440,9 +441,9 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     partitions are trained in (and holds those written to swap files, see
     PartitionCopies); `read_ahead` the partitions of the trainer's next bucket that it
     reads while this one trains; `write_order` the partition indices to write first (the
-    next bucket's: its task waits for them; none: no bucket follows in the trainer's pass,
-    and what the worker holds unwritten is written now); `hand_over` those held unwritten for the
-    trainer's next task, which follows this one and trains them too (see HandOver)."""
+    next bucket's: its task waits for them; none: no bucket follows in the trainer's
+    pass, and what the worker holds unwritten is written now); `hand_over` those held
+    unwritten for a later task of the trainer, which trains them too (see HandOver)."""
     from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 
     t_start = time.perf_counter()

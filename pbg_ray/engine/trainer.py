@@ -506,8 +506,8 @@ class Trainer:
         # else the worker's buffer keeps for them (written once the buffer drops it).
         hand_over = ([k for k in partition_keys(config, following) if k in keys]
                      if followed else [])
-        write_back = (one_trainer and following is not None
-                      and [k[1] for k in partition_keys(config, following)])
+        write_back = ([k[1] for k in partition_keys(config, following)]
+                      if one_trainer and following is not None else None)
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
         # Where the partitions to read ahead are (None: not on disk).
@@ -528,7 +528,7 @@ class Trainer:
                  self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
                  known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
                  previous_delta=previous.refs[1] if previous is not None else None,
-                 hand_over=hand_over, write_back=write_back or None,
+                 hand_over=hand_over, write_back=write_back,
                  warmup_s=self.warm_up.seconds(
                      iteration, keys, before=previous.keys if previous is not None else ()))
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)

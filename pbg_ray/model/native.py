@@ -1,8 +1,8 @@
 """The kernel's process settings, without torch (the engine starts workers with them):
 the environment a kernel process starts with, and the optional C extensions (_rows.c,
-_loss.c, _operators.c), each used where it is built, unless the environment variable PBG_RAY_C_KERNELS
-is 0, which makes the kernel use its torch code everywhere (the same results, slower): to
-tell whether a crash or a wrong result comes from the C code. Set it where the train
+_loss.c, _operators.c), each used where it is built, unless the environment variable
+PBG_RAY_C_KERNELS is 0, which makes the kernel use its torch code everywhere (the same
+results, slower): to tell whether a crash or a wrong result comes from the C code. Set it where the train
 tasks' workers start (before a local Ray starts, or in the cluster's environment)."""
 
 from __future__ import annotations
