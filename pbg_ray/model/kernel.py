@@ -18,6 +18,7 @@ import math
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -198,31 +199,56 @@ class BatchQueue:
         self._drained.set()
 
 
-def _run_workers(num_workers: int, queue: BatchQueue, work: Callable[[int], Any]) -> List[Any]:
-    """Run work(worker index) on num_workers Hogwild threads taking batches from `queue`;
-    the threads other than the first join after its warm-up."""
-    if num_workers == 1:
-        return [work(0)]
-    results: List[Any] = [None] * num_workers
-    errors: List[BaseException] = []
+class HogwildThreads:
+    """The threads that run a bucket's Hogwild workers other than the caller's, kept for
+    the life of the process and grown as a bucket asks for more.
 
-    def run(i: int) -> None:
+    glibc gives a thread its own malloc arena (the next in turn, up to eight per core,
+    shared with Ray's threads), and KERNEL_ENV's trim threshold has each arena keep what
+    its batches freed. New threads at every bucket would take arena after arena, each
+    then holding a batch's temporaries for good; the same threads reuse their own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._size = 0
+
+    def pool(self, size: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._size < size:
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(size, thread_name_prefix="hogwild")
+                self._size = size
+            return self._pool
+
+
+_HOGWILD_THREADS = HogwildThreads()
+
+
+def _run_workers(num_workers: int, queue: BatchQueue, work: Callable[[int], Any]) -> List[Any]:
+    """Run work(worker index) on num_workers Hogwild threads taking batches from `queue`:
+    worker 0 on the calling thread, the others on HogwildThreads, joining after its
+    warm-up. A worker's error stops the others soon (the queue closes) and is raised."""
+
+    def run(i: int) -> Any:
         try:
             if i > 0:
                 queue.join()
-            results[i] = work(i)
-        except BaseException as err:  # re-raised in the caller
-            errors.append(err)
+            return work(i)
+        except BaseException:
             queue.close()
+            raise
 
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(num_workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+    if num_workers == 1:
+        return [work(0)]
+    pool = _HOGWILD_THREADS.pool(num_workers - 1)
+    others = [pool.submit(run, i) for i in range(1, num_workers)]
+    try:
+        first = run(0)
+    finally:
+        wait(others)
+    return [first] + [f.result() for f in others]
 
 
 def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,

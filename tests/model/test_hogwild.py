@@ -1,6 +1,7 @@
 """The kernel's seed and Hogwild threads: a bucket's training follows its seed alone, and
 PBG's warm-up (hogwild_delay) trains alone, exactly as one thread does."""
 
+import threading
 from typing import Dict
 
 import numpy as np
@@ -56,3 +57,16 @@ def test_batch_queue_hands_out_each_batch_once():
     assert stopped.take() == 0
     stopped.close()
     assert stopped.take() is None
+
+
+def hogwild_threads() -> set:
+    return {t.ident for t in threading.enumerate() if t.name.startswith("hogwild")}
+
+
+def test_buckets_reuse_the_same_hogwild_threads(tmp_path):
+    """A bucket's helper threads outlive it and the next bucket trains on them (a new
+    thread per bucket would take another malloc arena each time)."""
+    train(tmp_path, seed=3, threads=2)
+    first = hogwild_threads()
+    train(tmp_path, seed=4, threads=2)
+    assert first and hogwild_threads() == first
