@@ -36,7 +36,7 @@ from pbg_ray.engine.scheduler import partitions_to_keep
 from pbg_ray.evaluation.metrics import sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
-from pbg_ray.model.native import KERNEL_ENV
+from pbg_ray.model.native import KERNEL_ENV, release_free_heap
 from pbg_ray.model.params import KnownRows, ModelParams, partition_key
 from pbg_ray.types import Bucket, EdgeList
 
@@ -531,6 +531,7 @@ def start_trainer_worker() -> None:
 # No automatic retries: the driver hands a dead trainer's bucket out again
 # through the scheduler, with the partitions' current refs.
 @ray.remote(max_retries=0, runtime_env=TASK_RUNTIME_ENV)
+@release_free_heap
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
@@ -583,6 +584,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
+@release_free_heap
 def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
                          *partitions: Partition, per_relation: bool = False,

@@ -31,6 +31,7 @@ from pbg_ray.evaluation.filtered import (
 from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats, stats_mean
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
+from pbg_ray.model.native import release_free_heap
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_key
 from pbg_ray.types import SIDES, Bucket
 
@@ -38,6 +39,7 @@ PartitionKey = Tuple[str, int]
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
+@release_free_heap
 def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                        num_chunks: int, cand_part: int, filter_paths: List[str],
                        num_rel: int, keys: List[PartitionKey], params: ModelParams,

@@ -1,16 +1,20 @@
 """The kernel's process settings, without torch (the engine starts workers with them):
-the environment a kernel process starts with, and the optional C extensions (_rows.c,
-_loss.c, _operators.c), each used where it is built, unless the environment variable
-PBG_RAY_C_KERNELS is 0, which makes the kernel use its torch code everywhere (the same
-results, slower): to tell whether a crash or a wrong result comes from the C code. Set it where the train
-tasks' workers start (before a local Ray starts, or in the cluster's environment)."""
+the environment a kernel process starts with, handing its free heap back between tasks,
+and the optional C extensions (_rows.c, _loss.c, _operators.c), each used where it is
+built, unless the environment variable PBG_RAY_C_KERNELS is 0, which makes the kernel
+use its torch code everywhere (the same results, slower): to tell whether a crash or a
+wrong result comes from the C code. Set it where the train tasks' workers start (before a
+local Ray starts, or in the cluster's environment)."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import importlib
 import os
 from types import ModuleType
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -40,3 +44,27 @@ def c_ready(floats: Sequence["Tensor"], longs: Sequence["Tensor"] = ()) -> bool:
             and all(t.dtype.is_floating_point and t.dtype.itemsize == 4 for t in floats)
             and all(t.dtype.is_signed and not (t.dtype.is_floating_point or t.dtype.is_complex)
                     and t.dtype.itemsize == 8 for t in longs))
+
+
+@functools.lru_cache(maxsize=None)
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    return getattr(libc, "malloc_trim", None)
+
+
+def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
+    """`task`, then the process's free heap pages handed back to the system (glibc's
+    malloc_trim): KERNEL_ENV keeps what a bucket's batches free for the next batch, which
+    is what a bucket needs, and between tasks it would hold the task's high-water mark for
+    good. The next task touches its temporaries' pages again once."""
+
+    @functools.wraps(task)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return task(*args, **kwargs)
+        finally:
+            trim = _malloc_trim()
+            if trim is not None:
+                trim(0)
+    return run
