@@ -2,8 +2,8 @@
 
 trainer.py      the training driver: epochs, passes and buckets; versions through the
                 checkpoint manager
-scheduler.py    bucket orders and partition locks (pure Python; the scheduler actor wraps it)
-actors.py       partition stores, the parameter server, the bucket scheduler
+scheduler.py    bucket orders and partition locks, and the scheduler actor (light: no model code)
+actors.py       partition stores, the parameter server
 bucket_task.py  one bucket's training as a Ray task around the model's kernel
 partitions.py   where a partition's values come from, and in disk placement where they go
 evaluator.py    sampled and filtered evaluation spread over buckets as Ray tasks

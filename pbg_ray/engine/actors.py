@@ -1,14 +1,15 @@
-"""The Ray actors: partition stores, the parameter server, the bucket scheduler.
+"""The Ray actors that hold the model: partition stores and the parameter server
+(the bucket scheduler's is in engine.scheduler, so that its process loads no more than it).
 
-All three only hold state, so they ask for no CPU (`num_cpus=0`) and never
-keep a train task from being placed.
+Both only hold state, so they ask for no CPU (`num_cpus=0`) and never keep a train task
+from being placed.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import ray
@@ -19,12 +20,10 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import (
     PartitionKey, Source, SwapFile, load_partition, written_marker, writes_behind)
-from pbg_ray.engine.scheduler import BucketScheduler
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model.params import (
     ModelParams, init_params, params_from_checkpoint, params_to_checkpoint)
-from pbg_ray.types import Bucket
 
 
 @ray.remote(num_cpus=0)
@@ -223,28 +222,3 @@ class ParameterServer:
         arrays, optim_state = params_to_checkpoint(self.config, self.params)
         CheckpointManager(self.config.checkpoint_path).write_model(version, arrays, optim_state,
                                                                    metadata)
-
-
-@ray.remote(num_cpus=0)
-class BucketSchedulerActor:
-    """Hands out buckets (see engine.scheduler.BucketScheduler) to the driver's trainers."""
-
-    def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, lock_lhs: bool,
-                 lock_rhs: bool, seed: int, buffer: int = 2) -> None:
-        self.scheduler = BucketScheduler(nparts_lhs, nparts_rhs, order, lock_lhs=lock_lhs,
-                                         lock_rhs=lock_rhs, seed=seed, buffer=buffer)
-
-    def new_pass(self, iteration: int) -> List[Bucket]:
-        return self.scheduler.new_pass(iteration)
-
-    def acquire(self, after: Sequence[Bucket] = ()) -> Optional[Bucket]:
-        return self.scheduler.acquire(after)
-
-    def release(self, bucket: Bucket) -> None:
-        self.scheduler.release(bucket)
-
-    def fail(self, bucket: Bucket) -> None:
-        self.scheduler.fail(bucket)
-
-    def pass_done(self) -> bool:
-        return self.scheduler.pass_done()

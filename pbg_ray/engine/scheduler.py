@@ -1,4 +1,5 @@
-"""Bucket orders and partition locks (pure Python; the scheduler actor wraps it).
+"""Bucket orders and partition locks (pure Python), and the actor that hands them out:
+its process imports this module alone, with pbg_ray.types.
 
 Orders are PBG's (torchbiggraph.bucket_scheduling): `random`; `affinity`
 (each bucket shares as many partitions as possible with the previous one);
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import random
 from typing import Collection, Dict, List, Optional, Sequence, Set
+
+import ray
 
 from pbg_ray.types import Bucket
 
@@ -261,3 +264,28 @@ class BucketScheduler:
 
     def state(self) -> Dict[str, List[Bucket]]:
         return {"pending": list(self.pending), "active": sorted(self.active), "done": list(self.done)}
+
+
+@ray.remote(num_cpus=0)
+class BucketSchedulerActor:
+    """Hands out buckets (see engine.scheduler.BucketScheduler) to the driver's trainers."""
+
+    def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, lock_lhs: bool,
+                 lock_rhs: bool, seed: int, buffer: int = 2) -> None:
+        self.scheduler = BucketScheduler(nparts_lhs, nparts_rhs, order, lock_lhs=lock_lhs,
+                                         lock_rhs=lock_rhs, seed=seed, buffer=buffer)
+
+    def new_pass(self, iteration: int) -> List[Bucket]:
+        return self.scheduler.new_pass(iteration)
+
+    def acquire(self, after: Sequence[Bucket] = ()) -> Optional[Bucket]:
+        return self.scheduler.acquire(after)
+
+    def release(self, bucket: Bucket) -> None:
+        self.scheduler.release(bucket)
+
+    def fail(self, bucket: Bucket) -> None:
+        self.scheduler.fail(bucket)
+
+    def pass_done(self) -> bool:
+        return self.scheduler.pass_done()

@@ -31,14 +31,14 @@ from pbg_ray.checkpoints.legacy import check_init_path, resolve_init_path
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.actors import BucketSchedulerActor, ParameterServer, PartitionStore, Source
+from pbg_ray.engine.actors import ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.cluster import discard
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import OnDisk, PartitionKey, SwapFile, WriterDied
-from pbg_ray.engine.scheduler import parts_by_next_use
+from pbg_ray.engine.scheduler import BucketSchedulerActor, parts_by_next_use
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean

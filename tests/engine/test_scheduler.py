@@ -1,13 +1,15 @@
 """The bucket scheduler: PBG's bucket orders, no two held buckets sharing a partition,
-failed buckets handed out again, seeded pass orders, and BETA's buffer-aware order with
-its partition reads against the lower bound."""
+failed buckets handed out again, seeded pass orders, BETA's buffer-aware order with
+its partition reads against the lower bound, and what the scheduler actor's process loads."""
 
 import random
+import sys
+import uuid
 
 import pytest
 
 from pbg_ray.engine.scheduler import (
-    BucketScheduler, bucket_order, partition_reads, reads_lower_bound)
+    BucketScheduler, BucketSchedulerActor, bucket_order, partition_reads, reads_lower_bound)
 from pbg_ray.types import Bucket
 
 ORDERS = ["random", "affinity", "inside_out", "outside_in"]
@@ -137,3 +139,16 @@ def test_a_trainer_takes_a_bucket_after_two_it_holds():
     third = scheduler.acquire(after=[first, second])
     assert [first, second, third] == order[:3]
     assert set(third) & set(first) and set(third) & set(second)
+
+
+def test_the_scheduler_actor_loads_neither_checkpoints_nor_config(ray_session):
+    """The actor's process (its own: a runtime_env no other worker has) imports the
+    scheduler's module and pbg_ray.types, none of the model's."""
+    actor = BucketSchedulerActor.options(
+        runtime_env={"env_vars": {"PBG_RAY_TEST_WORKER": uuid.uuid4().hex}}
+    ).remote(2, 2, "inside_out", True, True, 0)
+    assert len(ray_session.get(actor.new_pass.remote(0))) == 4
+    heavy = ("h5py", "pbg_ray.config", "pbg_ray.checkpoints", "pbg_ray.engine.actors", "torch")
+    loaded = ray_session.get(actor.__ray_call__.remote(
+        lambda _: [m for m in heavy if m in sys.modules]))
+    assert loaded == []
