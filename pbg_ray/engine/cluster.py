@@ -23,6 +23,8 @@ TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 # their own (bucket_task.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
 # them; the actors start in workers of their own when created.
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+# The command line of the autoscaler monitor that ray.init starts with every local Ray.
+MONITOR_SCRIPT = "autoscaler/_private/monitor.py"
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
@@ -50,6 +52,20 @@ def connect_ray(ray_config: RayConfig) -> None:
                  **local)
     finally:
         token_logger.removeFilter(not_token_notice)
+    if address == "local":
+        stop_autoscaler_monitor()
+
+
+def stop_autoscaler_monitor() -> None:
+    """Stop the autoscaler monitor of the local Ray this process started: one machine has
+    nothing to scale, and the monitor is a Python process of its own. `ray start
+    --no-monitor` leaves it out, ray.init has no such switch: Ray's node object, which
+    holds the process, stops it (and ray.shutdown then has nothing left to stop there).
+    A Ray whose node object lacks kill_monitor keeps its monitor."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    kill_monitor = getattr(node, "kill_monitor", None)
+    if kill_monitor is not None:
+        kill_monitor(check_alive=False)
 
 
 def get_results(refs: Any) -> Any:

@@ -6,12 +6,12 @@ import sys
 # In a process of its own: the settings apply only to a Ray that connect_ray starts. One
 # task in the train tasks' kind of worker (which starts after any worker Ray starts as the
 # driver connects), then the plain workers the Ray holds: those started ahead of need
-# (a train-kind worker carries KERNEL_ENV in its environment).
+# (a train-kind worker carries KERNEL_ENV in its environment); and its autoscaler monitors.
 START_LOCAL_RAY = """
 import psutil, ray
 from pbg_ray.config import RayConfig
 from pbg_ray.engine.bucket_task import TASK_RUNTIME_ENV
-from pbg_ray.engine.cluster import connect_ray
+from pbg_ray.engine.cluster import MONITOR_SCRIPT, connect_ray
 from pbg_ray.model.native import KERNEL_ENV
 
 connect_ray(RayConfig(num_cpus=2))
@@ -20,12 +20,16 @@ plain = [p for p in psutil.Process().children(recursive=True)
          if any(a.startswith("ray::IDLE") for a in p.cmdline())
          and not KERNEL_ENV.keys() & p.environ().keys()]
 print("PLAIN_WORKERS", len(plain))
+monitors = [p for p in psutil.Process().children(recursive=True)
+            if any(MONITOR_SCRIPT in a for a in p.cmdline())]
+print("MONITORS", len(monitors))
 ray.shutdown()
 """
 
 
-def test_a_local_ray_starts_no_plain_workers_ahead_of_need():
+def test_a_local_ray_starts_no_plain_workers_ahead_of_need_and_keeps_no_monitor():
     proc = subprocess.run([sys.executable, "-c", START_LOCAL_RAY], capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "PLAIN_WORKERS 0" in proc.stdout.splitlines(), proc.stdout
+    lines = proc.stdout.splitlines()
+    assert "PLAIN_WORKERS 0" in lines and "MONITORS 0" in lines, proc.stdout
