@@ -110,7 +110,8 @@ def config_dict(root: Path, nparts: int, checkpoint: Path, epochs: int,
 
 # Markers in a process's command line -> its role: pbg_ray's workers and actors, then Ray's
 # own processes.
-ROLES = (("train_bucket_task", "train worker"), ("PartitionStore", "partition store"),
+ROLES = (("train_bucket_task", "train worker"), ("evaluate_bucket_task", "train worker (evaluating)"),
+         ("PartitionStore", "partition store"),
          ("ParameterServer", "parameter server"), ("BucketSchedulerActor", "scheduler"),
          ("gcs_server", "Ray: gcs_server"), ("raylet/raylet", "Ray: raylet"),
          ("DashboardAgent", "Ray: dashboard agent"), ("RuntimeEnvAgent", "Ray: runtime env agent"),
