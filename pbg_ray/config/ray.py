@@ -22,7 +22,10 @@ class RayConfig:
     object_store_memory: Optional[int] = option(None, help=
         "Bytes of object store for a local Ray (null: Ray's default).")
     num_trainers: Optional[int] = option(None, help=
-        "Train tasks running at once (null: as many as partitions and CPUs allow).")
+        "Train tasks running at once (null: as many as partitions and CPUs allow). Each "
+        "runs in a worker process of its own, which loads torch: on a small machine, one "
+        "task of all its CPUs (num_trainers=1, cpus_per_trainer=the CPUs) holds less memory "
+        "(docs/benchmarks.md, the fixed footprint).")
     cpus_per_trainer: float = option(1.0, help="CPUs each train task asks Ray for.")
     gpus_per_trainer: float = option(0.0, help=
         "GPUs each train task asks Ray for (0: CPU training).")
