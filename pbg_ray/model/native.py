@@ -13,8 +13,9 @@ import ctypes.util
 import functools
 import importlib
 import os
+import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -53,18 +54,33 @@ def _malloc_trim() -> Optional[Callable[[int], int]]:
     return getattr(libc, "malloc_trim", None)
 
 
+# How long a worker stays idle after a kernel task before it hands its free heap back: a
+# task that follows at once (a trainer's next bucket) reuses the pages instead, which it
+# would otherwise fault in again.
+IDLE_TRIM_S = 1.0
+_idle_trim: List[threading.Timer] = []  # the pending trim of this process, if any
+_idle_trim_lock = threading.Lock()
+
+
 def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
-    """`task`, then the process's free heap pages handed back to the system (glibc's
-    malloc_trim): KERNEL_ENV keeps what a bucket's batches free for the next batch, which
-    is what a bucket needs, and between tasks it would hold the task's high-water mark for
-    good. The next task touches its temporaries' pages again once."""
+    """`task`; then, once the process has run no such task for IDLE_TRIM_S, its free heap
+    pages handed back to the system (glibc's malloc_trim): KERNEL_ENV keeps what a
+    bucket's batches free for the next batch, which is what a bucket needs, and an idle
+    worker would hold its tasks' high-water mark for good."""
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
+        with _idle_trim_lock:
+            while _idle_trim:
+                _idle_trim.pop().cancel()
         try:
             return task(*args, **kwargs)
         finally:
             trim = _malloc_trim()
             if trim is not None:
-                trim(0)
+                timer = threading.Timer(IDLE_TRIM_S, trim, args=(0,))
+                timer.daemon = True
+                with _idle_trim_lock:
+                    _idle_trim.append(timer)
+                timer.start()
     return run

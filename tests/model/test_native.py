@@ -1,10 +1,13 @@
-"""The kernel's process settings: a task's free heap goes back to the system when it ends."""
+"""The kernel's process settings: a task's free heap goes back to the system once the
+process is idle."""
 
 import ctypes
+import time
 
 import psutil
 import pytest
 
+from pbg_ray.model import native
 from pbg_ray.model.native import _malloc_trim, release_free_heap
 
 BLOCK = 64 << 10  # under glibc's mmap threshold: served from the heap
@@ -12,9 +15,11 @@ NUM_BLOCKS = 800
 
 
 @pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's malloc_trim")
-def test_a_task_hands_back_the_heap_it_freed():
+def test_an_idle_process_hands_back_the_heap_its_task_freed(monkeypatch):
     """The task frees heap blocks below one it keeps (so the heap's top cannot shrink, as
-    KERNEL_ENV's trim threshold would not let it): once it returns, their pages are back."""
+    KERNEL_ENV's trim threshold would not let it): once the process has been idle for
+    IDLE_TRIM_S after it, their pages are back; a task that follows sooner finds them."""
+    monkeypatch.setattr(native, "IDLE_TRIM_S", 0.3)
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
@@ -29,8 +34,12 @@ def test_a_task_hands_back_the_heap_it_freed():
             libc.free(block)
         return top
 
-    before = psutil.Process().memory_info().rss
+    rss = psutil.Process().memory_info
+    before = rss().rss
     top = task()
-    after = psutil.Process().memory_info().rss
+    kept = rss().rss  # the next task would reuse these pages
+    time.sleep(1.0)
+    after = rss().rss
     libc.free(top)
+    assert kept - before > NUM_BLOCKS * BLOCK // 2
     assert after - before < NUM_BLOCKS * BLOCK // 4
