@@ -62,25 +62,34 @@ _idle_trim: List[threading.Timer] = []  # the pending trim of this process, if a
 _idle_trim_lock = threading.Lock()
 
 
+def _cancel_idle_trim() -> None:
+    with _idle_trim_lock:
+        while _idle_trim:
+            _idle_trim.pop().cancel()
+
+
+def _trim_when_idle() -> None:
+    trim = _malloc_trim()
+    if trim is not None:
+        timer = threading.Timer(IDLE_TRIM_S, trim, args=(0,))
+        timer.daemon = True
+        with _idle_trim_lock:
+            _idle_trim.append(timer)
+        timer.start()
+
+
 def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
     """`task`; then, once the process has run no such task for IDLE_TRIM_S, its free heap
     pages handed back to the system (glibc's malloc_trim): KERNEL_ENV keeps what a
     bucket's batches free for the next batch, which is what a bucket needs, and an idle
-    worker would hold its tasks' high-water mark for good."""
+    worker would hold its tasks' high-water mark for good. (The wrapper names module
+    functions only: Ray ships a task's function by value with the globals it names.)"""
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
-        with _idle_trim_lock:
-            while _idle_trim:
-                _idle_trim.pop().cancel()
+        _cancel_idle_trim()
         try:
             return task(*args, **kwargs)
         finally:
-            trim = _malloc_trim()
-            if trim is not None:
-                timer = threading.Timer(IDLE_TRIM_S, trim, args=(0,))
-                timer.daemon = True
-                with _idle_trim_lock:
-                    _idle_trim.append(timer)
-                timer.start()
+            _trim_when_idle()
     return run
