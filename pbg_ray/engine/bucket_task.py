@@ -299,13 +299,15 @@ class PartitionCopies:
                 pending.write()
 
     def next_task(self, keep: bool, parts: Optional[Collection[int]] = None,
-                  leases: Optional[Dict[PartitionKey, Source]] = None) -> None:
+                  leases: Optional[Dict[PartitionKey, Source]] = None,
+                  write_back: bool = False) -> None:
         """Start over for the next task. Held partitions stay if their partition index is
         in `parts` (None: all) and, for a key in `leases` (the next task's, key -> the
         source it reads), if they are that source; those dropped free their buffers once
         written. With `keep` False nothing is kept, and the buffers are freed (an
         unpartitioned graph, one bucket a pass, would keep a copy of whole tables in an
-        idle worker)."""
+        idle worker). Without `write_back` (several trainers) a partition held unwritten
+        for a task other than this one is written now: that task runs elsewhere."""
         self.keep = keep
         leases = leases or {}
         writing: Dict[int, Future] = {}  # id of a dropped partition's buffer -> its write
@@ -313,7 +315,8 @@ class PartitionCopies:
             dropped = (not keep or (parts is not None and key[1] not in parts)
                        or leases.get(key, source) != source
                        or (source[0] != "swap" and key not in leases))  # read for another
-            if isinstance(pending, HandOver) and dropped:
+            if isinstance(pending, HandOver) and (
+                    dropped or not (write_back or leases.get(key) == source)):
                 pending.write()  # held unwritten no longer
             if dropped:
                 del self.held[key, source]
@@ -567,7 +570,8 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     leases = {key: p.source for key, p in zip(keys, partitions) if isinstance(p, SwapFile)}
     held = {key[1] for key, _ in _COPIES.held}
     _COPIES.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
-        held, {key[1] for key in leases}, next_use, config.ray.partition_buffer))
+        held, {key[1] for key in leases}, next_use, config.ray.partition_buffer),
+        write_back=write_back is not None)
     if write_back is not None:  # what the next task's next_task above will keep
         after = {key[1] for key, _ in _COPIES.held} | {key[1] for key in leases} | {
             key[1] for key, _ in read_ahead}

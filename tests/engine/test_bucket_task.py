@@ -138,9 +138,11 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
         make_config, tmp_path, monkeypatch):
     """A partition a later task of the trainer trains too is held for it unwritten (its
     marker says pending): taken by that task, it is never written; kept in the buffer
-    while the worker's next task trains others, it stays unwritten; dropped from the
-    buffer, it is written then; at the end of the trainer's pass (write_held) at once;
-    with no next task, after HAND_OVER_WAIT_S. Every write begun is counted once."""
+    while the worker's next task trains others, it stays unwritten with one trainer
+    (write-back) and is written then with several (the task it was held for runs
+    elsewhere); dropped from the buffer, it is written then; at the end of the trainer's
+    pass (write_held) at once; with no next task, after HAND_OVER_WAIT_S. Every write
+    begun is counted once."""
     monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 60.0)
     config = make_config()
     storage = CheckpointStorage(config.checkpoint_path)
@@ -165,10 +167,10 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     # The worker's next task trains other partitions and the buffer keeps this one: unwritten.
     again[0][:] += 1
     assert not copies.write_behind(config, user0, second, again, {}, hand_over=True)
-    copies.next_task(keep=True, parts={0, 1}, leases={})
+    copies.next_task(keep=True, parts={0, 1}, leases={}, write_back=True)
     assert pending(second) and copies.take_io() == {"reads": 0, "writes": 0}
     # Dropped from the buffer: written as the next task starts.
-    copies.next_task(keep=True, parts={1}, leases={})
+    copies.next_task(keep=True, parts={1}, leases={}, write_back=True)
     np.testing.assert_array_equal(load_partition(config, user0, second.written)[0], again[0])
     assert copies.take_io() == {"reads": 0, "writes": 1}
     # The trainer's pass ends: what is held is written at once.
@@ -177,13 +179,20 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     assert not copies.write_behind(config, user0, third, last, {}, hand_over=True)
     copies.write_held()
     np.testing.assert_array_equal(load_partition(config, user0, third.written)[0], last[0])
+    # Several trainers: held for the next task, which this worker's next task is not.
+    fourth = SwapFile(third.written, str(storage.swap_file("t", 3)), "lease-4")
+    again = copies.load(config, user0, fourth)
+    assert not copies.write_behind(config, user0, fourth, again, {}, hand_over=True)
+    copies.next_task(keep=True, parts={0, 1}, leases={})
+    np.testing.assert_array_equal(load_partition(config, user0, fourth.written)[0], again[0])
+    assert copies.take_io() == {"reads": 1, "writes": 2}
     # No next task: written after HAND_OVER_WAIT_S.
     monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 0.05)
-    fourth = SwapFile(third.written, str(storage.swap_file("t", 3)), "lease-4")
-    kept = copies.load(config, user0, fourth)
-    assert not copies.write_behind(config, user0, fourth, kept, {}, hand_over=True)
-    np.testing.assert_array_equal(load_partition(config, user0, fourth.written)[0], kept[0])
-    assert copies.take_io() == {"reads": 1, "writes": 2}
+    fifth = SwapFile(fourth.written, str(storage.swap_file("t", 4)), "lease-5")
+    kept = copies.load(config, user0, fifth)
+    assert not copies.write_behind(config, user0, fifth, kept, {}, hand_over=True)
+    np.testing.assert_array_equal(load_partition(config, user0, fifth.written)[0], kept[0])
+    assert copies.take_io() == {"reads": 0, "writes": 1}
     copies.next_task(keep=False)
 
 
