@@ -168,7 +168,8 @@ class PartitionCopies:
     by a thread of this worker, after the task has returned, so that the kernel of the
     next bucket does not wait for them (a task waits only for the write of a partition it
     trains itself, before changing it). The partitions of the trainer's next bucket that
-    this one does not hold are read ahead, by another thread, while this bucket trains.
+    this one does not hold, and its edges, are read ahead, by another thread, while this
+    bucket trains.
 
     A partition that the trainer's next bucket trains too, whose task is submitted to
     follow this one, is not written: it is held for that task, which trains it on where
@@ -189,6 +190,8 @@ class PartitionCopies:
         # (write, ndim, buffer) of partitions no longer held, whose writes may go on
         self.retiring: List[Tuple[Future, int, np.ndarray]] = []
         self.reads = 0  # partitions read from files, by tasks and ahead of them
+        # The next bucket's edges, read while this one trains: (where, read) or None.
+        self.edges_ahead: Optional[Tuple[Tuple[Any, ...], Future]] = None
         self.writes = 0  # partitions written to swap files (begun), by tasks and behind them
         self.reported = (0, 0)  # reads and writes counted in tasks' stats
 
@@ -252,6 +255,20 @@ class PartitionCopies:
                 self.reads += 1
                 self.held[key, lease.source] = (
                     None, self.reader.submit(lease.load, config, key, self.empty))
+
+    def read_edges_ahead(self, *where: Any) -> None:
+        """Start reading the edges of read_edges(*where), the trainer's next bucket's, in
+        the background; the next task takes them with `edges`."""
+        self.edges_ahead = (where, self.reader.submit(read_edges, *where))
+
+    def edges(self, *where: Any) -> EdgeList:
+        """read_edges(*where): read ahead, or read now."""
+        ahead, self.edges_ahead = self.edges_ahead, None
+        if ahead is not None:
+            if ahead[0] == where:
+                return ahead[1].result()
+            futures.wait([ahead[1]])  # another bucket's: its error is nobody's
+        return read_edges(*where)
 
     def write_behind(self, config: ConfigSchema, key: PartitionKey, lease: "SwapFile",
                      partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any],
@@ -433,7 +450,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
                copies: Optional[PartitionCopies] = None,
                read_ahead: Sequence[Tuple[PartitionKey, OnDisk]] = (),
                write_order: Sequence[int] = (),
-               hand_over: Collection[PartitionKey] = ()) -> Tuple[Any, ...]:
+               hand_over: Collection[PartitionKey] = (),
+               following: Optional[Bucket] = None) -> Tuple[Any, ...]:
     """The pure part of the task. `partitions`: per key its (embeddings, sums), or the
     SwapFile to read them from and write them to (disk placement). Returns (stats,
     params delta, one result per key): the new (embeddings, sums), their change where
@@ -446,12 +464,13 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     reads while this one trains; `write_order` the partition indices to write first (the
     next bucket's: its task waits for them; none: no bucket follows in the trainer's
     pass, and what the worker holds unwritten is written now); `hand_over` those held
-    unwritten for a later task of the trainer, which trains them too (see HandOver)."""
+    unwritten for a later task of the trainer, which trains them too (see HandOver);
+    `following` the trainer's next bucket, whose edges are read while this one trains."""
     from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionCopies(keep=False)
-    edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
+    edges = copies.edges(edge_path, bucket, chunk_idx, num_chunks)
 
     def load(key: PartitionKey, p: Union[Tuple[np.ndarray, np.ndarray], SwapFile]
              ) -> Tuple[np.ndarray, np.ndarray]:
@@ -462,6 +481,8 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     arrays = {key: load(key, p) for key, p in zip(keys, partitions)}
     fault_point("train_task.after_read")
     copies.read_ahead(config, read_ahead)
+    if following is not None:
+        copies.read_edges_ahead(edge_path, following, chunk_idx, num_chunks)
     counts = partition_counts(keys, [arrays[key] for key in keys])
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
@@ -544,7 +565,8 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                       next_use: Sequence[int] = (),
                       previous_delta: Optional[ModelParams] = None,
                       hand_over: Collection[PartitionKey] = (),
-                      write_back: Optional[Collection[int]] = None) -> Tuple[Any, ...]:
+                      write_back: Optional[Collection[int]] = None,
+                      following: Optional[Bucket] = None) -> Tuple[Any, ...]:
     """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
     SwapFile (disk placement) comes as itself. `warmup_s`: the bucket's Hogwild warm-up
     (HogwildWarmUp). Disk placement: `read_ahead` the next
@@ -556,7 +578,8 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     `hand_over`: the partitions held for the trainer's next task instead of written.
     `write_back`: the partition indices of the trainer's next bucket, when all its next
     buckets run on this worker (one trainer): the partitions the buffer keeps for them
-    are held unwritten too, each written once the buffer drops it (see PartitionCopies)."""
+    are held unwritten too, each written once the buffer drops it (see PartitionCopies).
+    `following`: the trainer's next bucket, whose edges this task reads ahead."""
     import torch
 
     num_threads = max(1, int(config.ray.cpus_per_trainer))
@@ -581,7 +604,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
                                  num_relation_ids, keys, params, list(partitions), deltas,
                                  num_threads, device, known, warmup_s, copies=_COPIES,
                                  read_ahead=read_ahead, write_order=next_use,
-                                 hand_over=hand_over)
+                                 hand_over=hand_over, following=following)
     stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                        "start": start, "end": time.time()}
     return (stats, *results)

@@ -529,6 +529,8 @@ class Trainer:
                  known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
                  previous_delta=previous.refs[1] if previous is not None else None,
                  hand_over=hand_over, write_back=write_back,
+                 following=following if following is not None
+                 and self.edge_counts[edge_path][following] > 0 else None,
                  warmup_s=self.warm_up.seconds(
                      iteration, keys, before=previous.keys if previous is not None else ()))
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)

@@ -19,6 +19,7 @@ from pbg_ray.engine.bucket_task import (
 from pbg_ray.engine.partitions import (
     OnDisk, SwapFile, WriterDied, load_partition, wait_written, written_marker)
 from pbg_ray.errors import PbgRayError
+from pbg_ray.io.edges import edges_file, read_edges
 from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import write_random_graph
@@ -218,6 +219,38 @@ def test_a_read_ahead_that_failed_fails_only_the_task_that_takes_it(make_config)
     assert not copies.held
     with pytest.raises(WriterDied, match="died before the write was done"):
         copies.load(config, user1, SwapFile(lost.written, str(storage.swap_file("t", 1)), "l2"))
+    copies.next_task(keep=False)
+
+
+def test_the_next_buckets_edges_are_read_while_this_one_trains(make_config):
+    """A task given its trainer's next bucket (`following`) reads that bucket's edges in
+    the background; the next task trains on them without reading its file (gone here),
+    and a task of another bucket reads its own file, whatever was read ahead."""
+    config = make_config(eval_fraction=0.0)
+    write_random_graph(config, num_edges=400)
+    first, second = Bucket(1, 0), Bucket(0, 1)
+    params = init_params(config, 3)
+    copies = PartitionCopies()
+
+    def run(bucket, following=None):
+        keys = partition_keys(config, bucket)
+        partitions = [load_partition(config, key, ("random", 50, 0)) for key in keys]
+        return run_bucket(config, bucket, config.edge_paths[0], 0, 1, 0, 3, keys, params,
+                          partitions, [False] * len(keys), 1, "cpu", copies=copies,
+                          following=following)[0]
+
+    path = edges_file(config.edge_paths[0], second)
+    count = len(read_edges(config.edge_paths[0], second))
+    assert run(first, following=second)["stats"]["count"] == len(
+        read_edges(config.edge_paths[0], first))
+    copies.edges_ahead[1].result()  # read by now
+    moved = path.with_name(path.name + ".away")
+    os.replace(path, moved)
+    assert run(second)["stats"]["count"] == count  # from what was read ahead
+    assert copies.edges_ahead is None
+    os.replace(moved, path)
+    run(first, following=second)
+    assert run(first)["stats"]["count"] == len(read_edges(config.edge_paths[0], first))
     copies.next_task(keep=False)
 
 
