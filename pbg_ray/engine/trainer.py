@@ -508,6 +508,9 @@ class Trainer:
                      if followed else [])
         write_back = ([k[1] for k in partition_keys(config, following)]
                       if one_trainer and following is not None else None)
+        # The following bucket's edges are read while this one trains, if it has any.
+        edges_ahead = (following if following is not None
+                       and self.edge_counts[edge_path][following] > 0 else None)
         ahead = ([k for k in partition_keys(config, following) if k not in keys]
                  if following is not None else [])
         # Where the partitions to read ahead are (None: not on disk).
@@ -529,8 +532,7 @@ class Trainer:
                  known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
                  previous_delta=previous.refs[1] if previous is not None else None,
                  hand_over=hand_over, write_back=write_back,
-                 following=following if following is not None
-                 and self.edge_counts[edge_path][following] > 0 else None,
+                 following=edges_ahead,
                  warmup_s=self.warm_up.seconds(
                      iteration, keys, before=previous.keys if previous is not None else ()))
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)

@@ -1,5 +1,5 @@
 """The kernel's process settings, without torch (the engine starts workers with them):
-the environment a kernel process starts with, handing its free heap back between tasks,
+the environment a kernel process starts with, handing its free heap back when idle,
 and the optional C extensions (_rows.c, _loss.c, _operators.c), each used where it is
 built, unless the environment variable PBG_RAY_C_KERNELS is 0, which makes the kernel
 use its torch code everywhere (the same results, slower): to tell whether a crash or a
