@@ -286,7 +286,8 @@ class PartitionCopies:
             lease.begin_write()
             pending = begin()
         else:
-            self.writes += 1
+            with self.lock:
+                self.writes += 1
             lease.write(config, *partition, metadata)
             pending = None
         if self.keep:
@@ -299,7 +300,7 @@ class PartitionCopies:
                       partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
                       ) -> Future:
         """Begin writing `partition` to its local swap file on the writer thread."""
-        with self.lock:  # (HandOver's timer thread begins writes too)
+        with self.lock:  # HandOver's timer thread begins writes too
             self.writes += 1
         return self.writer.submit(_write_behind, config, lease, partition, metadata)
 
