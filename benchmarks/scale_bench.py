@@ -166,13 +166,16 @@ def main() -> None:
                       f"{ev['filtered_mrr']:.4f}, {ev['seconds']:.1f} s", flush=True)
     table = np.array([r["table_bytes"] for r in figures["sizes"]], float)
     peak = np.array([r["peak_pss_bytes"] for r in figures["sizes"]], float)
-    slope, fixed = np.polyfit(table, peak, 1) if len(table) > 1 else (float("nan"), float("nan"))
     rates = [r["edges_per_s"] for r in figures["sizes"]]
-    figures.update(slope=slope, fixed_footprint_bytes=fixed,
-                   slope_target=5 / NPARTS, throughput_largest_vs_smallest=rates[-1] / rates[0])
-    print(f"peak memory = {slope:.3f} x table bytes + {fixed / 2**20:,.0f} MiB (target slope at "
-          f"most 5/P = {5 / NPARTS:.3f}); edges/s at the largest size {100 * rates[-1] / rates[0]:.0f}% "
-          f"of the smallest's", flush=True)
+    if len(table) < 2:
+        print("one table size: no slope (--entities with two sizes or more)", flush=True)
+    else:
+        slope, fixed = np.polyfit(table, peak, 1)
+        figures.update(slope=slope, fixed_footprint_bytes=fixed, slope_target=5 / NPARTS,
+                       throughput_largest_vs_smallest=rates[-1] / rates[0])
+        print(f"peak memory = {slope:.3f} x table bytes + {fixed / 2**20:,.0f} MiB (target slope "
+              f"at most 5/P = {5 / NPARTS:.3f}); edges/s at the largest size "
+              f"{100 * rates[-1] / rates[0]:.0f}% of the smallest's", flush=True)
     print(json.dumps(figures))
 
 

@@ -205,11 +205,11 @@ print("TRAIN_SECONDS", time.perf_counter() - t)
 
 RUN_PBG_RAY = """
 import json, sys, time
-import ray
 from pbg_ray.config import ConfigSchema
+from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.trainer import Trainer
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
-ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+connect_ray(config.ray)  # the local Ray `python -m pbg_ray.train` starts
 t = time.perf_counter()
 result = Trainer(config).run()
 seconds = time.perf_counter() - t
