@@ -329,8 +329,7 @@ class CheckpointStorage:
         # The bulk dataset gets its space in the image but no bytes (HDF5 allocates it
         # early and never fills it); its bytes go straight from the array to the file, so
         # the file is never copied in memory.
-        image = io.BytesIO()
-        offset = None
+        image = _FileImage()
         with h5py.File(image, "w") as hf:
             hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
             for key, value in metadata.items():
@@ -343,17 +342,10 @@ class CheckpointStorage:
             if bulk is not None:
                 name, array = bulk
                 if array.size:
-                    offset = _allocate_dataset(hf, name, array)
+                    image.leave_out(_allocate_dataset(hf, name, array), array)
                 else:
                     hf.create_dataset(name, data=array)
-        data = image.getbuffer()
-        if offset is not None:
-            # The image's bytes, the array's, and whatever HDF5 put after the dataset
-            # (nothing, as it lays files out today).
-            data = [data[:offset], memoryview(array).cast("B"), data[offset + array.nbytes:]]
-        else:
-            data = [data]
-        (write_bytes_in_place if in_place else write_bytes_atomic)(path, *data)
+        (write_bytes_in_place if in_place else write_bytes_atomic)(path, *image.buffers())
 
     @staticmethod
     def _open_h5(path: StoragePath, what: str) -> h5py.File:
@@ -456,6 +448,79 @@ class CheckpointStorage:
             link_or_copy(src, snapshot / src.name)
         self.save_config(config, snapshot)
         self.save_version(version, snapshot)
+
+
+class _FileImage:
+    """An HDF5 file as h5py builds it in memory (a file-like object for its "fileobj"
+    driver), less the bytes of one dataset, which are written from their array instead
+    (`leave_out`). HDF5 may put metadata after that dataset: a BytesIO would store the
+    dataset's whole range, zeros, to get there (a partition's size, filled while holding
+    the GIL); here the bytes after it are kept apart, at their distance from its end."""
+
+    def __init__(self) -> None:
+        self.head, self.tail = io.BytesIO(), io.BytesIO()
+        self.left_out: Optional[Tuple[int, np.ndarray]] = None  # (offset, array)
+        self.pos = self.size = 0
+
+    def leave_out(self, offset: int, array: np.ndarray) -> None:
+        """The bytes [offset, offset + array.nbytes) are `array`'s, and not stored here."""
+        self.left_out = (offset, array)
+        end = offset + array.nbytes
+        self.tail.write(self.head.getbuffer()[end:])  # what HDF5 wrote past it so far
+        self.head.truncate(offset)
+
+    def _at(self, n: int) -> Tuple[io.BytesIO, int]:
+        """The buffer that holds the `n` bytes at the position, and where in it."""
+        if self.left_out is None or self.pos + n <= self.left_out[0]:
+            return self.head, self.pos
+        end = self.left_out[0] + self.left_out[1].nbytes
+        if self.pos >= end:
+            return self.tail, self.pos - end
+        raise PbgRayError(f"internal error: HDF5 accessed bytes {self.pos}-{self.pos + n} of a "
+                          "dataset it allocates and never fills; please report it.")
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        self.pos = pos + {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        buf, at = self._at(n)
+        buf.seek(at)
+        buf.write(data)
+        self.pos += n
+        self.size = max(self.size, self.pos)
+        return n
+
+    def read(self, n: int = -1) -> bytes:
+        n = max(0, self.size - self.pos) if n < 0 else n
+        buf, at = self._at(n)
+        buf.seek(at)
+        data = buf.read(n)
+        self.pos += n
+        return data + bytes(n - len(data))  # bytes never written read as zeros
+
+    def truncate(self, size: Optional[int] = None) -> int:
+        self.size = self.pos if size is None else size
+        return self.size
+
+    def flush(self) -> None:
+        pass
+
+    def buffers(self) -> List[Any]:
+        """The file's bytes, in order: the image's, and the left-out array's in its place."""
+        def exactly(buf: io.BytesIO, n: int) -> List[Any]:  # bytes never written are zeros
+            data = buf.getbuffer()[:n]
+            return [data, bytes(n - len(data))]
+
+        if self.left_out is None:
+            return exactly(self.head, self.size)
+        offset, array = self.left_out
+        return [*exactly(self.head, offset), memoryview(array).cast("B"),
+                *exactly(self.tail, max(0, self.size - offset - array.nbytes))]
 
 
 def _allocate_dataset(hf: h5py.File, name: str, array: np.ndarray) -> int:
