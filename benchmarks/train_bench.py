@@ -273,10 +273,12 @@ def blas_kernels(env: dict) -> str:
 
 def as_pbg_ray(config: dict) -> dict:
     """`config` as pbg_ray trains it: PBG's `workers` (which pbg_ray ignores, with a
-    warning) as one train task of that many Hogwild threads."""
+    warning) as one train task of that many Hogwild threads, on a local Ray of that many
+    CPUs (as many as torchbiggraph's workers, on a machine of any size)."""
     ours_cfg = {k: v for k, v in config.items() if k != "workers"}
-    threads = float(config["workers"])
-    return dict(ours_cfg, ray={**config.get("ray", {}), "cpus_per_trainer": threads})
+    threads = config["workers"]
+    return dict(ours_cfg, ray={**config.get("ray", {}), "cpus_per_trainer": float(threads),
+                               "num_cpus": threads})
 
 
 @contextlib.contextmanager
