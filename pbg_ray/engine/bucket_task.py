@@ -277,7 +277,7 @@ class PartitionCopies:
         file's marker says when it is done), at once on object storage; then hold it.
         With `hand_over` (the trainer's next task trains it too) a local one is held for
         that task instead, unwritten (see HandOver). Returns whether it is written."""
-        begin = functools.partial(self._write_behind, config, lease, partition, metadata)
+        begin = functools.partial(self._begin_write, config, lease, partition, metadata)
         if hand_over and self.keep and writes_behind(lease.staged):
             lease.begin_write()
             self.held[key, lease.written] = (partition, HandOver(begin))
@@ -296,7 +296,7 @@ class PartitionCopies:
             pending.result()
         return True
 
-    def _write_behind(self, config: ConfigSchema, lease: "SwapFile",
+    def _begin_write(self, config: ConfigSchema, lease: "SwapFile",
                       partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
                       ) -> Future:
         """Begin writing `partition` to its local swap file on the writer thread."""

@@ -23,8 +23,6 @@ TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 # their own (bucket_task.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
 # them; the actors start in workers of their own when created.
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
-# The command line of the autoscaler monitor that ray.init starts with every local Ray.
-MONITOR_SCRIPT = "autoscaler/_private/monitor.py"
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0

@@ -504,15 +504,14 @@ class Trainer:
         # bucket_task.HandOver): what the following bucket trains, when its task follows
         # this one; with one trainer, whose next buckets all run on that worker, also what
         # else the worker's buffer keeps for them (written once the buffer drops it).
-        hand_over = ([k for k in partition_keys(config, following) if k in keys]
-                     if followed else [])
-        write_back = ([k[1] for k in partition_keys(config, following)]
+        following_keys = partition_keys(config, following) if following is not None else []
+        hand_over = [k for k in following_keys if k in keys] if followed else []
+        write_back = ([k[1] for k in following_keys]
                       if one_trainer and following is not None else None)
         # The following bucket's edges are read while this one trains, if it has any.
         edges_ahead = (following if following is not None
                        and self.edge_counts[edge_path][following] > 0 else None)
-        ahead = ([k for k in partition_keys(config, following) if k not in keys]
-                 if following is not None else [])
+        ahead = [k for k in following_keys if k not in keys]
         # Where the partitions to read ahead are (None: not on disk).
         written = {k: self.in_flight[k].lease(k).written
                    for k in ahead if k in self.in_flight}

@@ -11,7 +11,7 @@ START_LOCAL_RAY = """
 import psutil, ray
 from pbg_ray.config import RayConfig
 from pbg_ray.engine.bucket_task import TASK_RUNTIME_ENV
-from pbg_ray.engine.cluster import MONITOR_SCRIPT, connect_ray
+from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.model.native import KERNEL_ENV
 
 connect_ray(RayConfig(num_cpus=2))
@@ -21,7 +21,7 @@ plain = [p for p in psutil.Process().children(recursive=True)
          and not KERNEL_ENV.keys() & p.environ().keys()]
 print("PLAIN_WORKERS", len(plain))
 monitors = [p for p in psutil.Process().children(recursive=True)
-            if any(MONITOR_SCRIPT in a for a in p.cmdline())]
+            if any("autoscaler/_private/monitor.py" in a for a in p.cmdline())]
 print("MONITORS", len(monitors))
 ray.shutdown()
 """
