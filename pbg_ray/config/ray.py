@@ -22,11 +22,15 @@ class RayConfig:
     object_store_memory: Optional[int] = option(None, help=
         "Bytes of object store for a local Ray (null: Ray's default).")
     num_trainers: Optional[int] = option(None, help=
-        "Train tasks running at once (null: as many as partitions and CPUs allow). Each "
+        "Train tasks running at once (null: as many as the CPUs allow, and no more than the "
+        "partition count: an unpartitioned graph trains one bucket a pass, so one task). Each "
         "runs in a worker process of its own, which loads torch: on a small machine, one "
         "task of all its CPUs (num_trainers=1, cpus_per_trainer=the CPUs) holds less memory "
         "(docs/benchmarks.md, the fixed footprint).")
-    cpus_per_trainer: float = option(1.0, help="CPUs each train task asks Ray for.")
+    cpus_per_trainer: float = option(1.0, help=
+        "CPUs each train task asks Ray for; it trains on int(cpus_per_trainer) Hogwild "
+        "threads. When the partitions allow fewer tasks than the CPUs would, training says "
+        "so with the value that uses the rest (an unpartitioned graph: the machine's CPUs).")
     gpus_per_trainer: float = option(0.0, help=
         "GPUs each train task asks Ray for (0: CPU training).")
     placement: str = option("memory", help=

@@ -195,15 +195,24 @@ class Trainer:
             self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
             partitioned("lhs"), partitioned("rhs"), self.config.seed,
             self.config.ray.partition_buffer)
-        for _ in range(self.max_trainers()):
-            start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
-                                         num_gpus=gpus_per_trainer(self.config)).remote()
+        trainers = self.max_trainers()
+        if self.actor_restarts == 0:
+            self._warn_idle_cpus(trainers)
+        started = [start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
+                                                num_gpus=gpus_per_trainer(self.config)).remote()
+                   for _ in range(trainers)]
         # The processes above start at once (each imports torch for seconds); waiting for
-        # the first values here keeps their start-up out of the first bucket's time.
+        # them here keeps their start-up out of the first bucket's time, and has the first
+        # train tasks find them idle: a train task sent while they still import, to a
+        # CPU they leave free, would start a process of its own beside them.
         ray.get([self.store_of[key].add.remote(key, sources[key]) for key in keys]
-                + [self.params.load.remote(model_source)])
+                + [self.params.load.remote(model_source)] + started)
 
     def max_trainers(self) -> int:
+        """Train tasks at once: ray.num_trainers, or as many as the cluster's CPUs (and
+        GPUs) and the partitions allow: buckets trained at once share no partition index,
+        so no more than the partition count run together (an unpartitioned graph, one
+        bucket a pass, one), and a worker started for more would import torch and idle."""
         if self.config.ray.num_trainers:
             return self.config.ray.num_trainers
         resources = ray.cluster_resources()
@@ -215,7 +224,26 @@ class Trainer:
                 raise PbgRayError("GPU training was asked for (num_gpus / ray.gpus_per_trainer) but "
                                   "the Ray cluster has no GPU. Set num_gpus=0 and "
                                   "ray.gpus_per_trainer=0 to train on CPUs.")
-        return max(1, limit)
+        return max(1, min(limit, self.config.num_partitions()))
+
+    def _warn_idle_cpus(self, trainers: int) -> None:
+        """Say so when the partitions, not the CPUs, bound the train tasks and CPUs stay
+        idle: each task trains on int(ray.cpus_per_trainer) Hogwild threads, and the key
+        that gives it the rest is named with the value that would."""
+        ray_config = self.config.ray
+        if ray_config.num_trainers or gpus_per_trainer(self.config) > 0:
+            return
+        cpus = ray.cluster_resources().get("CPU", 1)
+        node_cpus = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]),
+                        default=cpus)
+        per_trainer = int(min(node_cpus, cpus // trainers))
+        if per_trainer > ray_config.cpus_per_trainer:
+            logger.warning(
+                "%d partition(s) allow %d train task(s) at once; with ray.cpus_per_trainer=%g "
+                "they use %g of the %g CPUs. Set ray.cpus_per_trainer=%d to train each bucket "
+                "on that many Hogwild threads.", self.config.num_partitions(), trainers,
+                ray_config.cpus_per_trainer, trainers * ray_config.cpus_per_trainer, cpus,
+                per_trainer)
 
     # --- the pass loop ------------------------------------------------------
 

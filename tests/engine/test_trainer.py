@@ -190,6 +190,33 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
 
 @pytest.mark.faults
 @pytest.mark.slow
+def test_train_tasks_at_once_are_bounded_by_the_partitions(ray_session, tmp_path, caplog):
+    """An unpartitioned graph trains one bucket a pass: one train task (and one worker
+    started for it), however many CPUs; the CPUs it leaves idle are pointed out with the
+    key and value that would use them."""
+    one = {"user": {"num_partitions": 1}, "item": {"num_partitions": 1},
+           "tag": {"num_partitions": 1}}
+    unpartitioned = small_config(tmp_path, entities=one)
+    write_random_graph(unpartitioned, num_edges=100)
+    cpus = int(ray.cluster_resources()["CPU"])
+    assert cpus >= 2  # the session's local Ray
+    trainer = Trainer(unpartitioned)
+    assert trainer.max_trainers() == 1
+    with caplog.at_level("WARNING", logger="pbg_ray"):
+        trainer._warn_idle_cpus(1)
+    assert f"ray.cpus_per_trainer={cpus} " in caplog.text
+    caplog.clear()
+    wide = small_config(tmp_path, entities=one, ray={"cpus_per_trainer": float(cpus)})
+    with caplog.at_level("WARNING", logger="pbg_ray"):
+        Trainer(wide)._warn_idle_cpus(1)
+    assert caplog.text == ""
+    # Partitioned: the CPUs bound them; ray.num_trainers is taken as it is.
+    partitioned = small_config(tmp_path / "partitioned")
+    write_random_graph(partitioned, num_edges=100)
+    assert Trainer(partitioned).max_trainers() == min(cpus, 2)
+    assert Trainer(small_config(tmp_path, entities=one, ray={"num_trainers": 2})).max_trainers() == 2
+
+
 def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path, monkeypatch):
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
     placement having trained, or while writing a swap file behind its task, which may
