@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 import ray
 from ray.exceptions import RayTaskError
@@ -76,11 +76,12 @@ def get_results(refs: Any) -> Any:
         raise
 
 
-def discard(refs: List[ray.ObjectRef], timeout: float = CANCEL_WAIT_S) -> None:
-    """Wait up to `timeout` for `refs`, then read and drop the results that nobody will use:
-    Ray would log a traceback ("Unhandled error") for each failed one once its refs are
-    gone, after the user already got the one error that stopped the run. All the returns of
-    a failed task are waited for, as they reach the driver one after another."""
+def discard(refs: List[ray.ObjectRef], timeout: Optional[float] = CANCEL_WAIT_S) -> None:
+    """Wait up to `timeout` (None: as long as they take) for `refs`, then read and drop
+    their results, which nobody will use: Ray would log a traceback ("Unhandled error")
+    for each failed one once its refs are gone (after a failed run, beside the one error
+    the user already got). All the returns of a failed task are waited for, as they
+    reach the driver one after another."""
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
     for ref in ready:
         try:

@@ -204,9 +204,11 @@ class Trainer:
         # The processes above start at once (each imports torch for seconds); waiting for
         # them here keeps their start-up out of the first bucket's time, and has the first
         # train tasks find them idle: a train task sent while they still import, to a
-        # CPU they leave free, would start a process of its own beside them.
+        # CPU they leave free, would start a process of its own beside them. (One that
+        # failed, its node lost, costs only its head start.)
         ray.get([self.store_of[key].add.remote(key, sources[key]) for key in keys]
-                + [self.params.load.remote(model_source)] + started)
+                + [self.params.load.remote(model_source)])
+        discard(started, timeout=None)
 
     def max_trainers(self) -> int:
         """Train tasks at once: ray.num_trainers, or as many as the cluster's CPUs (and
