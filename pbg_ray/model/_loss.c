@@ -1,6 +1,7 @@
 /* The softmax loss of a batch side and its gradient in one C call (pbg_ray.model.losses.
- * SoftmaxLoss), for the CPU kernel on processors with AVX-512 (`supported()`; elsewhere
- * the kernel keeps torch's ops).
+ * SoftmaxLoss), and PBG's violators count of a side's score blocks in one pass
+ * (losses.violators), for the CPU kernel on processors with AVX-512 (`supported()`;
+ * elsewhere the kernel keeps torch's ops).
  *
  * torch runs it as ~12 passes over the score blocks (max, subtract, exp, sum, scale, ...),
  * each a separate op. Here each chunk's rows go through three passes per block while they
@@ -165,6 +166,92 @@ AVX512 static double softmax_chunks(const float *pos, const float *weight, float
     return loss;
 }
 
+/* The scores of a block above their row's positive (ordered: a NaN is above nothing), over
+ * the rows of its first `valid` of chunks x rows (row c of chunk i is row i * rows + c; the
+ * rest are padding). */
+AVX512 static int64_t block_violators(const Block *b, const float *pos, int64_t chunks,
+                                      int64_t rows, int64_t valid) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < chunks && i * rows < valid; i++) {
+        const float *x = b->in + i * b->s_chunk, *p = pos + i * rows;
+        int64_t n = valid - i * rows < rows ? valid - i * rows : rows;
+        if (b->s_col == 1) {
+            for (int64_t c = 0; c < n; c++) {
+                const float *row = x + c * b->s_row;
+                __m512 t = _mm512_set1_ps(p[c]);
+                for (int64_t j = 0; j < b->n_cols; j += 16) {
+                    __mmask16 k = lanes(b->n_cols - j);
+                    count += __builtin_popcount(_mm512_mask_cmp_ps_mask(
+                        k, _mm512_maskz_loadu_ps(k, row + j), t, _CMP_GT_OQ));
+                }
+            }
+        } else {
+            for (int64_t j = 0; j < b->n_cols; j++)
+                for (int64_t c = 0; c < n; c += 16) {
+                    __mmask16 k = lanes(n - c);
+                    count += __builtin_popcount(_mm512_mask_cmp_ps_mask(
+                        k, _mm512_maskz_loadu_ps(k, x + j * b->s_col + c),
+                        _mm512_maskz_loadu_ps(k, p + c), _CMP_GT_OQ));
+                }
+        }
+    }
+    return count;
+}
+
+/* Blocks from a sequence of (in, out, n_cols, stride_chunk, stride_row, stride_col), with
+ * addresses as integers and strides in elements: their count, or -1 with an exception set. */
+static Py_ssize_t parse_blocks(PyObject *seq, Block *blocks) {
+    PyObject *fast = PySequence_Fast(seq, "blocks must be a sequence");
+    if (fast == NULL)
+        return -1;
+    Py_ssize_t n_blocks = PySequence_Fast_GET_SIZE(fast);
+    if (n_blocks > MAX_BLOCKS) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "at most %d blocks", MAX_BLOCKS);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < n_blocks; k++) {
+        unsigned long long in_p, out_p;
+        long long n_cols, s_chunk, s_row, s_col;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "KKLLLL", &in_p, &out_p, &n_cols,
+                              &s_chunk, &s_row, &s_col)) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (s_col != 1 && s_row != 1) {
+            Py_DECREF(fast);
+            PyErr_Format(PyExc_ValueError, "block %zd is contiguous along neither its rows "
+                         "nor its columns", k);
+            return -1;
+        }
+        blocks[k] = (Block){(const float *)in_p, (float *)out_p, n_cols, s_chunk, s_row, s_col};
+    }
+    Py_DECREF(fast);
+    return n_blocks;
+}
+
+/* violators(pos, chunks, rows, valid, blocks): blocks as softmax takes them (their `out`
+ * unused); pos contiguous [chunks, rows]. Returns the count of block_violators. */
+static PyObject *violators(PyObject *self, PyObject *args) {
+    unsigned long long pos_p;
+    long long chunks, rows, valid;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "KLLLO", &pos_p, &chunks, &rows, &valid, &seq))
+        return NULL;
+    if (!__builtin_cpu_supports("avx512f"))
+        return PyErr_Format(PyExc_RuntimeError, "violators needs AVX-512 (see supported())");
+    Block blocks[MAX_BLOCKS];
+    Py_ssize_t n_blocks = parse_blocks(seq, blocks);
+    if (n_blocks < 0)
+        return NULL;
+    int64_t count = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; k < n_blocks; k++)
+        count += block_violators(&blocks[k], (const float *)pos_p, chunks, rows, valid);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLongLong(count);
+}
+
 /* softmax(pos, weight, dpos, chunks, rows, blocks): blocks is a sequence of
  * (in, out, n_cols, stride_chunk, stride_row, stride_col) with addresses as integers and
  * strides in elements; pos, weight and dpos are contiguous [chunks, rows]. Returns the loss. */
@@ -176,31 +263,10 @@ static PyObject *softmax(PyObject *self, PyObject *args) {
         return NULL;
     if (!__builtin_cpu_supports("avx512f"))
         return PyErr_Format(PyExc_RuntimeError, "softmax needs AVX-512 (see supported())");
-    PyObject *fast = PySequence_Fast(seq, "blocks must be a sequence");
-    if (fast == NULL)
-        return NULL;
-    Py_ssize_t n_blocks = PySequence_Fast_GET_SIZE(fast);
-    if (n_blocks > MAX_BLOCKS) {
-        Py_DECREF(fast);
-        return PyErr_Format(PyExc_ValueError, "at most %d blocks", MAX_BLOCKS);
-    }
     Block blocks[MAX_BLOCKS];
-    for (Py_ssize_t k = 0; k < n_blocks; k++) {
-        unsigned long long in_p, out_p;
-        long long n_cols, s_chunk, s_row, s_col;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "KKLLLL", &in_p, &out_p, &n_cols,
-                              &s_chunk, &s_row, &s_col)) {
-            Py_DECREF(fast);
-            return NULL;
-        }
-        if (s_col != 1 && s_row != 1) {
-            Py_DECREF(fast);
-            return PyErr_Format(PyExc_ValueError, "block %zd is contiguous along neither its rows "
-                                "nor its columns", k);
-        }
-        blocks[k] = (Block){(const float *)in_p, (float *)out_p, n_cols, s_chunk, s_row, s_col};
-    }
-    Py_DECREF(fast);
+    Py_ssize_t n_blocks = parse_blocks(seq, blocks);
+    if (n_blocks < 0)
+        return NULL;
     float *scratch = malloc(2 * (rows > 0 ? rows : 1) * sizeof(float));
     if (scratch == NULL)
         return PyErr_NoMemory();
@@ -219,6 +285,7 @@ static PyObject *supported(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"softmax", softmax, METH_VARARGS, "Softmax loss and gradients of one batch side."},
+    {"violators", violators, METH_VARARGS, "Scores above their row's positive, counted."},
     {"supported", supported, METH_NOARGS, "Whether this CPU runs softmax (AVX-512)."},
     {NULL, NULL, 0, NULL},
 };

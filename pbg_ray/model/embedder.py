@@ -26,7 +26,7 @@ from torch import Tensor
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.comparators import make_comparator
-from pbg_ray.model.losses import LOSS_FUNCTIONS
+from pbg_ray.model.losses import LOSS_FUNCTIONS, count_violators
 from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
 from pbg_ray.model.operators import OPERATORS, Operator
 from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
@@ -358,10 +358,6 @@ class Embedder:
         C = batch.chunk_size
         sv = scores.saved
         w = self._weights(batch, sv["a"].device)
-        full = batch.num_pos == w.numel()  # no padding rows to leave out of the counts
-        valid = torch.zeros(w.numel(), dtype=torch.bool, device=w.device)
-        valid[:batch.num_pos] = True
-        valid = valid.view_as(w)
         loss = w.new_zeros(())
         violators: Dict[str, int] = {}
         dpos: Dict[str, Tensor] = {}
@@ -371,15 +367,7 @@ class Embedder:
             # Gradients overwrite the scores, unless the comparator's backward reads them.
             out = [self.workspace.get(("grad", name, i), blk) if cmp.needs_scores else blk
                    for i, blk in enumerate(blocks)]
-            # Compared into a float buffer (boolean outputs and count_nonzero are several
-            # times slower on CPU): the gradient's own buffer, before the loss fills it, so
-            # that fewer score-sized buffers compete for the cache.
-            count = 0
-            for i, (blk, o) in enumerate(zip(blocks, out)):
-                above = torch.gt(blk, pos.unsqueeze(-1), out=self.workspace.get(
-                    ("above", name, i), blk) if o is blk else o)
-                count += int(above.sum() if full else (above.sum(-1) * valid).sum())
-            violators[name] = count
+            violators[name] = self._violators(batch, name, pos, blocks, out)
             num_neg = sum(blk.shape[-1] for blk in blocks)
             side_loss, dpos[name], dblocks[name] = self.loss_fn.forward_backward(
                 pos, blocks, w, num_neg, out)
@@ -466,6 +454,27 @@ class Embedder:
                 param_grads[key] = param_grads[key] + g if key in param_grads else g
         self._featurized_row_grads(batch, sv, row_grads, da, db)
         return Gradients(float(loss), reg, violators, row_grads, param_grads)
+
+    def _violators(self, batch: Batch, name: str, pos: Tensor, blocks: List[Tensor],
+                   out: List[Tensor]) -> int:
+        """PBG's violators of a side: its negatives' scores above their positive's, on the
+        rows that hold edges. One C pass over the blocks where it serves; else compared
+        into a float buffer (boolean outputs and count_nonzero are several times slower on
+        CPU): the gradient's own buffer, before the loss fills it, so that fewer
+        score-sized buffers compete for the cache."""
+        count = count_violators(pos, blocks, batch.num_pos)
+        if count is not None:
+            return count
+        count = 0
+        rows = pos.numel()
+        for i, (blk, o) in enumerate(zip(blocks, out)):
+            above = torch.gt(blk, pos.unsqueeze(-1), out=self.workspace.get(
+                ("above", name, i), blk) if o is blk else o)
+            if batch.num_pos == rows:
+                count += int(above.sum())
+            else:  # the last chunk's padding rows left out
+                count += int(above.sum(-1).view(-1)[:batch.num_pos].sum())
+        return count
 
     def _regularize(self, batch: Batch, a: Tensor, b: Tensor, da: Tensor, db: Tensor,
                     param_grads: Dict[str, Tensor]) -> float:

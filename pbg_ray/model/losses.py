@@ -14,7 +14,7 @@ the scores, else a reusable buffer, so no large tensor is allocated per batch.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -30,16 +30,36 @@ if _loss is not None and not _loss.supported():  # its code is AVX-512
 Result = Tuple[Tensor, Tensor, List[Tensor]]
 
 
-def _native_softmax(pos: Tensor, blocks: List[Tensor], weight: Tensor, out: List[Tensor]) -> bool:
-    """Whether the C softmax (_loss.c) can serve: built and on an AVX-512 CPU, float32,
-    pos and weight contiguous, each block contiguous along its columns or its rows, and
-    its gradient buffer laid out like it."""
+def _native_blocks(pos: Tensor, blocks: List[Tensor], *more: Tensor) -> bool:
+    """Whether _loss.c can take these: built and on an AVX-512 CPU, all float32 on the CPU,
+    pos contiguous, each block contiguous along its columns or its rows."""
     return (_loss is not None and len(blocks) <= 4
             and all(t.device.type == "cpu" and t.dtype == torch.float32
-                    for t in (pos, weight, *blocks, *out))
-            and pos.is_contiguous() and weight.is_contiguous()
-            and all(o.stride() == b.stride() and 1 in (b.stride(1), b.stride(2))
-                    for b, o in zip(blocks, out)))
+                    for t in (pos, *blocks, *more))
+            and pos.is_contiguous() and all(1 in (b.stride(1), b.stride(2)) for b in blocks))
+
+
+def _native_softmax(pos: Tensor, blocks: List[Tensor], weight: Tensor, out: List[Tensor]) -> bool:
+    """Whether the C softmax (_loss.c) can serve: _native_blocks, weight contiguous, and
+    each block's gradient buffer laid out like it."""
+    return (_native_blocks(pos, blocks, weight, *out) and weight.is_contiguous()
+            and all(o.stride() == b.stride() for b, o in zip(blocks, out)))
+
+
+def _c_blocks(blocks: List[Tensor], out: List[Tensor]) -> List[Tuple[int, ...]]:
+    """The non-empty blocks as _loss.c takes them: (in, out, columns, strides)."""
+    return [(b.data_ptr(), o.data_ptr(), b.shape[2], *b.stride())
+            for b, o in zip(blocks, out) if b.shape[2]]
+
+
+def count_violators(pos: Tensor, blocks: List[Tensor], valid_rows: int) -> Optional[int]:
+    """PBG's violators of a batch side: the scores of `blocks` [chunks, C, N] above their
+    row's positive score in `pos` [chunks, C], over the first `valid_rows` rows (the rest
+    pad the last chunk), counted in one C pass (_loss.c); None where that cannot serve."""
+    if not _native_blocks(pos, blocks):
+        return None
+    return _loss.violators(pos.data_ptr(), pos.shape[0], pos.shape[1], valid_rows,
+                           _c_blocks(blocks, blocks))
 
 
 class Loss:
@@ -114,8 +134,7 @@ class SoftmaxLoss(Loss):
             dpos = torch.empty_like(pos)
             loss = _loss.softmax(
                 pos.data_ptr(), weight.data_ptr(), dpos.data_ptr(), pos.shape[0], pos.shape[1],
-                [(b.data_ptr(), o.data_ptr(), b.shape[2], *b.stride())
-                 for b, o in zip(blocks, out) if b.shape[2]])
+                _c_blocks(blocks, out))
             return pos.new_tensor(loss), dpos, out
         top = pos.clone()
         for block in blocks:

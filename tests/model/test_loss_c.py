@@ -1,4 +1,5 @@
-"""The C softmax loss (pbg_ray/model/_loss.c) against the torch ops it stands in for."""
+"""The C softmax loss and violators count (pbg_ray/model/_loss.c) against the torch ops
+they stand in for."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import importlib
 import pytest
 import torch
 
+from pbg_ray.config import ConfigSchema
 from pbg_ray.model import losses
+from pbg_ray.model.embedder import Batch, Embedder, SideBatch
+from pbg_ray.model.negatives import Negatives
 
 SOFTMAX = losses.SoftmaxLoss(margin=0.1)
 
@@ -69,3 +73,37 @@ def test_softmax_of_far_apart_scores_stays_finite_and_a_nan_score_makes_the_loss
     blocks[0][1, 2, 3] = float("nan")
     loss, _, _ = forward_backward(monkeypatch, True, pos, blocks, weight)
     assert torch.isnan(loss)  # the trainer stops on it
+
+
+def embedder_violators(monkeypatch, c_code: bool, pos, blocks, num_pos: int) -> int:
+    """The Embedder's violators count of a side, by the C pass or by torch's ops."""
+    config = ConfigSchema.from_dict(dict(
+        entities={"node": {"num_partitions": 1}},
+        relations=[{"name": "r", "lhs": "node", "rhs": "node"}], dimension=4,
+        entity_path="/unused", edge_paths=["/unused"], checkpoint_path="/unused"))
+    embedder = Embedder(config, {}, {})
+    side = SideBatch(("node", 0), "node", Negatives.UNIFORM)
+    _, rows = pos.shape
+    batch = Batch(num_pos, rows, 0, torch.zeros(num_pos, dtype=torch.long), side, side, None)
+    with monkeypatch.context() as m:
+        if not c_code:
+            m.setattr(losses, "_loss", None)
+        return embedder._violators(batch, "lhs", pos, blocks, [b.clone() for b in blocks])
+
+
+@needs_avx512
+@pytest.mark.parametrize("columns", [[5, 17], [16], [1, 33, 40], [0, 7]])
+@pytest.mark.parametrize("transposed_first", [False, True])
+@pytest.mark.parametrize("rows", [5, 21])  # under and past a 16-lane block
+def test_violators_count_matches_the_torch_ops(monkeypatch, columns, transposed_first, rows):
+    pos, blocks, _ = side(columns, transposed_first, rows=rows)
+    blocks[-1][0, 1, :3] = pos[0, 1]  # ties are not above
+    blocks[-1][1, 0, 0] = float("nan")  # nor is a NaN
+    total = pos.numel()
+    for num_pos in (total, total - 2, rows + 1):  # full, the last chunk padded, mostly padding
+        c_count = embedder_violators(monkeypatch, True, pos, blocks, num_pos)
+        t_count = embedder_violators(monkeypatch, False, pos, blocks, num_pos)
+        expected = sum(int((b > pos.unsqueeze(-1)).sum(-1).view(-1)[:num_pos].sum())
+                       for b in blocks)
+        assert c_count == t_count == expected
+        assert 0 < expected  # (each case has violators to count)
