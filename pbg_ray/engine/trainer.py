@@ -195,12 +195,9 @@ class Trainer:
             self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
             partitioned("lhs"), partitioned("rhs"), self.config.seed,
             self.config.ray.partition_buffer)
-        trainers = self.max_trainers()
-        if self.actor_restarts == 0:
-            self._warn_idle_cpus(trainers)
         started = [start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
                                                 num_gpus=gpus_per_trainer(self.config)).remote()
-                   for _ in range(trainers)]
+                   for _ in range(self.max_trainers())]
         # The processes above start at once (each imports torch for seconds); waiting for
         # them here keeps their start-up out of the first bucket's time, and has the first
         # train tasks find them idle: a train task sent while they still import, to a
@@ -228,13 +225,14 @@ class Trainer:
                                   "ray.gpus_per_trainer=0 to train on CPUs.")
         return max(1, min(limit, self.config.num_partitions()))
 
-    def _warn_idle_cpus(self, trainers: int) -> None:
+    def _warn_idle_cpus(self) -> None:
         """Say so when the partitions, not the CPUs, bound the train tasks and CPUs stay
         idle: each task trains on int(ray.cpus_per_trainer) Hogwild threads, and the key
         that gives it the rest is named with the value that would."""
         ray_config = self.config.ray
         if ray_config.num_trainers or gpus_per_trainer(self.config) > 0:
             return
+        trainers = self.max_trainers()
         cpus = ray.cluster_resources().get("CPU", 1)
         node_cpus = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]),
                         default=cpus)
@@ -259,6 +257,7 @@ class Trainer:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
                         self.checkpoints.path, self.version)
             return TrainResult(str(self.checkpoints.path), self.version, [])
+        self._warn_idle_cpus()
         # Stats lines of passes that never became current (an interrupted run's) go; the
         # session also removes, whatever ends the run, its unfinished version and swap files.
         completed = lambda s: (s["epoch_idx"] * passes_per_epoch  # noqa: E731

@@ -1,6 +1,6 @@
 /* The softmax loss of a batch side and its gradient in one C call (pbg_ray.model.losses.
  * SoftmaxLoss), and PBG's violators count of a side's score blocks in one pass
- * (losses.violators), for the CPU kernel on processors with AVX-512 (`supported()`;
+ * (losses.count_violators), for the CPU kernel on processors with AVX-512 (`supported()`;
  * elsewhere the kernel keeps torch's ops).
  *
  * torch runs it as ~12 passes over the score blocks (max, subtract, exp, sum, scale, ...),

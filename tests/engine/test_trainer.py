@@ -203,12 +203,12 @@ def test_train_tasks_at_once_are_bounded_by_the_partitions(ray_session, tmp_path
     trainer = Trainer(unpartitioned)
     assert trainer.max_trainers() == 1
     with caplog.at_level("WARNING", logger="pbg_ray"):
-        trainer._warn_idle_cpus(1)
+        trainer._warn_idle_cpus()
     assert f"ray.cpus_per_trainer={cpus} " in caplog.text
     caplog.clear()
     wide = small_config(tmp_path, entities=one, ray={"cpus_per_trainer": float(cpus)})
     with caplog.at_level("WARNING", logger="pbg_ray"):
-        Trainer(wide)._warn_idle_cpus(1)
+        Trainer(wide)._warn_idle_cpus()
     assert caplog.text == ""
     # Partitioned: the CPUs bound them; ray.num_trainers is taken as it is.
     partitioned = small_config(tmp_path / "partitioned")
