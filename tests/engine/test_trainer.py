@@ -188,8 +188,6 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
     assert not (tmp_path / "checkpoints" / "config.json").exists()
 
 
-@pytest.mark.faults
-@pytest.mark.slow
 def test_train_tasks_at_once_are_bounded_by_the_partitions(ray_session, tmp_path, caplog):
     """An unpartitioned graph trains one bucket a pass: one train task (and one worker
     started for it), however many CPUs; the CPUs it leaves idle are pointed out with the
@@ -217,6 +215,8 @@ def test_train_tasks_at_once_are_bounded_by_the_partitions(ray_session, tmp_path
     assert Trainer(small_config(tmp_path, entities=one, ray={"num_trainers": 2})).max_trainers() == 2
 
 
+@pytest.mark.faults
+@pytest.mark.slow
 def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path, monkeypatch):
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
     placement having trained, or while writing a swap file behind its task, which may
