@@ -297,8 +297,8 @@ class PartitionCopies:
         return True
 
     def _begin_write(self, config: ConfigSchema, lease: "SwapFile",
-                      partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
-                      ) -> Future:
+                     partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
+                     ) -> Future:
         """Begin writing `partition` to its local swap file on the writer thread."""
         with self.lock:  # HandOver's timer thread begins writes too
             self.writes += 1

@@ -199,8 +199,13 @@ AVX512 static int64_t block_violators(const Block *b, const float *pos, int64_t 
 }
 
 /* Blocks from a sequence of (in, out, n_cols, stride_chunk, stride_row, stride_col), with
- * addresses as integers and strides in elements: their count, or -1 with an exception set. */
-static Py_ssize_t parse_blocks(PyObject *seq, Block *blocks) {
+ * addresses as integers and strides in elements, for the loops of `caller`: their count,
+ * or -1 with an exception set (also on a CPU without AVX-512, see supported()). */
+static Py_ssize_t parse_blocks(const char *caller, PyObject *seq, Block *blocks) {
+    if (!__builtin_cpu_supports("avx512f")) {
+        PyErr_Format(PyExc_RuntimeError, "%s needs AVX-512 (see supported())", caller);
+        return -1;
+    }
     PyObject *fast = PySequence_Fast(seq, "blocks must be a sequence");
     if (fast == NULL)
         return -1;
@@ -238,10 +243,8 @@ static PyObject *violators(PyObject *self, PyObject *args) {
     PyObject *seq;
     if (!PyArg_ParseTuple(args, "KLLLO", &pos_p, &chunks, &rows, &valid, &seq))
         return NULL;
-    if (!__builtin_cpu_supports("avx512f"))
-        return PyErr_Format(PyExc_RuntimeError, "violators needs AVX-512 (see supported())");
     Block blocks[MAX_BLOCKS];
-    Py_ssize_t n_blocks = parse_blocks(seq, blocks);
+    Py_ssize_t n_blocks = parse_blocks("violators", seq, blocks);
     if (n_blocks < 0)
         return NULL;
     int64_t count = 0;
@@ -261,10 +264,8 @@ static PyObject *softmax(PyObject *self, PyObject *args) {
     PyObject *seq;
     if (!PyArg_ParseTuple(args, "KKKLLO", &pos_p, &weight_p, &dpos_p, &chunks, &rows, &seq))
         return NULL;
-    if (!__builtin_cpu_supports("avx512f"))
-        return PyErr_Format(PyExc_RuntimeError, "softmax needs AVX-512 (see supported())");
     Block blocks[MAX_BLOCKS];
-    Py_ssize_t n_blocks = parse_blocks(seq, blocks);
+    Py_ssize_t n_blocks = parse_blocks("softmax", seq, blocks);
     if (n_blocks < 0)
         return NULL;
     float *scratch = malloc(2 * (rows > 0 ? rows : 1) * sizeof(float));
