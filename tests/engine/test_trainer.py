@@ -119,10 +119,13 @@ def written_back(plan: List[Bucket], buffer: int) -> List[int]:
 @pytest.mark.slow  # two passes of 16 buckets
 def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
     """Disk placement with bucket_order=beta: every bucket line counts its partition reads
-    and writes; a pass trained by one worker reads exactly what the scheduler's
-    simulation of its buffer says (read-ahead and kept partitions included), and never
-    fewer than BETA's lower bound; a bucket writes only the partitions its trainer's next
-    bucket does not train."""
+    and writes; a pass never reads fewer than BETA's lower bound, and a pass trained by
+    one worker reads exactly what the scheduler's simulation of its buffer says
+    (read-ahead and kept partitions included) and writes as its write-back plan says.
+    (Ray may start a pass's next task in another worker process, even a new one, when
+    the worker's lease comes back after the next task asked for one: the new worker reads
+    what the old one held, and the old one writes what it held for that task once its
+    wait runs out, counted in the stats of its own next task.)"""
     config = small_config(
         tmp_path, entities={"user": {"num_partitions": 4}},
         relations=[{"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}],
@@ -138,15 +141,15 @@ def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
         reads = sum(l["partition_io"]["reads"] for l in buckets)
         plan = bucket_order("beta", 4, 4, random.Random(f"{config.seed}/{iteration}"), 3)
         assert [(l["lhs_partition"], l["rhs_partition"]) for l in buckets] == [tuple(b) for b in plan]
-        # Write-back: a partition trained since it was read is written once the buffer
-        # drops it, or at the end of the pass; until then the worker's next tasks train it
-        # on unwritten.
-        parts = [{l["lhs_partition"], l["rhs_partition"]} for l in buckets]
-        assert [l["partition_io"]["writes"] for l in buckets] == written_back(plan, 3)
-        assert sum(l["partition_io"]["writes"] for l in buckets) < sum(map(len, parts))
         assert reads >= reads_lower_bound(4, 3)
         if len({l["worker"]["pid"] for l in buckets}) == 1:
             assert reads == partition_reads(plan, 3)
+            # Write-back: a partition trained since it was read is written once the
+            # buffer drops it, or at the end of the pass; until then the worker's next
+            # tasks train it on unwritten.
+            writes = [l["partition_io"]["writes"] for l in buckets]
+            assert writes == written_back(plan, 3)
+            assert sum(writes) < sum(len({b.lhs, b.rhs}) for b in plan)
 
 
 def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
