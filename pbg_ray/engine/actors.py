@@ -19,7 +19,7 @@ from pbg_ray.checkpoints.storage import row_adagrad_state
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import (
-    PartitionKey, Source, SwapFile, load_partition, written_marker, writes_behind)
+    PartitionKey, Source, SwapFile, asked_marker, load_partition, written_marker, writes_behind)
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model.params import (
@@ -142,6 +142,7 @@ class PartitionStore:
                 replace(storage_path(newest.staged), self.checkpoints.partition_file(version, *key))
                 if writes_behind(newest.staged):
                     written_marker(newest.staged).unlink(missing_ok=True)
+                    asked_marker(newest.staged).unlink(missing_ok=True)
             elif key in self.summed:
                 self._write(key, tuple(self.summed[key]), version, metadata)
             elif key in self.refs:

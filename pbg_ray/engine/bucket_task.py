@@ -174,9 +174,9 @@ class PartitionCopies:
     A partition that the trainer's next bucket trains too, whose task is submitted to
     follow this one, is not written: it is held for that task, which trains it on where
     this one left it (see HandOver). With one trainer, so are the others its buffer keeps
-    for its next buckets (write-back): each is written once the buffer drops it, or
-    when the trainer's pass ends, or HAND_OVER_WAIT_S after its task if no task of
-    this worker took it by then."""
+    for its next buckets (write-back): each is written once the buffer drops it, when
+    the trainer's pass ends, when a task on another worker asks for it, or
+    HAND_OVER_WAIT_S after its task if no task of this worker took it by then."""
 
     def __init__(self, keep: bool = True) -> None:
         self.keep = keep
@@ -280,7 +280,7 @@ class PartitionCopies:
         begin = functools.partial(self._begin_write, config, lease, partition, metadata)
         if hand_over and self.keep and writes_behind(lease.staged):
             lease.begin_write()
-            self.held[key, lease.written] = (partition, HandOver(begin))
+            self.held[key, lease.written] = (partition, HandOver(begin, lease.asked))
             return False
         if writes_behind(lease.staged):
             lease.begin_write()
@@ -300,7 +300,7 @@ class PartitionCopies:
                      partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
                      ) -> Future:
         """Begin writing `partition` to its local swap file on the writer thread."""
-        with self.lock:  # HandOver's timer thread begins writes too
+        with self.lock:  # HandOver's thread begins writes too
             self.writes += 1
         return self.writer.submit(_write_behind, config, lease, partition, metadata)
 
@@ -374,31 +374,40 @@ def _write_behind(config: ConfigSchema, lease: SwapFile, partition: Tuple[np.nda
 
 
 # How long a partition held for a later task of the trainer (HandOver) waits for a task
-# of this worker to take it before it is written anyway.
+# of this worker to take it before it is written anyway, and how often it looks whether
+# a reader elsewhere asks for it.
 HAND_OVER_WAIT_S = 2.0
+HAND_OVER_POLL_S = 0.005
 
 
 class HandOver:
     """The write of a partition held for a later task of the trainer, which trains it on
     from this worker's buffer: that task's lease names this one's swap file as its
     source, and its own result replaces it, so the file is written only if no task takes
-    the partition here (Ray ran it on another worker, or it never ran): when the buffer
-    drops it, when the trainer's pass ends, or after HAND_OVER_WAIT_S. Until then the
-    file's marker says "pending" (see SwapFile.begin_write): a reader elsewhere waits,
-    and learns of this worker's death (WriterDied: the pass is trained again).
+    the partition here: when a reader elsewhere asks for it (Ray ran that task on another
+    worker, see partitions.asked_marker), when the buffer drops it, when the trainer's
+    pass ends, or after HAND_OVER_WAIT_S (no task came). Until then the file's marker
+    says "pending" (see SwapFile.begin_write): a reader elsewhere asks and waits, and
+    learns of this worker's death (WriterDied: the pass is trained again).
 
     Stands where PartitionCopies keeps a write's Future: `done` and `result` (which
     begins the write if it has not begun). `begin` begins the write, returning its
-    Future."""
+    Future; `asked` says whether a reader asks for it."""
 
-    def __init__(self, begin: Callable[[], Future]) -> None:
+    def __init__(self, begin: Callable[[], Future], asked: Callable[[], bool]) -> None:
         self.lock = threading.Lock()
         self.begin = begin
         self.pending: Optional[Future] = None  # the write, once begun
         self.taken = False
-        self.timer = threading.Timer(HAND_OVER_WAIT_S, self.write)
-        self.timer.daemon = True
-        self.timer.start()
+        self.settled = threading.Event()  # taken, or the write begun
+        threading.Thread(target=self._watch, args=(asked,), daemon=True,
+                         name="hand-over").start()
+
+    def _watch(self, asked: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + HAND_OVER_WAIT_S
+        while not self.settled.wait(HAND_OVER_POLL_S):
+            if time.monotonic() > deadline or asked():
+                self.write()
 
     def take(self) -> bool:
         """The next task takes the partition: True unless its write has begun (then wait
@@ -406,14 +415,14 @@ class HandOver:
         with self.lock:
             if self.pending is None:
                 self.taken = True
-                self.timer.cancel()
+                self.settled.set()
             return self.taken
 
     def write(self) -> None:
         """Begin the write, unless it has begun or the partition was taken."""
         with self.lock:
             if not self.taken and self.pending is None:
-                self.timer.cancel()
+                self.settled.set()
                 self.pending = self.begin()
 
     def done(self) -> bool:

@@ -47,6 +47,22 @@ def written_marker(staged: str) -> Path:
     return path.with_name(f".written-{path.name}")
 
 
+def asked_marker(staged: str) -> Path:
+    """The file by which a reader waiting for a local swap file asks the process that
+    holds the values of its lease unwritten (bucket_task.HandOver: held for a task that
+    Ray ran on another worker) to write them now: the lease's token. (A leftover's
+    name: '.', then '.tmp-'.)"""
+    path = Path(staged)
+    return path.with_name(f".asked-{path.name}")
+
+
+def _replace_text(path: Path, text: str) -> None:
+    """Write `path` so that its readers see the whole text or what it held before."""
+    scratch = path.with_name(path.name + ".tmp-mark")
+    scratch.write_text(text)
+    os.replace(scratch, path)
+
+
 def writes_behind(staged: str) -> bool:
     """Whether a swap file is written behind its task: local files are; an upload to
     object storage is written before the task returns (readers elsewhere could not
@@ -56,9 +72,11 @@ def writes_behind(staged: str) -> bool:
 
 def wait_written(staged: str, token: str, timeout: float = WRITE_WAIT_S) -> None:
     """Return once the write of lease `token` to the local swap file `staged` is done;
-    raise its error if it failed, WriterDied if its writer died first."""
+    raise its error if it failed, WriterDied if its writer died first. A write not begun
+    yet (held for a task that runs elsewhere) is asked for (asked_marker)."""
     marker = written_marker(staged)
     deadline = time.monotonic() + timeout
+    asked = False
     while True:
         try:
             text = marker.read_text()
@@ -77,6 +95,9 @@ def wait_written(staged: str, token: str, timeout: float = WRITE_WAIT_S) -> None
                              "write was done")
         if time.monotonic() > deadline:
             raise WriterDied(f"the write of swap file {staged} did not finish in {timeout:.0f} s")
+        if not asked:
+            _replace_text(asked_marker(staged), token)
+            asked = True
         time.sleep(0.002)
 
 
@@ -181,8 +202,12 @@ class SwapFile(OnDisk):
         if writes_behind(self.staged):
             wait_written(self.staged, self.token)
 
+    def asked(self) -> bool:
+        """Whether a reader waits for this lease's write (see asked_marker)."""
+        try:
+            return asked_marker(self.staged).read_text() == self.token
+        except FileNotFoundError:
+            return False
+
     def _mark(self, state: str) -> None:
-        marker = written_marker(self.staged)
-        scratch = marker.with_name(marker.name + ".tmp-mark")
-        scratch.write_text(f"{self.token}\n{state}")
-        os.replace(scratch, marker)  # readers see the whole line or the one before
+        _replace_text(written_marker(self.staged), f"{self.token}\n{state}")

@@ -142,8 +142,9 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     while the worker's next task trains others, it stays unwritten with one trainer
     (write-back) and is written then with several (the task it was held for runs
     elsewhere); dropped from the buffer, it is written then; at the end of the trainer's
-    pass (write_held) at once; with no next task, after HAND_OVER_WAIT_S. Every write
-    begun is counted once."""
+    pass (write_held) at once; asked for by a reader in another process (Ray ran the
+    next task on another worker), at once; with no next task, after HAND_OVER_WAIT_S.
+    Every write begun is counted once."""
     monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 60.0)
     config = make_config()
     storage = CheckpointStorage(config.checkpoint_path)
@@ -187,10 +188,26 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     copies.next_task(keep=True, parts={0, 1}, leases={})
     np.testing.assert_array_equal(load_partition(config, user0, fourth.written)[0], again[0])
     assert copies.take_io() == {"reads": 1, "writes": 2}
+    # Read by another process, which asks for it: written at once, long before the wait
+    # runs out; a task here that comes for it after that waits for the write.
+    asked = SwapFile(fourth.written, str(storage.swap_file("t", 5)), "lease-asked")
+    held = copies.load(config, user0, asked)
+    held[0][:] += 1
+    assert not copies.write_behind(config, user0, asked, held, {}, hand_over=True)
+    assert not asked.asked()
+    reader = ("import sys; from pbg_ray.engine.partitions import wait_written; "
+              "wait_written(sys.argv[1], sys.argv[2], timeout=30.0)")
+    subprocess.run([sys.executable, "-c", reader, asked.staged, asked.token], check=True,
+                   cwd=os.getcwd(), timeout=60)
+    assert asked.asked()
+    np.testing.assert_array_equal(load_partition(config, user0, asked.written)[0], held[0])
+    assert copies.take_io() == {"reads": 0, "writes": 1}
+    fifth = SwapFile(asked.written, str(storage.swap_file("t", 4)), "lease-5")
+    copies.next_task(keep=True, parts={0}, leases={user0: fifth.source})
+    kept = copies.load(config, user0, fifth)
+    assert kept[0] is held[0]
     # No next task: written after HAND_OVER_WAIT_S.
     monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 0.05)
-    fifth = SwapFile(fourth.written, str(storage.swap_file("t", 4)), "lease-5")
-    kept = copies.load(config, user0, fifth)
     assert not copies.write_behind(config, user0, fifth, kept, {}, hand_over=True)
     np.testing.assert_array_equal(load_partition(config, user0, fifth.written)[0], kept[0])
     assert copies.take_io() == {"reads": 0, "writes": 1}
