@@ -30,7 +30,9 @@ class RayConfig:
     cpus_per_trainer: float = option(1.0, help=
         "CPUs each train task asks Ray for; it trains on int(cpus_per_trainer) Hogwild "
         "threads. When the partitions allow fewer tasks than the CPUs would, training says "
-        "so with the value that uses the rest (an unpartitioned graph: the machine's CPUs).")
+        "so with the value that uses the rest (an unpartitioned graph: the machine's CPUs). "
+        "More than any node has is refused on a local Ray that pbg_ray starts (nothing "
+        "would add a larger node) and a warning on a cluster, whose autoscaler may.")
     gpus_per_trainer: float = option(0.0, help=
         "GPUs each train task asks Ray for (0: CPU training).")
     placement: str = option("memory", help=

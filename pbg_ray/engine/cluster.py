@@ -13,6 +13,8 @@ from ray.exceptions import RayTaskError
 from pbg_ray.config import RayConfig
 from pbg_ray.errors import PbgRayError
 
+logger = logging.getLogger("pbg_ray")
+
 # Ray's notice, each time ray.init() starts a local Ray, that it turned token authentication
 # on: nothing the user of a local run can act on. Only the notice is dropped: authentication
 # stays as Ray sets it, and joining a cluster (ray.address) is left as it is.
@@ -23,6 +25,9 @@ TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 # their own (bucket_task.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
 # them; the actors start in workers of their own when created.
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+# Whether connect_ray started the Ray this process uses, on this machine: no autoscaler
+# adds a node to it (see check_task_fits).
+_started_local = False
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
@@ -36,6 +41,7 @@ def connect_ray(ray_config: RayConfig) -> None:
     """Join ray.address (RAY_ADDRESS, as `ray job submit` sets it, when that is null), or
     start a local Ray, never joining one that `ray start` left on this machine; keep one
     already connected."""
+    global _started_local
     if ray.is_initialized():
         return
     address = ray_config.address or (None if os.environ.get("RAY_ADDRESS") else "local")
@@ -50,7 +56,8 @@ def connect_ray(ray_config: RayConfig) -> None:
                  **local)
     finally:
         token_logger.removeFilter(not_token_notice)
-    if address == "local":
+    _started_local = address == "local"
+    if _started_local:
         stop_autoscaler_monitor()
 
 
@@ -64,6 +71,30 @@ def stop_autoscaler_monitor() -> None:
     kill_monitor = getattr(node, "kill_monitor", None)
     if kill_monitor is not None:
         kill_monitor(check_alive=False)
+
+
+def check_task_fits(key: str, resource: str, amount: float) -> None:
+    """A task that asks for `amount` of `resource` (config `key`) runs only on a node
+    that has that much. With no such node alive it would wait: on the local Ray started
+    here, for ever (refused, naming the key), on a cluster until its autoscaler adds
+    one (a warning)."""
+    if amount <= 0:
+        return
+    largest = max((n["Resources"].get(resource, 0) for n in ray.nodes() if n["Alive"]), default=0)
+    if largest >= amount:
+        return
+    problem = (f"{key}={amount:g}: each task asks for {amount:g} {resource}s, and no node of "
+               f"the Ray cluster has that many (the largest has {largest:g})")
+    if _started_local:
+        more = " or start the local Ray with more (ray.num_cpus)" if resource == "CPU" else ""
+        raise PbgRayError(f"{problem}. Set {key} to at most {largest:g}{more}.")
+    logger.warning("%s: the tasks wait until a node that large joins the cluster.", problem)
+
+
+def check_cpus_per_trainer(ray_config: RayConfig) -> None:
+    """check_task_fits for the tasks that ask for ray.cpus_per_trainer CPUs (training,
+    evaluation, predict and export)."""
+    check_task_fits("ray.cpus_per_trainer", "CPU", ray_config.cpus_per_trainer)
 
 
 def get_results(refs: Any) -> Any:

@@ -23,7 +23,7 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import (
     TASK_RUNTIME_ENV, evaluate_bucket_task, partition_counts, partition_keys)
-from pbg_ray.engine.cluster import connect_ray, get_results
+from pbg_ray.engine.cluster import check_cpus_per_trainer, connect_ray, get_results
 from pbg_ray.engine.partitions import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
@@ -208,6 +208,7 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     num_rel = num_relation_ids(config)
     start = time.perf_counter()
     connect_ray(config.ray)
+    check_cpus_per_trainer(config.ray)
     sampled: Dict[Any, Dict] = {}
     filtered: Dict[Any, Dict] = {}
     counts: Dict[Any, int] = {}

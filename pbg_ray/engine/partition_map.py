@@ -20,7 +20,7 @@ import ray
 from pbg_ray.checkpoints.partition_jobs import MapPartitions
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import TASK_RUNTIME_ENV
-from pbg_ray.engine.cluster import connect_ray, discard, get_results
+from pbg_ray.engine.cluster import check_cpus_per_trainer, connect_ray, discard, get_results
 
 
 class RayPartitionMap:
@@ -52,6 +52,7 @@ def partition_map(config: ConfigSchema) -> MapPartitions:
     ray.cpus_per_trainer CPUs each, in train tasks' kind of worker, two tasks per such
     slot in flight (one running, one result waiting to be consumed)."""
     connect_ray(config.ray)
+    check_cpus_per_trainer(config.ray)
     cpus = config.ray.cpus_per_trainer
     slots = ray.cluster_resources().get("CPU", 1) / cpus
     return RayPartitionMap({"num_cpus": cpus, "runtime_env": TASK_RUNTIME_ENV},

@@ -34,7 +34,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
-from pbg_ray.engine.cluster import discard
+from pbg_ray.engine.cluster import check_cpus_per_trainer, check_task_fits, discard
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import OnDisk, PartitionKey, SwapFile, WriterDied
@@ -174,6 +174,9 @@ class Trainer:
     def _start_actors(self) -> None:
         if self.scheduler is not None:  # started, and none has died since
             return
+        trainers = self.max_trainers()
+        check_cpus_per_trainer(self.config.ray)
+        check_task_fits("ray.gpus_per_trainer", "GPU", gpus_per_trainer(self.config))
         sources, model_source = self._sources()
         self.warm_up = HogwildWarmUp(self.config, self.num_chunks)  # the partitions load anew
         keys = sorted(sources)
@@ -197,7 +200,7 @@ class Trainer:
             self.config.ray.partition_buffer)
         started = [start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
                                                 num_gpus=gpus_per_trainer(self.config)).remote()
-                   for _ in range(self.max_trainers())]
+                   for _ in range(trainers)]
         # The processes above start at once (each imports torch for seconds); waiting for
         # them here keeps their start-up out of the first bucket's time, and has the first
         # train tasks find them idle: a train task sent while they still import, to a

@@ -25,6 +25,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
 from pbg_ray.engine.bucket_task import gpus_per_trainer
+from pbg_ray.engine.cluster import check_cpus_per_trainer
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
@@ -120,6 +121,7 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
             f"tune.metric={settings.metric} is measured on eval_edge_paths, which is empty. "
             "Set eval_edge_paths=[<held-out edges, e.g. a validation split>], or tune on "
             "tune.metric=loss tune.mode=min.")
+    check_cpus_per_trainer(config.ray)
     base = config.to_dict()
     base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=base),

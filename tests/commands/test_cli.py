@@ -118,6 +118,24 @@ def test_an_error_inside_a_train_task_is_one_line_and_leaves_nothing(tmp_path, w
     assert not checkpoint.exists() or not list(checkpoint.iterdir()), list(checkpoint.iterdir())
 
 
+def test_train_tasks_larger_than_the_local_ray_are_refused_naming_the_key(tmp_path, workdir):
+    """The local Ray that a command starts has no autoscaler: train tasks that ask for
+    more CPUs than it has would wait for ever. The command stops at once with one line
+    naming the key and the most it may be, and leaves nothing behind."""
+    data = tiny_graph(tmp_path)
+    module = pbg_module(tmp_path / "config.py", data)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    code, _, err = run("train", [module, "ray.num_cpus=2", "ray.cpus_per_trainer=3"], workdir,
+                       env=env)
+    assert code == 2
+    assert_one_error_line(err, "ray.cpus_per_trainer=3: each task asks for 3 CPUs, and no node",
+                          "(the largest has 2). Set ray.cpus_per_trainer to at most 2 or start "
+                          "the local Ray with more (ray.num_cpus).")
+    checkpoint = Path(data["checkpoint_path"])
+    assert not list(workdir.iterdir())
+    assert not checkpoint.exists() or not list(checkpoint.iterdir()), list(checkpoint.iterdir())
+
+
 def processes_mentioning(text: str):
     """Pids of live processes whose command line holds `text` (zombies have none)."""
     found = []
