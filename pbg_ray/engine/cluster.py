@@ -25,9 +25,9 @@ TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 # their own (bucket_task.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
 # them; the actors start in workers of their own when created.
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
-# Whether connect_ray started the Ray this process uses, on this machine: no autoscaler
+# The address of the local Ray that connect_ray started, on this machine: no autoscaler
 # adds a node to it (see check_task_fits).
-_started_local = False
+_local_gcs_address: Optional[str] = None
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
@@ -41,7 +41,7 @@ def connect_ray(ray_config: RayConfig) -> None:
     """Join ray.address (RAY_ADDRESS, as `ray job submit` sets it, when that is null), or
     start a local Ray, never joining one that `ray start` left on this machine; keep one
     already connected."""
-    global _started_local
+    global _local_gcs_address
     if ray.is_initialized():
         return
     address = ray_config.address or (None if os.environ.get("RAY_ADDRESS") else "local")
@@ -56,8 +56,8 @@ def connect_ray(ray_config: RayConfig) -> None:
                  **local)
     finally:
         token_logger.removeFilter(not_token_notice)
-    _started_local = address == "local"
-    if _started_local:
+    if address == "local":
+        _local_gcs_address = ray.get_runtime_context().gcs_address
         stop_autoscaler_monitor()
 
 
@@ -85,7 +85,7 @@ def check_task_fits(key: str, resource: str, amount: float) -> None:
         return
     problem = (f"{key}={amount:g}: each task asks for {amount:g} {resource}s, and no node of "
                f"the Ray cluster has that many (the largest has {largest:g})")
-    if _started_local:
+    if ray.get_runtime_context().gcs_address == _local_gcs_address:
         more = " or start the local Ray with more (ray.num_cpus)" if resource == "CPU" else ""
         raise PbgRayError(f"{problem}. Set {key} to at most {largest:g}{more}.")
     logger.warning("%s: the tasks wait until a node that large joins the cluster.", problem)

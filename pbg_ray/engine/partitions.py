@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -57,8 +58,9 @@ def asked_marker(staged: str) -> Path:
 
 
 def _replace_text(path: Path, text: str) -> None:
-    """Write `path` so that its readers see the whole text or what it held before."""
-    scratch = path.with_name(path.name + ".tmp-mark")
+    """Write `path` so that its readers see the whole text or what it held before (and
+    two writers at once each the whole of one of theirs)."""
+    scratch = path.with_name(f"{path.name}.tmp-mark-{os.getpid()}-{threading.get_ident()}")
     scratch.write_text(text)
     os.replace(scratch, path)
 
