@@ -124,8 +124,8 @@ def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
     (read-ahead and kept partitions included) and writes as its write-back plan says.
     (Ray may start a pass's next task in another worker process, even a new one, when
     the worker's lease comes back after the next task asked for one: the new worker reads
-    what the old one held, and the old one writes what it held for that task once its
-    wait runs out, counted in the stats of its own next task.)"""
+    what the old one held, and the old one writes it when the new one asks for it, or
+    when its wait runs out, counted in the stats of its own next task.)"""
     config = small_config(
         tmp_path, entities={"user": {"num_partitions": 4}},
         relations=[{"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}],
