@@ -73,6 +73,11 @@ def stop_autoscaler_monitor() -> None:
         kill_monitor(check_alive=False)
 
 
+def largest_node(resource: str) -> float:
+    """The most of `resource` (CPU, GPU) that one alive node of the Ray cluster has."""
+    return max((n["Resources"].get(resource, 0) for n in ray.nodes() if n["Alive"]), default=0)
+
+
 def check_task_fits(key: str, resource: str, amount: float) -> None:
     """A task that asks for `amount` of `resource` (config `key`) runs only on a node
     that has that much. With no such node alive it would wait: on the local Ray started
@@ -80,7 +85,7 @@ def check_task_fits(key: str, resource: str, amount: float) -> None:
     one (a warning)."""
     if amount <= 0:
         return
-    largest = max((n["Resources"].get(resource, 0) for n in ray.nodes() if n["Alive"]), default=0)
+    largest = largest_node(resource)
     if largest >= amount:
         return
     problem = (f"{key}={amount:g}: each task asks for {amount:g} {resource}s, and no node of "

@@ -34,7 +34,8 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.actors import ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
-from pbg_ray.engine.cluster import check_cpus_per_trainer, check_task_fits, discard
+from pbg_ray.engine.cluster import (
+    check_cpus_per_trainer, check_task_fits, discard, largest_node)
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import OnDisk, PartitionKey, SwapFile, WriterDied
@@ -237,8 +238,7 @@ class Trainer:
             return
         trainers = self.max_trainers()
         cpus = ray.cluster_resources().get("CPU", 1)
-        node_cpus = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]),
-                        default=cpus)
+        node_cpus = largest_node("CPU") or cpus
         per_trainer = int(min(node_cpus, cpus // trainers))
         if per_trainer > ray_config.cpus_per_trainer:
             logger.warning(
