@@ -3,6 +3,7 @@ configs, random graphs and checkpoints written in PBG's layout, and checkpoint c
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Dict, Sequence, Tuple
 
@@ -214,3 +215,30 @@ def assert_streams_partitions(peaks: Dict[int, int], extra: int) -> None:
         f"peak memory {peaks[2] / 2**20:.1f} MiB at 2 partitions, {peaks[8] / 2**20:.1f} MiB "
         f"at 8 of the same size: it grew by {growth / 2**20:.1f} MiB with "
         f"{extra / 2**20:.1f} MiB more table")
+
+
+class ManualClock:
+    """A monotonic clock that moves only when the test advances it, for code that takes a
+    clock: a wait it measures ends when the test says so, never after real seconds."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.reads = 0
+        self._changed = threading.Condition()
+
+    def __call__(self) -> float:
+        with self._changed:
+            self.reads += 1
+            self._changed.notify_all()
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        with self._changed:
+            self.now += seconds
+
+    def wait_reads(self, count: int) -> None:
+        """Return once the code under test has read the clock `count` more times (a loop
+        that reads it each round has then acted on what it read before the last)."""
+        with self._changed:
+            target = self.reads + count
+            assert self._changed.wait_for(lambda: self.reads >= target, timeout=600)

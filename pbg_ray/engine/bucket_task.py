@@ -178,8 +178,9 @@ class PartitionCopies:
     the trainer's pass ends, when a task on another worker asks for it, or
     HAND_OVER_WAIT_S after its task if no task of this worker took it by then."""
 
-    def __init__(self, keep: bool = True) -> None:
+    def __init__(self, keep: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
+        self.clock = clock  # what HandOver's wait is measured by (tests move it by hand)
         self.lock = threading.Lock()  # the reading thread takes buffers too
         self.free: Dict[int, List[np.ndarray]] = {}  # ndim -> buffers (bytes) nobody uses
         self.used: List[Tuple[int, np.ndarray]] = []  # (ndim, buffer) of this task or held
@@ -280,7 +281,7 @@ class PartitionCopies:
         begin = functools.partial(self._begin_write, config, lease, partition, metadata)
         if hand_over and self.keep and writes_behind(lease.staged):
             lease.begin_write()
-            self.held[key, lease.written] = (partition, HandOver(begin, lease.asked))
+            self.held[key, lease.written] = (partition, HandOver(begin, lease.asked, self.clock))
             return False
         if writes_behind(lease.staged):
             lease.begin_write()
@@ -393,21 +394,23 @@ class HandOver:
 
     Stands where PartitionCopies keeps a write's Future: `done` and `result` (which
     begins the write if it has not begun). `begin` begins the write, returning its
-    Future; `asked` says whether a reader asks for it."""
+    Future; `asked` says whether a reader asks for it; `clock` measures the wait."""
 
-    def __init__(self, begin: Callable[[], Future], asked: Callable[[], bool]) -> None:
+    def __init__(self, begin: Callable[[], Future], asked: Callable[[], bool],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.lock = threading.Lock()
         self.begin = begin
         self.pending: Optional[Future] = None  # the write, once begun
         self.taken = False
         self.settled = threading.Event()  # taken, or the write begun
-        threading.Thread(target=self._watch, args=(asked,), daemon=True,
+        deadline = clock() + HAND_OVER_WAIT_S
+        threading.Thread(target=self._watch, args=(asked, clock, deadline), daemon=True,
                          name="hand-over").start()
 
-    def _watch(self, asked: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + HAND_OVER_WAIT_S
+    def _watch(self, asked: Callable[[], bool], clock: Callable[[], float],
+               deadline: float) -> None:
         while not self.settled.wait(HAND_OVER_POLL_S):
-            if time.monotonic() > deadline or asked():
+            if clock() > deadline or asked():
                 self.write()
 
     def take(self) -> bool:

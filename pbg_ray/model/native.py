@@ -15,7 +15,7 @@ import importlib
 import os
 import threading
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -58,24 +58,46 @@ def _malloc_trim() -> Optional[Callable[[int], int]]:
 # task that follows at once (a trainer's next bucket) reuses the pages instead, which it
 # would otherwise fault in again.
 IDLE_TRIM_S = 1.0
-_idle_trim: List[threading.Timer] = []  # the pending trim of this process, if any
-_idle_trim_lock = threading.Lock()
 
 
-def _cancel_idle_trim() -> None:
-    with _idle_trim_lock:
-        while _idle_trim:
-            _idle_trim.pop().cancel()
+def _daemon_timer(seconds: float, action: Callable[[], Any]) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
-def _trim_when_idle() -> None:
-    trim = _malloc_trim()
-    if trim is not None:
-        timer = threading.Timer(IDLE_TRIM_S, trim, args=(0,))
-        timer.daemon = True
-        with _idle_trim_lock:
-            _idle_trim.append(timer)
-        timer.start()
+class IdleTrim:
+    """This process's pending hand-back of its free heap (glibc's malloc_trim), one at a
+    time: `schedule` starts it, to run once the process has been idle for `idle_s`;
+    `cancel` drops it (a task came sooner). `timer(seconds, action)` starts what runs
+    `action` after that long and has cancel(): a daemon threading.Timer (tests pass
+    one they fire themselves)."""
+
+    def __init__(self, idle_s: float,
+                 timer: Callable[[float, Callable[[], Any]], Any] = _daemon_timer) -> None:
+        self.idle_s = idle_s
+        self.timer = timer
+        self._lock = threading.Lock()
+        self._pending: Optional[Any] = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._pending is not None:
+                self._pending.cancel()
+                self._pending = None
+
+    def schedule(self) -> None:
+        trim = _malloc_trim()
+        if trim is None:
+            return
+        with self._lock:
+            if self._pending is not None:
+                self._pending.cancel()
+            self._pending = self.timer(self.idle_s, lambda: trim(0))
+
+
+_IDLE_TRIM = IdleTrim(IDLE_TRIM_S)
 
 
 def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
@@ -87,9 +109,9 @@ def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
-        _cancel_idle_trim()
+        _IDLE_TRIM.cancel()
         try:
             return task(*args, **kwargs)
         finally:
-            _trim_when_idle()
+            _IDLE_TRIM.schedule()
     return run

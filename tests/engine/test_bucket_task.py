@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.io.edges import edges_file, read_edges
 from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
-from tests.util import write_random_graph
+from tests.util import ManualClock, write_random_graph
 
 
 def edges(n):
@@ -136,7 +135,7 @@ def test_partition_copies_keep_written_partitions_and_read_the_next_ones_ahead(
 
 
 def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
-        make_config, tmp_path, monkeypatch):
+        make_config, tmp_path):
     """A partition a later task of the trainer trains too is held for it unwritten (its
     marker says pending): taken by that task, it is never written; kept in the buffer
     while the worker's next task trains others, it stays unwritten with one trainer
@@ -144,12 +143,13 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     elsewhere); dropped from the buffer, it is written then; at the end of the trainer's
     pass (write_held) at once; asked for by a reader in another process (Ray ran the
     next task on another worker), at once; with no next task, after HAND_OVER_WAIT_S.
-    Every write begun is counted once."""
-    monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 60.0)
+    Every write begun is counted once. The wait is measured by a clock only the test
+    moves."""
+    clock = ManualClock()
     config = make_config()
     storage = CheckpointStorage(config.checkpoint_path)
     storage.prepare()
-    copies = PartitionCopies()
+    copies = PartitionCopies(clock=clock)
     user0 = ("user", 0)
 
     def pending(lease):
@@ -206,9 +206,12 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     copies.next_task(keep=True, parts={0}, leases={user0: fifth.source})
     kept = copies.load(config, user0, fifth)
     assert kept[0] is held[0]
-    # No next task: written after HAND_OVER_WAIT_S.
-    monkeypatch.setattr(bucket_task, "HAND_OVER_WAIT_S", 0.05)
+    # No next task: unwritten until HAND_OVER_WAIT_S has passed, then written.
     assert not copies.write_behind(config, user0, fifth, kept, {}, hand_over=True)
+    clock.advance(bucket_task.HAND_OVER_WAIT_S / 2)
+    clock.wait_reads(2)  # the hand-over looked at the time, and decided, since the move
+    assert pending(fifth) and copies.take_io() == {"reads": 0, "writes": 0}
+    clock.advance(bucket_task.HAND_OVER_WAIT_S)
     np.testing.assert_array_equal(load_partition(config, user0, fifth.written)[0], kept[0])
     assert copies.take_io() == {"reads": 0, "writes": 1}
     copies.next_task(keep=False)

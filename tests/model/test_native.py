@@ -2,44 +2,65 @@
 process is idle."""
 
 import ctypes
-import time
 
 import psutil
 import pytest
 
 from pbg_ray.model import native
-from pbg_ray.model.native import _malloc_trim, release_free_heap
+from pbg_ray.model.native import IdleTrim, _malloc_trim, release_free_heap
 
 BLOCK = 64 << 10  # under glibc's mmap threshold: served from the heap
 NUM_BLOCKS = 800
 
 
+class ManualTimer:
+    """A timer the test fires by hand (IdleTrim's `timer`): started ones are listed."""
+
+    started = []
+
+    def __init__(self, seconds, action):
+        self.seconds, self.action, self.cancelled = seconds, action, False
+        ManualTimer.started.append(self)
+
+    def cancel(self):
+        self.cancelled = True
+
+
 @pytest.mark.skipif(_malloc_trim() is None, reason="needs glibc's malloc_trim")
 def test_an_idle_process_hands_back_the_heap_its_task_freed(monkeypatch):
     """The task frees heap blocks below one it keeps (so the heap's top cannot shrink, as
-    KERNEL_ENV's trim threshold would not let it): once the process has been idle for
-    IDLE_TRIM_S after it, their pages are back; a task that follows sooner finds them."""
-    monkeypatch.setattr(native, "IDLE_TRIM_S", 0.3)
+    KERNEL_ENV's trim threshold would not let it): a trim is then pending for IDLE_TRIM_S
+    and the pages stay for a task that follows sooner, which cancels it; once the
+    process has been idle that long (the timer fires), their pages are back."""
+    ManualTimer.started = []
+    monkeypatch.setattr(native, "_IDLE_TRIM", IdleTrim(native.IDLE_TRIM_S, ManualTimer))
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
+    tops = []
 
     @release_free_heap
-    def task() -> int:
+    def task() -> None:
         blocks = [libc.malloc(BLOCK) for _ in range(NUM_BLOCKS)]
         for block in blocks:
             ctypes.memset(block, 1, BLOCK)
-        top = libc.malloc(BLOCK)
+        tops.append(libc.malloc(BLOCK))
         for block in blocks:
             libc.free(block)
-        return top
 
     rss = psutil.Process().memory_info
     before = rss().rss
-    top = task()
-    kept = rss().rss  # the next task would reuse these pages
-    time.sleep(1.0)
+    task()
+    first = ManualTimer.started[-1]
+    assert first.seconds == native.IDLE_TRIM_S and not first.cancelled
+    kept = rss().rss  # the next task reuses these pages
+    task()
+    assert first.cancelled and len(ManualTimer.started) == 2
+    reused = rss().rss
+    ManualTimer.started[-1].action()  # idle for IDLE_TRIM_S
     after = rss().rss
-    libc.free(top)
+    for top in tops:
+        libc.free(top)
     assert kept - before > NUM_BLOCKS * BLOCK // 2
+    assert reused - kept < NUM_BLOCKS * BLOCK // 4
     assert after - before < NUM_BLOCKS * BLOCK // 4
