@@ -1,7 +1,9 @@
-"""The README: at most 200 lines, links only files a clone has, and its "Your own graph" shows
-the very files of examples/own_graph/, which import and train as it says."""
+"""The README: at most 200 lines, links only files a clone has, its test command is what CI
+runs, bound by constraints.txt, and its "Your own graph" shows the very files of
+examples/own_graph/, which import and train as it says."""
 
 import re
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,23 @@ def test_readme_is_short_and_links_only_files_of_the_clone():
     local = [link for link in links if "://" not in link and not link.startswith("#")]
     assert len(local) >= 5
     assert [link for link in local if not (REPO / link.split("#")[0]).exists()] == []
+
+
+def requirement_name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def test_ci_runs_the_readmes_test_command_bound_by_the_constraints():
+    command = next(line for line in README.splitlines()
+                   if line.startswith("pip install") and "[dev]" in line)
+    assert "-c constraints.txt" in command and "pytest" in command
+    assert command in (REPO / ".ci" / "run").read_text().splitlines()
+    pinned = {requirement_name(line) for line in (REPO / "constraints.txt").read_text().splitlines()
+              if "==" in line and not line.startswith("#")}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {requirement_name(r) for r in project["dependencies"]
+              + [r for extra in project["optional-dependencies"].values() for r in extra]}
+    assert wanted - pinned == set()
 
 
 def test_readme_shows_the_example_config_file_and_yaml_graph_verbatim():
