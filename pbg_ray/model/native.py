@@ -81,6 +81,11 @@ class IdleTrim:
         self._lock = threading.Lock()
         self._pending: Optional[Any] = None
 
+    def __reduce__(self) -> Any:
+        """Ray ships a task's function by value with the globals it names: a worker gets
+        its own process's IdleTrim, not a copy (timers and locks don't pickle)."""
+        return _process_idle_trim, ()
+
     def cancel(self) -> None:
         with self._lock:
             if self._pending is not None:
@@ -100,12 +105,15 @@ class IdleTrim:
 _IDLE_TRIM = IdleTrim(IDLE_TRIM_S)
 
 
+def _process_idle_trim() -> IdleTrim:
+    return _IDLE_TRIM
+
+
 def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
     """`task`; then, once the process has run no such task for IDLE_TRIM_S, its free heap
     pages handed back to the system (glibc's malloc_trim): KERNEL_ENV keeps what a
     bucket's batches free for the next batch, which is what a bucket needs, and an idle
-    worker would hold its tasks' high-water mark for good. (The wrapper names module
-    functions only: Ray ships a task's function by value with the globals it names.)"""
+    worker would hold its tasks' high-water mark for good."""
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
