@@ -19,6 +19,7 @@ from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.trainer import Trainer, TrainResult
+from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.evaluation.training_stats import HELD_OUT, TRAIN, epoch_means
 
 EXAMPLES = (
@@ -55,10 +56,12 @@ def run(config: ConfigSchema) -> None:
             means = epoch_means(result.bucket_stats, key).get(last_epoch)
             if means:
                 summary[name] = means
+    negatives = SampledNegatives.of_held_out(config).describe()
     for path in config.eval_edge_paths:
         metrics = trainer.evaluate(path)
         summary.setdefault("eval", {})[path] = metrics
-        print(f"eval {path}: " + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        print(f"eval {path} ({negatives}): "
+              + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     print(f"checkpoint: {result.checkpoint_path} (version {result.version})")
     print(json.dumps(summary), file=sys.stdout)
 

@@ -20,7 +20,9 @@ class EvalConfig:
         "Known true edges removed from the candidates of filtered ranking; null: every edge "
         "of edge_paths, eval_edge_paths and eval.edge_paths; []: raw full ranking.")
     sampled: bool = option(True, help=
-        "PBG's sampled metrics (eval_num_batch_negs / eval_num_uniform_negs negatives).")
+        "PBG's sampled metrics, as torchbiggraph_eval computes them: each edge ranked "
+        "against num_batch_negs batch and num_uniform_negs uniform negatives (held-out edges "
+        "during training use eval_num_batch_negs / eval_num_uniform_negs, as PBG's trainer).")
     filtered: bool = option(True, help=
         "Full ranking against every entity of the type, on both sides.")
     per_relation: bool = option(True, help="Metrics of each relation besides the overall ones.")

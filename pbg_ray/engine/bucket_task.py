@@ -33,7 +33,7 @@ from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import (
     OnDisk, Partition, PartitionKey, Source, SwapFile, resolved, writes_behind)
 from pbg_ray.engine.scheduler import partitions_to_keep
-from pbg_ray.evaluation.metrics import sampled_stats
+from pbg_ray.evaluation.metrics import SampledNegatives, sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
 from pbg_ray.model.native import KERNEL_ENV, release_free_heap
@@ -510,16 +510,18 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
 
     stats: Dict[str, Any] = {}
     seed = task_seed(config, iteration, bucket)
+    negatives = SampledNegatives.of_held_out(config)
+    held_out_negs = {"num_batch_negs": negatives.batch, "num_uniform_negs": negatives.uniform}
     if len(held_out):
         stats["eval_stats_before"] = evaluate_bucket(config, bucket, held_out, arrays, local,
-                                                     seed=seed)
+                                                     seed=seed, **held_out_negs)
     train_stats = train_bucket(config, bucket, train_edges, arrays, local,
                                num_threads=num_threads, device=device, seed=seed,
                                warmup_s=warmup_s,
                                known=known)
     if len(held_out):
         stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local,
-                                                    seed=seed)
+                                                    seed=seed, **held_out_negs)
     t_trained = time.perf_counter()
 
     results: List[Any] = []
@@ -628,14 +630,16 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
 @release_free_heap
 def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
-                         *partitions: Partition, per_relation: bool = False,
-                         seed: int = 0) -> Dict[Any, Dict[str, Any]]:
-    """PBG's sampled metrics of every edge of one bucket of `edge_path` (no update):
-    {ALL: stats} and, with per_relation, {relation id: stats} (evaluation.metrics)."""
+                         *partitions: Partition, negatives: SampledNegatives,
+                         per_relation: bool = False, seed: int = 0
+                         ) -> Dict[Any, Dict[str, Any]]:
+    """PBG's sampled metrics of every edge of one bucket of `edge_path` against
+    `negatives` (no update): {ALL: stats} and, with per_relation, {relation id: stats}
+    (evaluation.metrics)."""
     edges = read_edges(edge_path, bucket)
     partitions = resolved(config, keys, partitions)
     counts = partition_counts(keys, partitions)
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
     return sampled_stats(config, bucket, edges, dict(zip(keys, partitions)), params,
-                         per_relation=per_relation, seed=seed)
+                         negatives=negatives, per_relation=per_relation, seed=seed)

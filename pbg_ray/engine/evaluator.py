@@ -10,7 +10,9 @@ The driver imports no torch: the tasks import the scoring code.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import math
 import time
 import warnings
@@ -28,7 +30,8 @@ from pbg_ray.engine.partitions import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
-from pbg_ray.evaluation.metrics import ALL, add_stats, format_table, rank_stats, stats_mean
+from pbg_ray.evaluation.metrics import (
+    ALL, SampledNegatives, add_stats, format_table, rank_stats, stats_mean)
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.model.native import release_free_heap
@@ -36,6 +39,7 @@ from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_
 from pbg_ray.types import SIDES, Bucket
 
 PartitionKey = Tuple[str, int]
+logger = logging.getLogger("pbg_ray")
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
@@ -101,14 +105,17 @@ class Evaluator:
     def _options(self) -> Dict[str, Any]:
         return {"num_cpus": self.config.ray.cpus_per_trainer}
 
-    def sampled(self, edge_path: str, per_relation: bool, seed: int = 0) -> Dict[Any, Dict]:
-        """PBG's sampled metrics as summed stats: {ALL: stats, relation id: stats, ...}."""
+    def sampled(self, edge_path: str, negatives: SampledNegatives, per_relation: bool,
+                seed: int = 0) -> Dict[Any, Dict]:
+        """PBG's sampled metrics against `negatives` as summed stats: {ALL: stats,
+        relation id: stats, ...}."""
         tasks = []
         for bucket, _ in self._buckets(edge_path):
             keys = partition_keys(self.config, bucket)
             tasks.append(evaluate_bucket_task.options(**self._options()).remote(
                 self.config, bucket, edge_path, self.num_rel, keys, self.params,
-                *[self.partitions[k] for k in keys], per_relation=per_relation, seed=seed))
+                *[self.partitions[k] for k in keys], negatives=negatives,
+                per_relation=per_relation, seed=seed))
         total: Dict[Any, Dict] = {}
         for stats in get_results(tasks):
             for key, value in stats.items():
@@ -198,6 +205,13 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     checkpoints = CheckpointManager(config.checkpoint_path)
     located, version = checkpoints.locate(config, settings.version, "eval.version")
     edge_paths = _unique(settings.edge_paths or config.eval_edge_paths or config.edge_paths)
+    trained = [path for path in edge_paths if path in config.edge_paths]
+    if trained:
+        logger.warning("eval scores edges the model was trained on (edge_paths %s)%s: their "
+                       "metrics say how well it fits them, not how it generalizes. Set "
+                       "eval.edge_paths=[<held-out edges>] to evaluate held-out edges.",
+                       ", ".join(trained), "" if settings.edge_paths or config.eval_edge_paths
+                       else ", as neither eval.edge_paths nor eval_edge_paths is set")
     filter_paths = (_unique(config.edge_paths + config.eval_edge_paths + settings.edge_paths)
                     if settings.filter_paths is None else _unique(settings.filter_paths))
     if not (settings.sampled or settings.filtered):
@@ -214,9 +228,11 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     counts: Dict[Any, int] = {}
     evaluator = Evaluator(config, *checkpoint_partitions(config, located, version, num_rel),
                           num_rel)
+    negatives = SampledNegatives.of_edge_paths(config)
     for path in edge_paths:
         if settings.sampled:
-            for key, stats in evaluator.sampled(path, settings.per_relation, settings.seed).items():
+            for key, stats in evaluator.sampled(path, negatives, settings.per_relation,
+                                                settings.seed).items():
                 sampled[key] = add_stats(sampled.get(key), stats)
         if settings.filtered:
             rel, ranks = evaluator.filtered_ranks(path, filter_paths)
@@ -236,6 +252,8 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
             row["filtered"] = stats_mean([filtered[key]])
         metrics[ALL if key == ALL else names[key]] = row
     report = {"checkpoint_path": str(located.path), "version": version, "edge_paths": edge_paths,
+              "training_edge_paths": trained,
+              "sampled_negatives": (dataclasses.asdict(negatives) if settings.sampled else None),
               "filter_paths": filter_paths if settings.filtered else None,
               "metrics": metrics, "time_s": round(time.perf_counter() - start, 3)}
     checkpoints.append_eval_stats(json.dumps(report) + "\n")
@@ -244,7 +262,13 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
 
 def print_report(report: Mapping[str, Any]) -> None:
     """The table, then the report as one JSON line."""
-    print(f"checkpoint {report['checkpoint_path']} version {report['version']}; "
-          "s. = sampled (PBG's), f. = filtered full ranking")
+    trained = ", ".join(report["training_edge_paths"])
+    print(f"checkpoint {report['checkpoint_path']} version {report['version']}, edge paths "
+          f"{', '.join(report['edge_paths'])}{f' (trained on: {trained})' if trained else ''}")
+    negatives = report["sampled_negatives"]
+    if negatives is not None:
+        print("s. = PBG's sampled metrics, as torchbiggraph_eval's: each edge against "
+              f"{SampledNegatives(**negatives).describe()} (num_batch_negs, num_uniform_negs)")
+    print("f. = filtered full ranking against every entity of the type")
     print(format_table(report["metrics"]))
     print(json.dumps(report))

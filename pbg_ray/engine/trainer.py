@@ -42,7 +42,7 @@ from pbg_ray.engine.partitions import OnDisk, PartitionKey, SwapFile, WriterDied
 from pbg_ray.engine.scheduler import BucketSchedulerActor, parts_by_next_use
 from pbg_ray.engine.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
-from pbg_ray.evaluation.metrics import ALL, add_stats, average, stats_mean
+from pbg_ray.evaluation.metrics import ALL, SampledNegatives, add_stats, average, stats_mean
 from pbg_ray.incremental.growth import known_rows, neighbor_means
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
@@ -602,12 +602,14 @@ class Trainer:
 
     def evaluate(self, edge_path: str) -> Dict[str, float]:
         """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
-        edges of `edge_path`, with the current embeddings; one task per bucket."""
+        edges of `edge_path`, with the current embeddings, against the negatives of
+        held-out edges (SampledNegatives.of_held_out); one task per bucket."""
         self._start_actors()
         keys = sorted(self.store_of)
         refs = ray.get([self.store_of[k].get.remote(k) for k in keys])
         evaluator = Evaluator(self.config, {k: r[0] for k, r in zip(keys, refs)},
                               self.params.get.remote(), self.num_relation_ids)
-        stats = evaluator.sampled(edge_path, per_relation=False).get(ALL)
+        stats = evaluator.sampled(edge_path, SampledNegatives.of_held_out(self.config),
+                                  per_relation=False).get(ALL)
         return {"count": stats["count"], **stats_mean([stats])} if stats else {"count": 0}
 

@@ -16,6 +16,7 @@ are taken once at the end (stats_mean).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -25,6 +26,31 @@ from pbg_ray.model.params import ModelParams
 from pbg_ray.types import Bucket, EdgeList
 
 Stats = Dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledNegatives:
+    """The negatives each positive of PBG's sampled metrics is ranked against: `batch`
+    from the other edges of its chunk and `uniform` drawn from its partition (a relation
+    with all_negs ranks against every entity of the partition instead)."""
+
+    batch: int
+    uniform: int
+
+    @classmethod
+    def of_edge_paths(cls, config: ConfigSchema) -> "SampledNegatives":
+        """Those of an edge path's evaluation (python -m pbg_ray.eval), as
+        torchbiggraph_eval scores them: num_batch_negs and num_uniform_negs."""
+        return cls(config.num_batch_negs, config.num_uniform_negs)
+
+    @classmethod
+    def of_held_out(cls, config: ConfigSchema) -> "SampledNegatives":
+        """Those of held-out edges during training, as PBG's trainer scores them:
+        eval_num_batch_negs and eval_num_uniform_negs."""
+        return cls(config.eval_num_batch_negs, config.eval_num_uniform_negs)
+
+    def describe(self) -> str:
+        return f"{self.batch} batch + {self.uniform} uniform negatives"
 SAMPLED_METRICS = ("pos_rank", "mrr", "r1", "r10", "r50", "auc")
 ALL = "all"  # the key of the overall metrics, next to relation names
 
@@ -64,26 +90,37 @@ def stats_mean(stats: List[Dict[str, Any]]) -> Dict[str, float]:
 
 
 def sampled_stats(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
-                  partitions: Mapping, params: ModelParams, *, per_relation: bool,
-                  seed: int = 0) -> Dict[Any, Stats]:
-    """PBG's sampled metrics of one bucket's edges: {ALL: stats} plus, with per_relation,
-    {relation id: stats}.
+                  partitions: Mapping, params: ModelParams, *, negatives: SampledNegatives,
+                  per_relation: bool, seed: int = 0) -> Dict[Any, Stats]:
+    """PBG's sampled metrics of one bucket's edges against `negatives`: {ALL: stats} plus,
+    with per_relation, {relation id: stats}.
 
     Per-relation mode: PBG batches each relation's edges on their own anyway, so each
     relation is evaluated alone and ALL is their sum. Dynamic mode batches mix relations,
     so only ALL is computed (per-relation figures come from filtered ranking).
 
+    The edges are taken in torchbiggraph's order, so that batch negatives come from the
+    same chunks as torchbiggraph_eval's: per-relation mode groups a bucket's edges by
+    torch.sort of their relation ids, which is not stable (a relation's edges come in the
+    order it leaves them).
+
     The kernel (and torch) is imported here, in the task that evaluates: drivers import
     this module for its sums and tables."""
+    import torch
+
     from pbg_ray.model.kernel import evaluate_bucket
 
+    if not config.dynamic_relations:
+        edges = edges[torch.from_numpy(edges.rel).sort()[1].numpy()]
+    counts = {"num_batch_negs": negatives.batch, "num_uniform_negs": negatives.uniform}
     if config.dynamic_relations or not per_relation:
-        return {ALL: evaluate_bucket(config, bucket, edges, partitions, params, seed=seed)}
+        return {ALL: evaluate_bucket(config, bucket, edges, partitions, params, seed=seed,
+                                     **counts)}
     result: Dict[Any, Stats] = {}
     for rel in np.unique(edges.rel):
         idx = np.flatnonzero(edges.rel == rel)
         result[int(rel)] = evaluate_bucket(config, bucket, edges[idx], partitions, params,
-                                           seed=seed)
+                                           seed=seed, **counts)
         result[ALL] = add_stats(result.get(ALL), result[int(rel)])
     return result
 

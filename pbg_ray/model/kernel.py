@@ -309,20 +309,21 @@ def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
 
 def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                     partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
-                    params: ModelParams, *, seed: int = 0) -> Dict[str, Any]:
-    """PBG's sampled ranking evaluation (eval_num_batch_negs / eval_num_uniform_negs), no
-    updates. Metrics are sums over edges, like PBG's RankingEvaluator:
-    {"count", "metrics": {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}}."""
+                    params: ModelParams, *, num_batch_negs: int, num_uniform_negs: int,
+                    seed: int = 0) -> Dict[str, Any]:
+    """PBG's sampled ranking evaluation against num_batch_negs batch and num_uniform_negs
+    uniform negatives per positive, no updates. Metrics are sums over edges, like PBG's
+    RankingEvaluator: {"count", "metrics": {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}}."""
     state = KernelState(config, partitions, params, torch.device("cpu"), writable=False)
     tensors = EdgeTensors(edges, torch.device("cpu"))
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
     generator = torch.Generator().manual_seed(seed)
-    nbn = config.eval_num_batch_negs
+    nbn = num_batch_negs
     batch_size = config.batch_size if nbn == 0 else math.ceil(config.batch_size / nbn) * nbn
     totals = dict.fromkeys(("pos_rank", "mrr", "r1", "r10", "r50", "auc"), 0.0)
     for idx in edge_batches(config, edges.rel, batch_size, None):
         batch = build_batch(config, bucket, tensors, torch.from_numpy(idx), nbn,
-                            config.eval_num_uniform_negs, sizes, generator)
+                            num_uniform_negs, sizes, generator)
         scores = state.embedder.forward(batch)
         n, C, B = batch.num_chunks, batch.chunk_size, batch.num_pos
         valid = torch.arange(n * C).view(n, C) < B

@@ -13,12 +13,14 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_keys
-from pbg_ray.engine.evaluator import checkpoint_partitions, evaluate_checkpoint, filtered_rank_task
+from pbg_ray.engine.evaluator import (
+    checkpoint_partitions, evaluate_checkpoint, filtered_rank_task, print_report)
 from pbg_ray.engine.partitions import OnDisk
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
+from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import num_relation_ids
@@ -34,10 +36,10 @@ def make(tmp_path, **overrides) -> ConfigSchema:
     return ConfigSchema.from_dict(config_dict(tmp_path, **base))
 
 
-def write_test_edges(config, num_edges=40, seed=1):
+def write_test_edges(config, num_edges=40, seed=1, counts=None):
     """Test edges in eval_edge_paths[0] (same entities as the training graph)."""
     test = dataclasses.replace(config, edge_paths=config.eval_edge_paths)
-    return write_random_graph(test, num_edges=num_edges, seed=seed)
+    return write_random_graph(test, num_edges=num_edges, seed=seed, counts=counts)
 
 
 def brute_force_ranks(config, version, edge_path, filter_paths):
@@ -175,23 +177,64 @@ def test_disk_placement_evaluates_out_of_core_to_the_same_metrics(ray_session, t
 
 @pytest.mark.oracle
 @pytest.mark.slow
-def test_sampled_metrics_equal_torchbiggraph_eval_with_all_negs(ray_session, tmp_path, monkeypatch):
+@pytest.mark.parametrize("negatives,counts", [
+    ({"all_negs": True}, None),
+    # Batch negatives only: no draw, so the chunks alone decide the ranks (eval_num_* are
+    # PBG's training-time evaluation's, which torchbiggraph_eval does not use). Entities
+    # many enough that no chunk holds one twice: a negative that is the positive's own
+    # entity ties with it, and the two implementations' rounding breaks such ties apart.
+    ({"all_negs": False, "num_batch_negs": 5, "num_uniform_negs": 0, "batch_size": 10,
+      "eval_num_batch_negs": 1000, "eval_num_uniform_negs": 1000},
+     {"user": 5000, "item": 5000, "tag": 5000})])
+def test_sampled_metrics_equal_torchbiggraph_eval(ray_session, tmp_path, monkeypatch, negatives,
+                                                  counts):
+    negatives = dict(negatives)
+    all_negs = negatives.pop("all_negs")
     config = make(tmp_path, comparator="dot", num_epochs=1, eval_fraction=0.0, relations=[
-        {"name": n, "lhs": l, "rhs": r, "operator": op, "all_negs": True}
+        {"name": n, "lhs": l, "rhs": r, "operator": op, "all_negs": all_negs}
         for n, l, r, op in [("follows", "user", "user", "translation"),
                             ("likes", "user", "item", "diagonal"),
-                            ("tagged", "item", "tag", "complex_diagonal")]])
-    write_random_graph(config, num_edges=80)
-    write_test_edges(config, num_edges=30)
+                            ("tagged", "item", "tag", "complex_diagonal")]], **negatives)
+    write_random_graph(config, num_edges=80, counts=counts)
+    test_edges = write_test_edges(config, num_edges=30, counts=counts)
+    if counts:  # the guard of the comment above: every bucket's entities differ per side
+        assert all(len(set(getattr(e, side))) == len(e) for e in test_edges.values()
+                   for side in ("lhs", "rhs"))
     Trainer(config).run()  # a real checkpoint, trained by the engine
     config.eval.filtered = False
-    ours = evaluate_checkpoint(config)["metrics"]["all"]["sampled"]
+    report = evaluate_checkpoint(config)
+    assert report["sampled_negatives"] == {"batch": config.num_batch_negs,
+                                           "uniform": config.num_uniform_negs}
+    ours = report["metrics"]["all"]["sampled"]
     from tests.oracle import torchbiggraph_eval_metrics
 
     theirs = torchbiggraph_eval_metrics(config, monkeypatch)
     for key in ("pos_rank", "mrr", "r1", "r10", "r50"):
         assert ours[key] == pytest.approx(theirs[key], abs=1e-4), key
     assert ours["auc"] == pytest.approx(theirs["auc"], abs=0.2)  # both draw random pairs
+
+
+def test_the_report_names_the_edge_paths_and_warns_of_training_edges(ray_session, tmp_path,
+                                                                     caplog, capsys):
+    config = ConfigSchema.from_dict(config_dict(tmp_path))  # no eval_edge_paths
+    write_random_graph(config, num_edges=50)
+    random_checkpoint(config)
+    config.eval.filtered = False
+    with caplog.at_level("WARNING", logger="pbg_ray"):
+        report = evaluate_checkpoint(config)
+    assert report["edge_paths"] == report["training_edge_paths"] == config.edge_paths
+    assert "eval scores edges the model was trained on" in caplog.text
+    assert "neither eval.edge_paths nor eval_edge_paths is set" in caplog.text
+    print_report(report)
+    assert f"edge paths {config.edge_paths[0]} (trained on: {config.edge_paths[0]})" in \
+        capsys.readouterr().out
+    write_test_edges(dataclasses.replace(config, eval_edge_paths=[str(tmp_path / "test")]))
+    caplog.clear()
+    config.eval.edge_paths = [str(tmp_path / "test")]
+    with caplog.at_level("WARNING", logger="pbg_ray"):
+        report = evaluate_checkpoint(config)
+    assert report["edge_paths"] == config.eval.edge_paths and report["training_edge_paths"] == []
+    assert "trained on" not in caplog.text
 
 
 def test_user_mistakes_get_one_clear_error(ray_session, tmp_path):
@@ -224,7 +267,8 @@ def eval_tasks_in_process(checkpoint_path):
     keys = partition_keys(config, bucket)
     on_disk = OnDisk(("checkpoint", checkpoint_path, 1))
     assert evaluate_bucket_task._function(config, bucket, path, num_rel, keys, params,
-                                          *[on_disk] * len(keys))
+                                          *[on_disk] * len(keys),
+                                          negatives=SampledNegatives.of_edge_paths(config))
     keys = list(dict.fromkeys(keys + [("node", last)]))
     filtered_rank_task._function(config, bucket, path, 0, 1, last, [path], num_rel, keys,
                                  params, *[on_disk] * len(keys))

@@ -83,7 +83,8 @@ def test_evaluate_matches_ranking_evaluator():
     for arrays in parts.values():  # evaluation must work on read-only (Ray store) arrays
         for a in arrays:
             a.flags.writeable = False
-    got = evaluate_bucket(case.config, Bucket(0, 0), case.edges, parts, params, seed=3)
+    got = evaluate_bucket(case.config, Bucket(0, 0), case.edges, parts, params, seed=3,
+                          num_batch_negs=5, num_uniform_negs=7)
     assert got["count"] == len(case.edges) == expected.count
     for key in ("pos_rank", "mrr", "r1", "r10", "r50"):
         assert got["metrics"][key] == pytest.approx(expected.metrics[key], rel=1e-5), key
