@@ -24,8 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import (
-    check_overrides, composition_error, config_dirs, name_sweep_jobs, split_overrides, to_config,
-    use_pbg_config_file)
+    check_flags, check_overrides, composition_error, config_dirs, name_sweep_jobs, split_overrides,
+    to_config, use_pbg_config_file)
 from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolvers
@@ -147,6 +147,7 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[st
             print(hydra_help(doc, keys, examples), end="")
             return
         given["command"] = shlex.join(doc.split()[:3] + argv)
+        check_flags(argv)
         argv = use_pbg_config_file(argv)
         overrides = split_overrides(argv)
         check_overrides(overrides)

@@ -38,6 +38,9 @@ CONFIG_GROUPS = ("graph", "model", "training", "ray", "tune")
 _HYDRA_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
                       "--cfg", "-c", "--package", "-p", "--info", "-i",
                       "--experimental-rerun", "--shell-completion", "-sc"}
+# Hydra flags that stand alone.
+_HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--resolve", "-m", "--multirun",
+                "-r", "--run"}
 PBG_CONFIG_NAME = "pbg_config_file"
 
 
@@ -59,6 +62,23 @@ def split_overrides(argv: List[str]) -> List[str]:
         else:
             overrides.append(arg)
     return overrides
+
+
+def check_flags(argv: List[str]) -> None:
+    """Refuse an option Hydra does not know, such as `--lr 0.05`, naming the key=value
+    form that sets it (Hydra would report a lexer error on the value)."""
+    for index, arg in enumerate(argv):
+        flag = arg.split("=", 1)[0]
+        if not arg.startswith("-") or flag in _HYDRA_FLAGS | _HYDRA_VALUE_FLAGS:
+            continue
+        if index > 0 and argv[index - 1] in _HYDRA_VALUE_FLAGS:
+            continue  # a flag's value
+        key = flag.lstrip("-").replace("-", "_")
+        value = arg.split("=", 1)[1] if "=" in arg else (
+            argv[index + 1] if index + 1 < len(argv) and not argv[index + 1].startswith("-")
+            and "=" not in argv[index + 1] else "<value>")
+        raise PbgRayError(f"command line: {arg}: keys are set as key=value, not as options: "
+                          f"write {key}={value} (--help lists the options).")
 
 
 def check_overrides(overrides: List[str]) -> None:
