@@ -12,6 +12,7 @@ import logging
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import hydra
@@ -25,10 +26,10 @@ from omegaconf.errors import OmegaConfBaseException
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import (
     check_flags, check_overrides, composition_error, config_dirs, name_sweep_jobs, split_overrides,
-    to_config, use_pbg_config_file)
+    is_pbg_config_file, to_config, use_pbg_config_file)
 from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolvers
+from pbg_ray.importer.demo import demo_graph_dir  # and the ${demo_graph:} resolvers
 from pbg_ray.io.storage import sibling
 
 logger = logging.getLogger("pbg_ray")
@@ -126,13 +127,18 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[st
     first); `--help` prints `doc`, the arguments, `keys` (single keys, or sections by their
     prefix: "ray.") with their meanings and defaults, and `examples`."""
 
-    given = {"command": ""}  # the command line as typed, for the line Ctrl-C prints
+    # The command line as typed, for the line Ctrl-C prints, and whether it names a file.
+    given = {"command": "", "config_file": False}
 
     @hydra.main(version_base=None, config_path="pkg://pbg_ray.conf", config_name="config")
     @report_errors
     def run(cfg: DictConfig) -> Any:
         config = to_config(cfg)
         setup_logging(config)
+        if not given["config_file"] and Path(config.entity_path).is_relative_to(demo_graph_dir()):
+            print(f"pbg_ray: no config file given: {doc.split()[2]} uses the built-in demo graph "
+                  f"({demo_graph_dir()}) and its checkpoint ({config.checkpoint_path})",
+                  file=sys.stderr)
         try:
             return task(config)
         except KeyboardInterrupt as err:
@@ -148,6 +154,7 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[st
             return
         given["command"] = shlex.join(doc.split()[:3] + argv)
         check_flags(argv)
+        given["config_file"] = is_pbg_config_file(argv)
         argv = use_pbg_config_file(argv)
         overrides = split_overrides(argv)
         check_overrides(overrides)

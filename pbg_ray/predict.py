@@ -1,32 +1,39 @@
 """python -m pbg_ray.predict [CHECKPOINT_PATH] {score,top-rhs,top-lhs,neighbors} ...
 
 Answers one question about a trained checkpoint (or a model bundle's tag) by entity and
-relation names and prints the answer as one JSON line. Without CHECKPOINT_PATH: the demo's
-(python -m pbg_ray.train with no arguments trains it). One candidate partition is in
-memory at a time.
+relation names and prints the answer as one JSON line. CHECKPOINT_PATH is a checkpoint
+directory, a bundle, or a PBG config file (its checkpoint_path and entity_path); without
+it: the demo's (python -m pbg_ray.train with no arguments trains it). One candidate
+partition is in memory at a time.
 
 Batch mode: --queries FILE (a local path or URI) holds one question per line, its
 arguments tab-separated as on the command line (score: lhs, relation, rhs; top-rhs: lhs,
 relation; top-lhs: relation, rhs; neighbors: name); the answers, one JSON line per
-question in the file's order with the question's fields, go to --output (a local path
-or URI, written whole when complete; default: standard output). Batches run on Ray: one
-task per candidate partition (RAY_ADDRESS joins a cluster; a local Ray otherwise).
+question in the file's order with its line number and fields, go to --output (a local
+path or URI, written whole when complete; default: standard output). A line that is no
+question, or names an entity or relation the model lacks, gets an "error" instead, is
+reported on stderr with its number, and makes the exit status 1; the others are answered.
+Batches run on Ray: one task per candidate partition (RAY_ADDRESS joins a cluster; a
+local Ray otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pbg_ray.cli import command_parser, report_errors
+from pbg_ray.config import load_pbg_config_file
 from pbg_ray.engine.partition_map import predictor_map
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.importer.demo import demo_checkpoint_path
 from pbg_ray.io.files import write_text_atomic
 from pbg_ray.io.storage import storage_path
+from pbg_ray.types import SIDES
 
 COMMANDS = ("score", "top-rhs", "top-lhs", "neighbors")
 VALUE_OPTIONS = ("--version", "--tag", "--entity-path")  # options before CHECKPOINT_PATH
@@ -97,59 +104,156 @@ def with_checkpoint_path(argv: List[str]) -> List[str]:
     return argv
 
 
-def read_queries(path: str, command: str) -> List[Tuple[str, ...]]:
-    """The questions of a queries file: per line its tab-separated fields."""
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """One question: its line in the queries file (0: the command line) and its fields."""
+
+    line: int
+    fields: Tuple[str, ...]
+
+
+def read_queries(path: str, command: str) -> Tuple[List[Question], Dict[int, str]]:
+    """The questions of a queries file, and the problem of each line that holds none, by
+    line number."""
     fields = FIELDS[command]
     try:
         text = storage_path(path).read_text()
     except (FileNotFoundError, IsADirectoryError):
         raise PbgRayError(f"--queries file {path!r} does not exist.") from None
-    queries = []
+    questions, problems = [], {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         values = tuple(line.rstrip("\r").split("\t"))
         if len(values) != len(fields):
-            raise PbgRayError(f"--queries file {path!r}, line {number}: {len(values)} tab-separated "
-                              f"field(s), {command} needs {len(fields)} ({', '.join(fields)}).")
-        queries.append(values)
-    return queries
+            problems[number] = (f"{len(values)} tab-separated field(s), {command} needs "
+                                f"{len(fields)} ({', '.join(fields)})")
+        else:
+            questions.append(Question(number, values))
+    return questions, problems
 
 
-def answer(model: Predictor, args: argparse.Namespace, queries: Sequence[Tuple[str, ...]]
-           ) -> List[Dict[str, Any]]:
-    """Each question's answer, with its fields."""
+def name_errors(model: Predictor, args: argparse.Namespace, questions: Sequence[Question]
+                ) -> Tuple[Dict[int, str], Dict[int, str]]:
+    """(the error of each question whose relation or entity names the model lacks, the
+    entity type of each neighbours question), by line; each type's names looked up once."""
+    errors: Dict[int, str] = {}
+    asked: Dict[str, List[Tuple[Question, str]]] = {}  # entity type -> (question, name)
+    for question in questions:
+        values = dict(zip(FIELDS[args.command], question.fields))
+        if args.command == "neighbors":
+            for entity in [args.entity_type] if args.entity_type else model.config.entities:
+                asked.setdefault(entity, []).append((question, values["name"]))
+            continue
+        try:
+            relation, _ = model.relation(values["relation"])
+        except PbgRayError as err:
+            errors[question.line] = str(err)
+            continue
+        for side in SIDES:
+            if side in values:
+                entity = getattr(model.config.relations[relation], side)
+                asked.setdefault(entity, []).append((question, values[side]))
+    found: Dict[int, List[str]] = {}  # line -> the types its neighbours name is in
+    for entity, pairs in asked.items():
+        parts, _ = model.find(entity, [name for _, name in pairs])
+        for (question, name), part in zip(pairs, parts):
+            if part >= 0:
+                found.setdefault(question.line, []).append(entity)
+            elif args.command != "neighbors" and question.line not in errors:
+                errors[question.line] = str(model.unknown_entity(entity, name))
+    types = {}
+    if args.command == "neighbors":
+        for question in questions:
+            where = found.get(question.line, [])
+            if len(where) == 1:
+                types[question.line] = where[0]
+                continue
+            name = question.fields[0]
+            errors[question.line] = (
+                f"entity {name!r} is in several types {where}; pass --type" if where else
+                str(model.unknown_entity(args.entity_type, name)) if args.entity_type else
+                f"entity {name!r} is in no entity type {sorted(model.config.entities)}")
+    return errors, types
+
+
+def answer(model: Predictor, args: argparse.Namespace, questions: Sequence[Question],
+           types: Dict[int, str]) -> Dict[int, Dict[str, Any]]:
+    """Each question's answer, with its fields, by line; `types`: the entity type of each
+    neighbours question."""
     fields = FIELDS[args.command]
+    queries = [q.fields for q in questions]
     if args.command == "score":
         found = [{"score": float(s)} for s in model.score(queries)]
     elif args.command == "neighbors":
-        found = [{"neighbors": r} for r in model.neighbors_of([q[0] for q in queries],
-                                                              args.entity_type, args.k)]
+        found = [{} for _ in questions]
+        of_type = [types.get(q.line, args.entity_type) for q in questions]
+        for entity in dict.fromkeys(of_type):  # None: the type of its (single) name
+            rows = [i for i, t in enumerate(of_type) if t == entity]
+            ranked = model.neighbors_of([queries[i][0] for i in rows], entity, args.k)
+            for i, neighbors in zip(rows, ranked):
+                found[i] = {"neighbors": neighbors}
     else:
         side = args.command[4:]  # the ranked side's; its queries are (other entity, relation)
         pairs = [q if side == "rhs" else (q[1], q[0]) for q in queries]
         found = [{side: r} for r in model.top_k(side, pairs, args.k, args.exclude)]
-    return [{**dict(zip(fields, q)), **a} for q, a in zip(queries, found)]
+    return {q.line: {**dict(zip(fields, q.fields)), **a} for q, a in zip(questions, found)}
+
+
+def answer_batch(model: Predictor, args: argparse.Namespace) -> None:
+    """Batch mode: one JSON line per question of the queries file, in its order (an
+    "error" instead of the answer where a line is not a question or names what the model
+    lacks); each failed line is also reported on stderr, and the exit status is 1 if any
+    failed."""
+    questions, errors = read_queries(args.queries, args.command)
+    model.use(predictor_map(model.config))
+    named, types = name_errors(model, args, questions)
+    errors.update(named)
+    good = [q for q in questions if q.line not in errors]
+    answers = answer(model, args, good, types) if good else {}
+    for line, error in errors.items():
+        answers[line] = {"error": error}
+    text = "".join(json.dumps({"line": line, **answers[line]}) + "\n" for line in sorted(answers))
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        write_text_atomic(args.output, text)
+        print(json.dumps({"queries": len(answers), "failed": len(errors),
+                          "output": str(storage_path(args.output))}))
+    for line, error in sorted(errors.items()):
+        print(f"pbg_ray: error: --queries file {args.queries!r}, line {line}: {error}",
+              file=sys.stderr)
+    if errors:
+        print(f"pbg_ray: {len(errors)} of {len(answers)} questions failed; the others are "
+              "answered", file=sys.stderr)
+        sys.exit(1)
+
+
+def load_model(args: argparse.Namespace) -> Predictor:
+    """The Predictor of CHECKPOINT_PATH: a checkpoint directory, a model bundle, or a PBG
+    config file (its checkpoint_path and entity_path), as the other commands take first."""
+    path, entity_path = args.checkpoint_path, args.entity_path
+    if path.endswith(".py"):
+        config = load_pbg_config_file(path).with_absolute_paths()
+        path, entity_path = config.checkpoint_path, entity_path or config.entity_path
+    return Predictor.load(path, args.version, entity_path, args.tag)
 
 
 @report_errors
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Prints the answer as one JSON line (batch mode: writes one per question)."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    model = Predictor.load(args.checkpoint_path, args.version, args.entity_path, args.tag)
-    if args.queries is None:
-        query = tuple(getattr(args, f) for f in FIELDS[args.command])
-        result = answer(model, args, [query])[0]
-        print(json.dumps({k: v for k, v in result.items() if k not in FIELDS[args.command]}))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if with_checkpoint_path(argv) != argv:
+        print(f"pbg_ray: no CHECKPOINT_PATH given: predict reads the built-in demo graph's "
+              f"checkpoint ({demo_checkpoint_path()})", file=sys.stderr)
+    model = load_model(args)
+    if args.queries is not None:
+        answer_batch(model, args)
         return
-    queries = read_queries(args.queries, args.command)
-    model.use(predictor_map(model.config))
-    lines = "".join(json.dumps(a) + "\n" for a in answer(model, args, queries))
-    if args.output is None:
-        sys.stdout.write(lines)
-        return
-    write_text_atomic(args.output, lines)
-    print(json.dumps({"queries": len(queries), "output": str(storage_path(args.output))}))
+    question = Question(0, tuple(getattr(args, f) for f in FIELDS[args.command]))
+    result = answer(model, args, [question], {})[0]
+    print(json.dumps({k: v for k, v in result.items() if k not in FIELDS[args.command]}))
 
 
 if __name__ == "__main__":

@@ -109,10 +109,15 @@ def check_overrides(overrides: List[str]) -> None:
             check_value(ConfigSchema, key, value)
 
 
+def is_pbg_config_file(argv: List[str]) -> bool:
+    """Whether the command line starts with a PBG config file (a .py)."""
+    return bool(argv) and argv[0].endswith(".py") and "=" not in argv[0]
+
+
 def use_pbg_config_file(argv: List[str]) -> List[str]:
     """`python -m pbg_ray.train path/to/pbg_config.py k=v ...`, as with
     torchbiggraph_train: the module's dict becomes the primary config."""
-    if not argv or not argv[0].endswith(".py") or "=" in argv[0]:
+    if not is_pbg_config_file(argv):
         return argv
     data = load_pbg_config_dict(Path(argv[0]))
     check_part(data, ConfigSchema, "", argv[0])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ from pbg_ray.model.params import params_from_checkpoint
 from pbg_ray.types import Bucket
 
 Ranked = List[Tuple[str, float]]  # (entity name, score), best first
+Triple = Tuple[str, str, str]  # (lhs name, relation name, rhs name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,6 +228,10 @@ class Predictor:
                 return cls(config, model.model_arrays(), EmbeddingSource(str(checkpoint_path), tag=model.tag),
                            f"tag {model.tag!r} of {checkpoint_path!r}", run, cache_partitions)
         checkpoint = CheckpointManager(checkpoint_path)
+        if checkpoint.path.is_file():
+            raise PbgRayError(f"{str(checkpoint_path)!r} is a file, neither a checkpoint "
+                              "directory nor a model bundle. Give the checkpoint_path that "
+                              "training wrote (a directory) or an exported bundle (.zip).")
         config = dataclasses.replace(checkpoint.read_config(), checkpoint_path=str(checkpoint.path))
         if entity_path is not None:
             config = dataclasses.replace(config, entity_path=entity_path)
@@ -249,9 +254,9 @@ class Predictor:
         return [self._partition_names(entity, p)[0]
                 for p in range(self.config.entities[entity].num_partitions)]
 
-    def _locate(self, entity: str, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-        """(partition, offset) int64 [len(names)] of entities by name, one partition's
-        names read at a time."""
+    def find(self, entity: str, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+        """(partition, offset) int64 [len(names)] of entities by name, partition -1 where
+        the type has no such name; one partition's names read at a time."""
         parts = np.full(len(names), -1, np.int64)
         offsets = np.zeros(len(names), np.int64)
         wanted = {n for n in names}
@@ -263,9 +268,17 @@ class Predictor:
                 if parts[i] < 0 and name in index:
                     parts[i], offsets[i] = part, index[name]
                     wanted.discard(name)
-        if wanted:
-            name = next(n for n in names if n in wanted)
-            raise PbgRayError(f"unknown {entity} entity {name!r}{self._suggest(entity, name)}.")
+        return parts, offsets
+
+    def unknown_entity(self, entity: str, name: str) -> PbgRayError:
+        """The error of a name that `entity` lacks, with the nearest names it has."""
+        return PbgRayError(f"unknown {entity} entity {name!r}{self._suggest(entity, name)}.")
+
+    def _locate(self, entity: str, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
+        """find(), raising unknown_entity for the first name the type lacks."""
+        parts, offsets = self.find(entity, names)
+        if (parts < 0).any():
+            raise self.unknown_entity(entity, names[int(np.argmax(parts < 0))])
         return parts, offsets
 
     def _suggest(self, entity: str, name: str) -> str:
@@ -276,7 +289,7 @@ class Predictor:
                 return hint
         return ""
 
-    def _relation(self, name: str) -> Tuple[int, int]:
+    def relation(self, name: str) -> Tuple[int, int]:
         """(index into config.relations, relation id) of a relation by name."""
         return relation_by_name(self.config, self.relation_names, name)
 
@@ -291,10 +304,13 @@ class Predictor:
 
     # --- queries ----------------------------------------------------------
 
-    def score(self, triples: Sequence[Tuple[str, str, str]]) -> np.ndarray:
-        """Scores float32 [T] of (lhs name, relation name, rhs name) triples."""
+    def score(self, triples: Union[Triple, Sequence[Triple]]) -> Union[float, np.ndarray]:
+        """Scores float32 [T] of (lhs name, relation name, rhs name) triples; the score of
+        one triple given alone."""
+        if len(triples) == 3 and all(isinstance(name, str) for name in triples):
+            return float(self.score([triples])[0])
         out = np.empty(len(triples), np.float32)
-        relations = [self._relation(rel) for _, rel, _ in triples]
+        relations = [self.relation(rel) for _, rel, _ in triples]
         for relation in sorted({r for r, _ in relations}):
             rows = [i for i, (r, _) in enumerate(relations) if r == relation]
             rconf = self.config.relations[relation]
@@ -321,9 +337,10 @@ class Predictor:
         candidates of each type are scored one partition at a time."""
         if side not in ("lhs", "rhs"):
             raise ValueError(f"side must be 'lhs' or 'rhs', not {side!r}")
+        exclude = [exclude] if isinstance(exclude, str) else exclude
         other = "lhs" if side == "rhs" else "rhs"
         answers: List[Ranked] = [[] for _ in queries]
-        resolved = [self._relation(rel) for _, rel in queries]
+        resolved = [self.relation(rel) for _, rel in queries]
         by_type: Dict[Tuple[str, str], List[int]] = {}
         for i, (relation, _) in enumerate(resolved):
             rconf = self.config.relations[relation]

@@ -132,10 +132,15 @@ def build_demo_graph(out: Path, *, num_communities: int = 100, noise: float = 0.
                             EdgeList(lo[mask], ro[mask], r[mask]))
 
 
+def demo_graph_dir() -> Path:
+    """Where the demo graph is (built or not)."""
+    return cache_dir() / f"demo-v{DEMO_VERSION}"
+
+
 def demo_graph_path() -> str:
     """The demo graph's directory, built on first use (safe if several
     processes race: each builds privately, the first rename wins)."""
-    path = cache_dir() / f"demo-v{DEMO_VERSION}"
+    path = demo_graph_dir()
     if not path.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".demo-build-", dir=path.parent))

@@ -253,6 +253,19 @@ def test_the_demo_checkpoint_path_is_one_place_that_predict_and_plot_default_to(
         plot.main([])
 
 
+def test_a_command_without_a_config_file_says_it_uses_the_demo(tmp_path, workdir):
+    cache = tmp_path / "cache"
+    code, _, err = run("eval", [], workdir, env=dict(os.environ, PBG_RAY_CACHE=str(cache)))
+    assert code == 2
+    assert err.splitlines()[0] == (
+        f"pbg_ray: no config file given: pbg_ray.eval uses the built-in demo graph "
+        f"({cache / 'demo-v1'}) and its checkpoint ({cache / 'demo-v1-checkpoints'})")
+    assert "holds no checkpoint" in err.splitlines()[1]
+    data = tiny_graph(tmp_path)
+    code, _, err = run("eval", [pbg_module(tmp_path / "config.py", data)], workdir)
+    assert code == 2 and "demo" not in err
+
+
 def test_sweep_jobs_are_named_by_their_swept_values_alone():
     argv = ["-m", "lr=0.01,0.1", "ray.num_cpus=1", "dimension=50,100"]
     assert name_sweep_jobs(argv, argv[1:]) == [

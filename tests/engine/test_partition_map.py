@@ -3,6 +3,7 @@ the same files and answers as the library's single-process path, to local paths 
 real S3-compatible server; a failed export leaves no _SUCCESS and none of its files."""
 
 import json
+import re
 import zipfile
 
 import numpy as np
@@ -129,7 +130,8 @@ def test_predict_batch_writes_the_single_queries_answers(ray_session, checkpoint
     output = join(s3_root, "answers/top.jsonl")
     predict_main([checkpoint.checkpoint_path, "top-rhs", "--queries", queries, "-k", "5",
                   "--exclude", checkpoint.edge_paths[0], "--output", output])
-    assert json.loads(capsys.readouterr().out) == {"queries": len(names), "output": output}
+    assert json.loads(capsys.readouterr().out) == {"queries": len(names), "failed": 0,
+                                                   "output": output}
     answers = [json.loads(line) for line in storage_path(output).read_text().splitlines()]
     assert [(a["lhs"], a["relation"]) for a in answers] == [(n, "to") for n in names]
     for answer, name in zip(answers, names):
@@ -161,14 +163,36 @@ def test_predict_batch_of_each_command_to_stdout(ray_session, checkpoint, tmp_pa
     same_ranking(line["lhs"], model.top_lhs("to", "node-2-2", k=4))
 
 
+def test_predict_batch_answers_the_good_lines_and_names_the_bad_ones(ray_session, checkpoint,
+                                                                     tmp_path, capsys):
+    """Each bad line (too few fields, an unknown entity or relation) gets its error, in the
+    output and on stderr with its number; the good ones are answered; exit status 1."""
+    model = Predictor.load(checkpoint.checkpoint_path)
+    lines = [("node-0-1", "to"), ("node-0-2",), ("node-9-9", "to"), ("node-1-1", "too"),
+             ("node-2-3", "to")]
+    queries = write_queries(tmp_path / "mixed", lines)
+    with pytest.raises(SystemExit) as exit_info:
+        predict_main([checkpoint.checkpoint_path, "top-rhs", "--queries", queries, "-k", "3"])
+    assert exit_info.value.code == 1
+    out, err = capsys.readouterr()
+    answers = [json.loads(line) for line in out.splitlines()]
+    assert [a["line"] for a in answers] == [1, 2, 3, 4, 5]
+    for answer, (name, relation) in ((answers[0], lines[0]), (answers[4], lines[4])):
+        same_ranking(answer["rhs"], model.top_rhs(name, relation, k=3))
+    assert "1 tab-separated field(s), top-rhs needs 2" in answers[1]["error"]
+    assert answers[2]["error"].startswith("unknown node entity 'node-9-9'")
+    assert "unknown relation 'too' (did you mean 'to'?)" in answers[3]["error"]
+    reported = [line for line in err.splitlines() if line.startswith("pbg_ray: error:")]
+    assert [re.search(r", line (\d+):", line).group(1) for line in reported] == ["2", "3", "4"]
+    assert "3 of 5 questions failed; the others are answered" in err
+
+
 def test_predict_batch_refuses_bad_queries(checkpoint, tmp_path, capsys):
-    bad = write_queries(tmp_path / "bad", [("node-0-1", "to"), ("node-0-2",)])
     for argv, message in [
-            (["top-rhs", "--queries", bad], r"--queries file .*bad', line 2: 1 tab-separated field"),
             (["top-rhs", "--queries", str(tmp_path / "none")], r"--queries file .*none' does not exist"),
             (["top-rhs", "node-0-1", "to", "--output", "x"], r"--output needs --queries FILE"),
             (["top-rhs", "node-0-1"], r"top-rhs needs LHS RELATION, or --queries FILE")]:
         with pytest.raises(SystemExit) as exit_info:
             predict_main([checkpoint.checkpoint_path, *argv])
         assert exit_info.value.code == 2
-        assert __import__("re").search(message, capsys.readouterr().err)
+        assert re.search(message, capsys.readouterr().err)

@@ -71,6 +71,38 @@ def test_cli_prints_one_json_line(model, capsys):
     assert "version 3 is not in" in capsys.readouterr().err
 
 
+def test_one_triple_and_one_exclude_path_as_a_user_writes_them(model):
+    path = model.config.edge_paths[0]
+    one = model.score(("user-1-3", "likes", "item-0-2"))
+    assert isinstance(one, float)
+    assert one == model.score([("user-1-3", "likes", "item-0-2")])[0]
+    assert model.top_rhs("user-1-3", "likes", k=40, exclude=path) == \
+        model.top_rhs("user-1-3", "likes", k=40, exclude=[path])
+
+
+def test_cli_takes_a_config_file_and_refuses_any_other_file(model, tmp_path, capsys):
+    config_file = tmp_path / "config.py"
+    config_file.write_text(f"def get_torchbiggraph_config():\n    return "
+                           f"{model.config.to_dict()!r}\n")
+    main([str(config_file), "top-rhs", "user-0-1", "likes", "-k", "2"])
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["rhs"] == [list(pair) for pair in model.top_rhs("user-0-1", "likes", k=2)]
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path / "checkpoints" / "config.json"), "top-rhs", "user-0-1", "likes"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file, neither a checkpoint directory nor a model bundle" in err[0]
+
+
+def test_the_demo_fallback_says_so(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("PBG_RAY_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit):  # no demo run there
+        main(["top-rhs", "user_1", "likes"])
+    err = capsys.readouterr().err
+    assert "no CHECKPOINT_PATH given: predict reads the built-in demo graph's checkpoint (" \
+        f"{tmp_path / 'cache' / 'demo-v1-checkpoints'})" in err
+
+
 def test_a_model_file_of_another_config_is_named_in_the_error(tmp_path):
     config = ConfigSchema.from_dict(config_dict(tmp_path, comparator="dot"))
     write_random_graph(config, num_edges=50)
