@@ -73,8 +73,9 @@ class _TrainModule(types.ModuleType):
     """`pbg_ray.train(config)`: the command's module doubles as the API's train()."""
 
     def __call__(self, config: ConfigSchema) -> TrainResult:
-        connect_ray(config.ray)
-        return Trainer(config).run()
+        trainer = Trainer(config)  # checks the config before Ray starts
+        connect_ray(trainer.config.ray)
+        return trainer.run()
 
 
 sys.modules[__name__].__class__ = _TrainModule

@@ -1,5 +1,6 @@
-"""The public surface: every name in `pbg_ray.__all__` resolves, and every console script
-the installed package declares names a command module's main()."""
+"""The public surface: every name in `pbg_ray.__all__` resolves, every console script the
+installed package declares names a command module's main(), `python -m pbg_ray` lists
+them, and a config changed after it was built is checked before anything starts."""
 
 import importlib
 import importlib.metadata
@@ -49,3 +50,30 @@ def test_the_model_never_loads_ray():
             "print(any(m.split('.')[0] == 'ray' for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_python_m_pbg_ray_lists_every_command():
+    proc = subprocess.run([sys.executable, "-m", "pbg_ray"], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert {line.split()[0] for line in proc.stdout.splitlines()
+            if line.startswith("  ")} == set(COMMANDS)
+
+
+@pytest.mark.parametrize("call", ["train", "evaluate", "export_checkpoint", "import_graph"])
+def test_a_config_changed_after_loading_is_refused_before_anything_starts(tmp_path, call):
+    from tests.util import config_dict
+
+    config = pbg_ray.ConfigSchema.from_dict(config_dict(tmp_path))
+    config.num_epochs = "three"
+    with pytest.raises(pbg_ray.PbgRayError, match=r"^config: num_epochs: expected an integer, "
+                                                  r"got 'three'$"):
+        getattr(pbg_ray, call)(config)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_one_path_for_a_list_of_paths_becomes_the_list(tmp_path):
+    from tests.util import config_dict
+
+    config = pbg_ray.ConfigSchema.from_dict(config_dict(tmp_path))
+    config.edge_paths = str(tmp_path / "train")
+    assert config.checked().edge_paths == [str(tmp_path / "train")]

@@ -90,8 +90,8 @@ def export_checkpoint(config: ConfigSchema, run: MapPartitions = in_process) -> 
     """Export `config.export.version` of config's checkpoint, one job per entity partition
     run by `run`; returns what was written. The output's _SUCCESS is written last; a
     failed export leaves none, and none of this export's files."""
+    config = config.checked()
     settings = config.export
-    config.validate()  # the export section may have been changed since the config was made
     if settings.format == "bundle":
         return export_bundle(config, run)
     checkpoint, version = CheckpointManager(config.checkpoint_path).locate(

@@ -211,6 +211,13 @@ class ConfigSchema:
         config.validate(source)
         return config
 
+    def checked(self, source: str = "config") -> "ConfigSchema":
+        """This config read again through from_dict: a config changed after it was built
+        (`config.num_epochs = "three"`) gets the PbgRayError naming the key here, before
+        a command starts, and a value given as a list's one item (edge_paths="data/train")
+        becomes the list. The commands' library functions take every config through it."""
+        return ConfigSchema.from_dict(self.to_dict(), source)
+
     def to_dict(self) -> Dict[str, Any]:
         """Plain dicts and lists, as written to config.json."""
         return dataclasses.asdict(self)

@@ -201,6 +201,7 @@ def _unique(paths: Sequence[str]) -> List[str]:
 def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     """Evaluate `config.eval` (see EvalConfig) on its checkpoint version; returns the report
     (also appended to <checkpoint_path>/eval_stats.json) with metric means."""
+    config = config.checked()
     settings = config.eval
     checkpoints = CheckpointManager(config.checkpoint_path)
     located, version = checkpoints.locate(config, settings.version, "eval.version")

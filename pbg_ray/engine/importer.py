@@ -73,6 +73,7 @@ BLOCK_ROWS = 1 << 22  # edges of a shard indexed into one block at most
 
 def import_graph(config: ConfigSchema) -> Dict[str, Any]:
     """Import `config.importer.inputs` with the engine importer.engine picks; returns stats."""
+    config = config.checked()
     if choose_engine(config) == "local":
         return run_import(config, local_phases)
     connect_ray(config.ray)

@@ -385,7 +385,7 @@ class Router:
 def start_service(config: ConfigSchema) -> Dict[str, Any]:
     """Connect to Ray, build the served version's indexes and start the application on
     serve.host:serve.port. Returns the URL, the version and the index build's figures."""
-    config = config.with_absolute_paths()
+    config = config.checked().with_absolute_paths()
     connect_ray(config.ray)
     serve_config = config.serve
     if serve_config.ingress == "direct" and serve_running():

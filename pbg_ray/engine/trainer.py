@@ -106,7 +106,7 @@ class Trainer:
     """One run: its actors, its pass loop and its checkpoints."""
 
     def __init__(self, config: ConfigSchema) -> None:
-        self.config = config
+        self.config = config = config.checked()
         self.checkpoints = CheckpointManager(config.checkpoint_path)
         self.version = self.checkpoints.resume(config)
         if self.version == 0 and config.init_path:

@@ -115,6 +115,7 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
     """Run the search of config.tune on the connected Ray; returns the best trial:
     {"trial_id", "config" (its sampled keys), "metrics", "checkpoint_path", "version",
     "experiment_path"}. Rerunning with the same experiment directory resumes it."""
+    config = config.checked()
     settings = config.tune
     if settings.metric != "loss" and not config.eval_edge_paths:
         raise PbgRayError(

@@ -39,17 +39,6 @@ def test_an_option_gets_the_key_value_form(tmp_path, args, fix):
         f"{fix} (--help lists the options)."]
 
 
-def test_python_m_pbg_ray_lists_every_command():
-    import tomllib
-
-    proc = subprocess.run([sys.executable, "-m", "pbg_ray"], capture_output=True, text=True,
-                          timeout=60, check=True)
-    listed = {line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  ")}
-    scripts = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())[
-        "project"]["scripts"].values()
-    assert listed == {target.split(":")[0].split(".")[1] for target in scripts}
-
-
 def tiny_pbg_module(tmp_path):
     """(config dict, PBG config module) of a tiny random graph under tmp_path/data."""
     data = config_dict(tmp_path / "data", num_epochs=1, eval_fraction=0.2, dimension=4,
