@@ -78,8 +78,13 @@ def export_bundle(config: ConfigSchema, run: MapPartitions = in_process) -> Dict
     checkpoints = CheckpointManager(config.checkpoint_path)
     located = [checkpoints.locate(config, v, "export.versions") for v in wanted]
     output = tables.begin_export(export_output(config, located[-1][0]))
+    created = not output.exists()
     path = output / BUNDLE_FILE
-    tags = write_checkpoint_bundle(path, config, located, settings.variants, run)
+    try:
+        tags = write_checkpoint_bundle(path, config, located, settings.variants, run)
+    except BaseException:
+        tables.abandon_export(output, [path], created)
+        raise
     result = {"checkpoint_path": str(located[-1][0].path), "versions": [v for _, v in located],
               "format": "bundle", "file": str(path), "file_bytes": file_size(path), "tags": tags}
     tables.finish_export(output, {k: v for k, v in result.items() if k != "tags"})
@@ -97,6 +102,7 @@ def export_checkpoint(config: ConfigSchema, run: MapPartitions = in_process) -> 
     checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
         config, settings.version, "export.version")
     output = tables.begin_export(export_output(config, checkpoint))
+    created = not output.exists()
     stored, _ = checkpoint.read_model(version)
     relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
                       else [r.name for r in config.relations])
@@ -130,8 +136,7 @@ def export_checkpoint(config: ConfigSchema, run: MapPartitions = in_process) -> 
         files.append(tables.write_relation_types(output, settings.format,
                                                  relation_rows(config, params, relation_names)))
     except BaseException:
-        for path in written:  # no complete-looking piece of a failed export is left
-            path.unlink(missing_ok=True)
+        tables.abandon_export(output, written, created)
         raise
     result = {"checkpoint_path": str(checkpoint.path), "version": version,
               "format": settings.format, "entities": sum(counts),

@@ -140,6 +140,30 @@ def checkpoint_metadata(config: ConfigSchema, iteration: int, num_edge_chunks: i
     }
 
 
+def recovery(damaged: StoragePath) -> str:
+    """How to go on from a damaged file of a checkpoint version: the complete versions its
+    checkpoint keeps in epoch_{k}/ (checkpoint_preservation_interval), to read or to start
+    a run from, or training again."""
+    directory = damaged.parent
+    root = directory.parent if directory.name.startswith("epoch_") else directory
+    kept = {}
+    for snapshot in sorted(root.glob("epoch_*")):
+        try:
+            kept[snapshot] = int(CheckpointStorage(snapshot).version_file().read_text())
+        except (OSError, ValueError):
+            continue  # not a complete snapshot
+    match = _VERSIONED_FILE.fullmatch(damaged.name)
+    kept = {path: v for path, v in kept.items() if match is None or v != int(match.group(1))}
+    if not kept:
+        return (f"No other version of {str(root)!r} is kept (checkpoint_preservation_interval "
+                "keeps one every so many epochs): train again, from init_path if another "
+                "checkpoint has the model.")
+    newest = max(kept, key=kept.get)
+    return (f"Versions kept in epoch_*/ of {str(root)!r}: {sorted(kept.values())}. Read one "
+            "(eval.version, export.version, serve.version, predict --version), or start a "
+            f"run from one (init_path={str(newest)!r}); else train again.")
+
+
 class CheckpointStorage:
     """Reads and writes one checkpoint directory (a local path or a URI, see io/storage.py)."""
 
@@ -350,7 +374,8 @@ class CheckpointStorage:
     @staticmethod
     def _open_h5(path: StoragePath, what: str) -> h5py.File:
         return open_v1_h5(path, what, "Check checkpoint_path (or init_path) and "
-                          "checkpoint_version.txt.", "A pre-1.0 PBG run converts with python -m pbg_ray.migrate.")
+                          "checkpoint_version.txt.", "A pre-1.0 PBG run converts with python "
+                          "-m pbg_ray.migrate.", lambda: recovery(path))
 
     @staticmethod
     def _read_optim(hf: h5py.File) -> Optional[Dict[str, Any]]:
@@ -397,7 +422,8 @@ class CheckpointStorage:
                               ) -> Tuple[np.ndarray, Optional[Dict[str, Any]]]:
         """The embeddings file at `path` (see load_entity_partition)."""
         path = storage_path(path)
-        with reading(path, "embeddings"), cls._open_h5(path, "embeddings") as hf:
+        with reading(path, "embeddings", lambda: recovery(path)), \
+                cls._open_h5(path, "embeddings") as hf:
             ds = hf.get(EMBEDDING_DATASET)
             if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or ds.dtype.kind != "f":
                 found = "nothing" if ds is None else f"shape {getattr(ds, 'shape', '?')} dtype {getattr(ds, 'dtype', '?')}"
@@ -425,7 +451,7 @@ class CheckpointStorage:
         """(public name -> array, optimizer state dict or None)."""
         params: Dict[str, np.ndarray] = {}
         path = self.model_file(version)
-        with reading(path, "model"), self._open_h5(path, "model") as hf:
+        with reading(path, "model", lambda: recovery(path)), self._open_h5(path, "model") as hf:
             if MODEL_STATE_DICT_GROUP in hf:
                 def visit(name: str, obj) -> None:
                     if isinstance(obj, h5py.Dataset):

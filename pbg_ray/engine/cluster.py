@@ -103,10 +103,14 @@ def check_cpus_per_trainer(ray_config: RayConfig) -> None:
 
 
 def get_results(refs: Any) -> Any:
-    """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user)."""
+    """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user).
+    When one of a list of tasks failed, the others are waited for and their results
+    dropped first (see discard): none is left going on, nor reported again by Ray."""
     try:
         return ray.get(refs)
     except RayTaskError as err:
+        if isinstance(refs, list):
+            discard(refs)
         if isinstance(err.cause, PbgRayError):
             raise err.cause from None
         raise

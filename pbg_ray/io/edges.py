@@ -41,9 +41,14 @@ def chunk_bounds(num_edges: int, chunk_idx: int, num_chunks: int) -> tuple:
     return chunk_idx * num_edges // num_chunks, (chunk_idx + 1) * num_edges // num_chunks
 
 
+def _reimport() -> str:
+    return "Import the edges again (python -m pbg_ray.import_edges)."
+
+
 def _open(path: StoragePath) -> h5py.File:
     return open_v1_h5(path, "edge", "Every bucket needs a file, even an empty one; run the "
-                      "importer or check edge_paths.", "Re-import the edges with pbg_ray.")
+                      "importer or check edge_paths.", "Re-import the edges with pbg_ray.",
+                      _reimport)
 
 
 def _dataset(hf: h5py.File, name: str, integer: bool) -> h5py.Dataset:
@@ -71,7 +76,7 @@ def _num_edges(hf: h5py.File) -> int:
 
 def count_edges(edge_path: PathLike, bucket: Bucket) -> int:
     path = edges_file(edge_path, bucket)
-    with reading(path, "edge"), _open(path) as hf:
+    with reading(path, "edge", _reimport), _open(path) as hf:
         return _num_edges(hf)
 
 

@@ -20,6 +20,7 @@ for it never reads a partial export.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, Iterable, List, Mapping, Sequence, Tuple
 
 import numpy as np
@@ -42,6 +43,19 @@ def begin_export(directory: PathLike) -> StoragePath:
     directory = storage_path(directory)
     (directory / SUCCESS_FILE).unlink(missing_ok=True)
     return directory
+
+
+def abandon_export(directory: StoragePath, files: Iterable[StoragePath], created: bool) -> None:
+    """A failed export's `files` removed (no complete-looking piece of it is left), and its
+    local `directory` too if the export `created` it and nothing else is in it (but the
+    empty folders the export made, such as a Parquet dataset's)."""
+    for path in files:
+        path.unlink(missing_ok=True)
+    if created and isinstance(directory, Path) and directory.is_dir():
+        folders = sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True)
+        for folder in [*folders, directory]:  # the deepest first
+            if not any(folder.iterdir()):
+                folder.rmdir()
 
 
 def finish_export(directory: StoragePath, summary: Mapping[str, Any]) -> None:

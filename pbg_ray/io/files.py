@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Iterator, Union
+from typing import Callable, Iterator, Union
 
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.storage import ObjectPath, storage_path, uploading
@@ -46,19 +46,22 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
 DAMAGED_FILE_ERRORS = (OSError, RuntimeError, KeyError, ValueError)
 
 
+def restore_it() -> str:
+    return "Restore it from a copy or write it again."
+
+
 @contextlib.contextmanager
-def reading(path: PathLike, what: str) -> Iterator[None]:
+def reading(path: PathLike, what: str, fix: Callable[[], str] = restore_it) -> Iterator[None]:
     """Report a library's error while reading `path` (its bytes are damaged) as a
-    PbgRayError naming the file; the project's own errors and a missing file (which
-    callers report in their words) pass unchanged."""
+    PbgRayError naming the file and what `fix()` says; the project's own errors and a
+    missing file (which callers report in their words) pass unchanged."""
     try:
         yield
     except (PbgRayError, FileNotFoundError):
         raise
     except DAMAGED_FILE_ERRORS as err:
         raise PbgRayError(f"{what} file {str(path)!r} is damaged and can't be read "
-                          f"({type(err).__name__}: {err}). Restore it from a copy or write it "
-                          "again.") from None
+                          f"({type(err).__name__}: {err}). {fix()}") from None
 
 
 def write_failed(path: PathLike, err: OSError) -> PbgRayError:

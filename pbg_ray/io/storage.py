@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator, Optional, Tuple, Union
+from typing import Callable, Iterator, Optional, Tuple, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import h5py
@@ -334,15 +334,18 @@ FORMAT_VERSION_ATTR = "format_version"
 FORMAT_VERSION = 1
 
 
-def open_v1_h5(path: StoragePath, what: str, if_missing: str, if_other_format: str) -> h5py.File:
+def open_v1_h5(path: StoragePath, what: str, if_missing: str, if_other_format: str,
+               if_damaged: Callable[[], str]) -> h5py.File:
     """An edge or checkpoint HDF5 file of format v1, opened for reading. Refuses a missing,
-    unreadable or other-format file with an error naming it, ending with the given fix."""
+    unreadable or other-format file with an error naming it, ending with the given fix
+    (for a damaged one, what `if_damaged()` says)."""
     if not path.is_file():
         raise PbgRayError(f"{what} file {str(path)!r} is missing. {if_missing}")
     try:
         hf = open_h5(path)
     except OSError as err:
-        raise PbgRayError(f"{what} file {str(path)!r} is not a readable HDF5 file: {err}") from None
+        raise PbgRayError(f"{what} file {str(path)!r} is not a readable HDF5 file: {err}. "
+                          f"{if_damaged()}") from None
     version = hf.attrs.get(FORMAT_VERSION_ATTR)
     if version is None or np.ndim(version) != 0 or version != FORMAT_VERSION:
         hf.close()

@@ -118,6 +118,34 @@ def test_an_error_inside_a_train_task_is_one_line_and_leaves_nothing(tmp_path, w
     assert not checkpoint.exists() or not list(checkpoint.iterdir()), list(checkpoint.iterdir())
 
 
+def test_a_truncated_embeddings_file_is_one_line_saying_how_to_go_on(tmp_path, workdir,
+                                                                      ray_session):
+    """eval and export name the file and the versions kept to go on from, with no Ray
+    traces; the failed export leaves no output directory behind."""
+    from pbg_ray.engine.trainer import Trainer
+
+    data = tiny_graph(tmp_path, num_epochs=2, checkpoint_preservation_interval=1)
+    Trainer(ConfigSchema.from_dict(data)).run()
+    damaged = Path(data["checkpoint_path"]) / "embeddings_user_0.v2.h5"
+    os.truncate(damaged, damaged.stat().st_size // 2)
+    module = pbg_module(tmp_path / "config.py", data)
+    env = dict(os.environ, **joining_the_session(ray_session))
+    way_on = (f"Versions kept in epoch_*/ of '{data['checkpoint_path']}': [1]. Read one "
+              "(eval.version, export.version, serve.version, predict --version), or start a "
+              f"run from one (init_path='{data['checkpoint_path']}/epoch_1'); else train again.")
+    for name, args in (("eval", [f"eval.edge_paths=[{data['edge_paths'][0]}]"]),
+                       ("export", [f"export.output={tmp_path / 'out'}", "export.format=parquet"])):
+        code, _, err = run(name, [module, *args], workdir, env=env)
+        assert code == 2
+        lines = [line for line in err.splitlines() if "eval scores edges the model" not in line]
+        assert_one_error_line("\n".join(lines), f"embeddings file '{damaged}' is not a readable "
+                              "HDF5 file", way_on)
+    assert not (tmp_path / "out").exists()
+    shutil.rmtree(Path(data["checkpoint_path"]) / "epoch_1")
+    code, _, err = run("eval", [module], workdir, env=env)
+    assert "No other version of" in err and "train again, from init_path" in err
+
+
 def test_train_tasks_larger_than_the_local_ray_are_refused_naming_the_key(tmp_path, workdir):
     """The local Ray that a command starts has no autoscaler: train tasks that ask for
     more CPUs than it has would wait for ever. The command stops at once with one line
