@@ -78,6 +78,27 @@ def gpus_per_trainer(config: ConfigSchema) -> float:
     return 1.0 if config.num_gpus > 0 else 0.0
 
 
+def task_threads(config: ConfigSchema) -> int:
+    """The torch and BLAS threads of a task that asks for ray.cpus_per_trainer CPUs."""
+    return max(1, int(config.ray.cpus_per_trainer))
+
+
+def on_task_threads(task: Callable[..., Any]) -> Callable[..., Any]:
+    """`task(config, ...)` run on task_threads(config) torch and BLAS threads. A worker
+    process keeps the thread counts that its last task set, and the rounding of scores
+    follows them (which decides a tie between a positive and a negative of the same
+    entity): each task sets its own, so that its results depend on its config alone,
+    not on what its worker ran before."""
+
+    @functools.wraps(task)
+    def run(config: ConfigSchema, *args: Any, **kwargs: Any) -> Any:
+        from pbg_ray.model.blas import cpu_threads
+
+        with cpu_threads(task_threads(config)):
+            return task(config, *args, **kwargs)
+    return run
+
+
 def task_seed(config: ConfigSchema, iteration: int, bucket: Bucket) -> int:
     """The seed of a bucket's training and held-out evaluation in pass `iteration`, from
     the run's seed: a bucket trained again (its trainer died) draws the same."""
@@ -572,6 +593,7 @@ def start_trainer_worker() -> None:
 # through the scheduler, with the partitions' current refs.
 @ray.remote(max_retries=0, runtime_env=TASK_RUNTIME_ENV)
 @release_free_heap
+@on_task_threads
 def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                       num_chunks: int, iteration: int, num_relation_ids: int,
                       keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
@@ -596,10 +618,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
     buckets run on this worker (one trainer): the partitions the buffer keeps for them
     are held unwritten too, each written once the buffer drops it (see PartitionCopies).
     `following`: the trainer's next bucket, whose edges this task reads ahead."""
-    import torch
-
-    num_threads = max(1, int(config.ray.cpus_per_trainer))
-    torch.set_num_threads(num_threads)
+    num_threads = task_threads(config)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     start = time.time()
     if previous_delta is not None:
@@ -628,6 +647,7 @@ def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chun
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
 @release_free_heap
+@on_task_threads
 def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
                          *partitions: Partition, negatives: SampledNegatives,

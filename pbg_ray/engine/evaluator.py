@@ -24,7 +24,7 @@ import ray
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.bucket_task import (
-    TASK_RUNTIME_ENV, evaluate_bucket_task, partition_counts, partition_keys)
+    TASK_RUNTIME_ENV, evaluate_bucket_task, on_task_threads, partition_counts, partition_keys)
 from pbg_ray.engine.cluster import check_cpus_per_trainer, connect_ray, get_results
 from pbg_ray.engine.partitions import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
@@ -44,6 +44,7 @@ logger = logging.getLogger("pbg_ray")
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
 @release_free_heap
+@on_task_threads
 def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
                        num_chunks: int, cand_part: int, filter_paths: List[str],
                        num_rel: int, keys: List[PartitionKey], params: ModelParams,
@@ -54,7 +55,6 @@ def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chu
 
     from pbg_ray.evaluation.scoring import Scorer
 
-    torch.set_num_threads(max(1, int(config.ray.cpus_per_trainer)))
     partitions = resolved(config, keys, partitions)
     counts = partition_counts(keys, partitions)
     edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)

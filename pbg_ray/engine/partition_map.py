@@ -23,19 +23,29 @@ from pbg_ray.engine.bucket_task import TASK_RUNTIME_ENV
 from pbg_ray.engine.cluster import check_cpus_per_trainer, connect_ray, discard, get_results
 
 
+def run_job(threads: int, fn: Callable[..., Any], *job: Any) -> Any:
+    """fn(*job) on `threads` torch and BLAS threads (see bucket_task.on_task_threads)."""
+    from pbg_ray.model.blas import cpu_threads
+
+    with cpu_threads(threads):
+        return fn(*job)
+
+
 class RayPartitionMap:
-    """A MapPartitions running each job as a Ray task with `options` (num_cpus, ...)."""
+    """A MapPartitions running each job as a Ray task with `options` (num_cpus, ...), on as
+    many torch and BLAS threads as it has CPUs."""
 
     def __init__(self, options: Dict[str, Any], window: int) -> None:
         self.options = options
         self.window = max(1, window)
 
     def __call__(self, fn: Callable[..., Any], jobs: Sequence[Tuple[Any, ...]]) -> Iterator[Any]:
-        remote = ray.remote(fn).options(**self.options)
+        remote = ray.remote(run_job).options(**self.options)
+        threads = max(1, int(self.options.get("num_cpus", 1)))
         pending: Deque[ray.ObjectRef] = collections.deque()
         try:
             for job in jobs:
-                pending.append(remote.remote(*job))
+                pending.append(remote.remote(threads, fn, *job))
                 if len(pending) >= self.window:
                     yield get_results(pending.popleft())
             while pending:

@@ -175,6 +175,39 @@ def test_disk_placement_evaluates_out_of_core_to_the_same_metrics(ray_session, t
     assert evaluate_checkpoint(config)["metrics"] == in_memory
 
 
+def test_an_eval_task_scores_alike_whatever_threads_its_worker_kept(tmp_path):
+    """A Ray worker keeps the torch and BLAS thread counts that its last task set (a train
+    task of ray.cpus_per_trainer=2, say), and they change the rounding of scores, which
+    decides ties between a positive and a uniform negative of the same entity (1000 drawn
+    from ~30 entities: many; products large enough for BLAS to use its threads). A task
+    sets its own, so its figures follow its config."""
+    from threadpoolctl import threadpool_limits
+
+    config = make(tmp_path, batch_size=1000, num_batch_negs=1000, num_uniform_negs=1000)
+    write_random_graph(config, num_edges=50)
+    write_test_edges(config)
+    random_checkpoint(config)
+    checkpoint = CheckpointManager(config.checkpoint_path)
+    num_rel = num_relation_ids(config)
+    params = params_from_checkpoint(config, num_rel, *checkpoint.read_model(1))
+    bucket = Bucket(0, 0)
+    keys = partition_keys(config, bucket)
+    on_disk = OnDisk(("checkpoint", config.checkpoint_path, 1))
+    kept = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            with threadpool_limits(threads, "blas"):
+                results.append(evaluate_bucket_task._function(
+                    config, bucket, config.eval_edge_paths[0], num_rel, keys, params,
+                    *[on_disk] * len(keys), negatives=SampledNegatives.of_edge_paths(config),
+                    per_relation=True))
+    finally:
+        torch.set_num_threads(kept)
+    assert results[0] == results[1]
+
+
 @pytest.mark.oracle
 @pytest.mark.slow
 @pytest.mark.parametrize("negatives,counts", [
