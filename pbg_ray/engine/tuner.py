@@ -23,7 +23,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.config.tune import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
+from pbg_ray.config.tune import TRIAL_METRICS, flat_search_space, idle_keys, is_spec
 from pbg_ray.engine.bucket_task import gpus_per_trainer
 from pbg_ray.engine.cluster import check_cpus_per_trainer
 from pbg_ray.engine.faults import fault_point
@@ -38,10 +38,14 @@ logger = logging.getLogger("pbg_ray")
 ENGINE_FILE = "pbg_ray_checkpoint.json"  # inside each Tune checkpoint: where the engine's is
 
 
-def search_space(settings: TuneConfig) -> Dict[str, Any]:
-    """Tune's param_space: {dotted config key: Tune sampler or fixed value}."""
+def search_space(config: ConfigSchema) -> Dict[str, Any]:
+    """Tune's param_space: {dotted config key: Tune sampler or fixed value}, without the
+    keys that change nothing for `config` (idle_keys)."""
     space = {}
-    for key, spec in flat_search_space(settings.search_space).items():
+    idle = idle_keys(config)
+    for key, spec in flat_search_space(config.tune.search_space).items():
+        if key in idle:
+            continue
         if is_spec(spec):
             (sampler, args), = spec.items()
             fn = getattr(tune, sampler)
@@ -122,6 +126,8 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
             "Set eval_edge_paths=[<held-out edges, e.g. a validation split>], or tune on "
             "tune.metric=loss tune.mode=min.")
     check_cpus_per_trainer(config.ray)
+    for key, why in idle_keys(config).items():
+        logger.warning("%s is left out of the search: it changes nothing here (%s)", key, why)
     base = config.to_dict()
     base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=base),
@@ -140,7 +146,7 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
         else:
             scheduler = FIFOScheduler()
         tuner = tune.Tuner(
-            trainable, param_space=search_space(settings),
+            trainable, param_space=search_space(config),
             tune_config=tune.TuneConfig(
                 metric=settings.metric, mode=settings.mode, num_samples=settings.num_samples,
                 max_concurrent_trials=settings.max_concurrent, scheduler=scheduler),
