@@ -16,6 +16,11 @@
 #     `ray stop` ends every Ray process on the machine that its user may signal: as an
 #     unprivileged user it can't touch the Ray of anyone else on the machine. Its Ray
 #     keeps its files in its own RAY_TMPDIR, so `ray.init()` elsewhere never joins it.
+#   - its Python environment, ~/pbg_ray-env, which the cluster file's setup commands
+#     activate and install pbg_ray into: made here a virtual environment of the user's own
+#     over this Python's packages, so that nothing is downloaded, and the user installs
+#     into an environment it owns (this Python's may be root's, a virtual environment
+#     under sudo as much as a system one).
 #   - a head node at 127.0.0.1 (provider.head_ip) and no worker (worker_ips: one machine).
 # The cluster file is examples/cluster-onprem.yaml with only these fields changed:
 # head_ip, worker_ips, max_workers, ssh_user, ssh_private_key, and the head's `ray start`
@@ -95,11 +100,8 @@ ssh-keygen -q -t ed25519 -N '' -f "$WORK/host_key"
 install -d -m 700 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$HOME_DIR/.ssh"
 install -m 600 -o "$CLUSTER_USER" -g "$CLUSTER_USER" "$WORK/id_ed25519.pub" \
     "$HOME_DIR/.ssh/authorized_keys"
-# The nodes' environment: root's Python first, and Ray's files kept apart.
-cat >>"$HOME_DIR/.bashrc" <<EOF
-export PATH=$(dirname "$PYTHON"):\$HOME/.local/bin:\$PATH
-export RAY_TMPDIR=/tmp/$CLUSTER_USER-ray
-EOF
+# The nodes' environment: Ray's files kept apart; the Python environment below.
+echo "export RAY_TMPDIR=/tmp/$CLUSTER_USER-ray" >>"$HOME_DIR/.bashrc"
 cat >"$WORK/sshd_config" <<EOF
 ListenAddress 127.0.0.1
 Port $SSH_PORT
@@ -120,6 +122,35 @@ for _ in $(seq 50); do [ -s "$WORK/sshd.pid" ] && break; sleep 0.1; done
 SSHD_PID=$(cat "$WORK/sshd.pid")
 ssh -q -p "$SSH_PORT" -i "$WORK/id_ed25519" -o StrictHostKeyChecking=no \
     -o UserKnownHostsFile=/dev/null "$CLUSTER_USER@127.0.0.1" 'echo "ssh: logged in as $(whoami) on $(hostname)"'
+
+step "$CLUSTER_USER's Python environment ~/pbg_ray-env, over $PYTHON's packages"
+# A virtual environment of the user's own whose site-packages names this Python's (a .pth
+# file: their own .pth files, such as root's editable pbg_ray, stay out), with their
+# commands (ray, serve, ...) run by its python: its pip installs into it alone.
+runuser -u "$CLUSTER_USER" -- "$PYTHON" - "$HOME_DIR/pbg_ray-env" <<'EOF'
+import os
+import site
+import sys
+import sysconfig
+import venv
+from importlib.metadata import distributions
+
+env = sys.argv[1]
+venv.create(env, with_pip=True)
+root_site = site.getsitepackages()
+with open(f"{sysconfig.get_path('purelib', vars={'base': env})}/root_packages.pth", "w") as f:
+    f.write("".join(f"{path}\n" for path in root_site))
+for dist in distributions(path=root_site):
+    for ep in dist.entry_points.select(group="console_scripts"):
+        script = f"{env}/bin/{ep.name}"
+        if not os.path.exists(script):
+            with open(script, "w") as f:
+                f.write(f"#!{env}/bin/python\nimport sys\nfrom importlib.metadata import "
+                        f"EntryPoint\nsys.exit(EntryPoint({ep.name!r}, {ep.value!r}, "
+                        "'console_scripts').load()())\n")
+            os.chmod(script, 0o755)
+print(f"{env}: python {sys.version.split()[0]}, {len(os.listdir(f'{env}/bin'))} commands")
+EOF
 
 step "the cluster file: examples/cluster-onprem.yaml on 127.0.0.1"
 "$PYTHON" - "$REPO" "$WORK" "$CLUSTER_USER" "$DASHBOARD_PORT" "$AGENT_PORT" <<'EOF'

@@ -25,8 +25,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import (
+<<<<<<< HEAD
     check_flags, check_overrides, composition_error, config_dirs, name_sweep_jobs, split_overrides,
     is_pbg_config_file, to_config, use_pbg_config_file)
+=======
+    check_overrides, composed_defaults, composition_error, config_dirs, name_sweep_jobs,
+    split_overrides, to_config, use_pbg_config_file)
+>>>>>>> tune43
 from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import demo_graph_dir  # and the ${demo_graph:} resolvers
@@ -90,13 +95,15 @@ def command_parser(doc: str, examples: Sequence[str], keys: Sequence[str] = (),
                    reference: str = "") -> argparse.ArgumentParser:
     """The parser, or for a Hydra command the help, of a command whose module docstring is
     `doc` (first paragraph: the usage line; the rest: what it does): `keys` listed with their
-    meanings and defaults, then `examples`, then where the full reference is."""
+    meanings and the defaults a run composes, then `examples`, then where the full reference
+    is."""
     usage, _, description = doc.strip().partition("\n\n")
     epilog = []
     if keys:
-        epilog.append("keys set most often (defaults are the schema's, PBG's for PBG's keys; "
-                      "conf/'s options\nsuch as tune=asha and the demo's graph set some):\n"
-                      + key_help(keys))
+        epilog.append("keys set most often, with the defaults a run composes (the schema's, "
+                      "PBG's for PBG's keys,\nunder conf/'s ray=local and tune=asha; the "
+                      "demo's where its graph, model and training differ):\n"
+                      + key_help(keys, defaults=composed_defaults()))
     epilog.append("examples:\n" + "\n".join(f"  {example}" for example in examples))
     epilog.append(f"reference: {reference or REFERENCE}")
     return argparse.ArgumentParser(

@@ -2,10 +2,13 @@
 
 A Ray Tune search over config keys: the `tune` option (tune=asha, the default, for the demo
 and a PBG config file alike: conf/tune/asha.yaml) declares the search space (lr loguniform
-in [0.01, 0.5], dimension in {50, 100, 200}, margin uniform in [0.05, 0.5]), the metric
-(held-out MRR on eval_edge_paths, reported after every epoch) and the scheduler (ASHA stops
-poor trials early). Each trial trains the sampled config under <checkpoint_path>-<trial id>;
-the best trial's config and checkpoint are printed at the end, then one JSON line.
+in [0.01, 0.5], dimension in {50, 100, 200}, margin uniform in [0.05, 0.5] where
+loss_fn=ranking: a key that changes nothing for the config is left out, with a line saying
+why), the metric (held-out MRR on eval_edge_paths, reported after every epoch), the number
+of trials and the scheduler (ASHA stops poor trials early). Each trial trains the sampled
+config under <checkpoint_path>-<trial id> and prints a line per epoch. The best trial, by
+the metric of each trial's last epoch (the one its checkpoint holds), is printed at the
+end with its config and checkpoint, then one JSON line.
 """
 
 from __future__ import annotations

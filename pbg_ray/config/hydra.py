@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import re
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import yaml
+from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException, OverrideParseException
@@ -19,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pbg_ray.config.convert import check_part, check_value
 from pbg_ray.config.pbg_file import load_pbg_config_dict
+from pbg_ray.config.reference import SECTIONS, rows
 from pbg_ray.config.schema import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 
@@ -42,6 +45,8 @@ _HYDRA_VALUE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-
 _HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "--version", "--resolve", "-m", "--multirun",
                 "-r", "--run"}
 PBG_CONFIG_NAME = "pbg_config_file"
+# What every run composes before its file and command line: PBG_FILE_DEFAULTS alone.
+EVERY_RUN_NAME = "pbg_ray_every_run"
 
 
 def register_configs() -> None:
@@ -49,6 +54,7 @@ def register_configs() -> None:
     defaults name them."""
     ConfigStore.instance().store(name=SCHEMA_NAME, node=ConfigSchema)
     ConfigStore.instance().store(name=HYDRA_SETTINGS_NAME, node=HYDRA_SETTINGS)
+    ConfigStore.instance().store(name=EVERY_RUN_NAME, node={"defaults": PBG_FILE_DEFAULTS})
 
 
 def split_overrides(argv: List[str]) -> List[str]:
@@ -168,6 +174,37 @@ def composition_error(err: Exception, dirs: List[Path]) -> PbgRayError:
         check_part(data, ConfigSchema, "", str(path))
         text = f"{path}: {text.partition(':')[2]}"
     return PbgRayError(" ".join(text.replace("\t", " ").split()))
+
+
+def composed_defaults() -> Dict[str, str]:
+    """What --help says of a key's default where conf/ sets one: the value every run
+    composes (conf/'s ray and tune options over the schema: "Default: 8 (tune=asha)."),
+    and the demo's (conf/config.yaml) where it differs ("Default: 1 (the demo: 10).");
+    keys conf/ leaves at the schema's default are not listed."""
+    with initialize_config_module("pbg_ray.conf", version_base=None):
+        every, demo = (OmegaConf.to_container(compose(name), resolve=False)
+                       for name in (EVERY_RUN_NAME, "config"))
+    options = {next(iter(d)): d[next(iter(d))] for d in PBG_FILE_DEFAULTS
+               if isinstance(d, dict) and next(iter(d)) in CONFIG_GROUPS}
+    texts = {}
+    for _, prefix, cls in SECTIONS:
+        for key, _, schema_default, _ in rows(cls, prefix):
+            if "<" in key:  # entities.<name>.*, relations.<index>.*
+                continue
+            ours, theirs = (functools.reduce(lambda d, k: d[k], key.split("."), c)
+                            for c in (every, demo))
+            text = "required" if ours == "???" else json.dumps(ours)
+            notes = []
+            if text != schema_default.strip("`"):  # set by a group of PBG_FILE_DEFAULTS
+                group = key.split(".")[0]
+                notes.append(f"{group}={options[group]}")
+            if theirs != ours:
+                notes.append("the demo sets it" if "${" in str(theirs)
+                             else f"the demo: {json.dumps(theirs)}")
+            if notes:
+                head = "Required" if text == "required" else f"Default: {text}"
+                texts[key] = f"{head} ({'; '.join(notes)})."
+    return texts
 
 
 def to_config(cfg: DictConfig) -> ConfigSchema:

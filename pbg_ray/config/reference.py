@@ -11,7 +11,7 @@ import dataclasses
 import json
 import textwrap
 import typing
-from typing import Any, Iterator, List, Sequence, Tuple
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from omegaconf import MISSING
 
@@ -75,16 +75,20 @@ def markdown() -> str:
     return "\n".join(section_table(title, prefix, cls) for title, prefix, cls in SECTIONS)
 
 
-def key_help(picks: Sequence[str], width: int = 100) -> str:
+def key_help(picks: Sequence[str], width: int = 100,
+             defaults: Optional[Mapping[str, str]] = None) -> str:
     """The keys of `picks` (single keys, or sections by their prefix: "ray.") with their
-    meanings and defaults, as a command's --help lists its options."""
+    meanings and defaults, as a command's --help lists its options; `defaults`: key ->
+    what to say of its default instead of the schema's ("Default: 8 (tune=asha).")."""
     every = [row for _, prefix, cls in SECTIONS for row in rows(cls, prefix)]
     chosen = [row for pick in picks for row in every
               if row[0] == pick or (pick.endswith(".") and row[0].startswith(pick))]
     lines = []
     for key, _, default, meaning in chosen:
         default = default.strip("`")
-        text = f"{meaning} Default: {default}." if default != "required" else f"{meaning} Required."
+        said = (defaults or {}).get(key) or (
+            f"Default: {default}." if default != "required" else "Required.")
+        text = f"{meaning} {said}"
         wrapped = textwrap.wrap(text, width - KEY_COLUMN)
         first = f"  {key}".ljust(KEY_COLUMN)
         if len(key) + 4 > KEY_COLUMN:  # a long key: its meaning on the next lines

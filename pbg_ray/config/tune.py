@@ -8,14 +8,21 @@ plain YAML, so conf/tune/*.yaml and command-line overrides can declare them:
       lr: {loguniform: [0.01, 0.5]}
       dimension: {choice: [50, 100]}
       margin: 0.2                        # a fixed value
+
+A key that changes nothing for the config at hand (IDLE_KEYS: `margin` without the ranking
+loss, ...) is left out of the search, with a note saying why.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
 from pbg_ray.config.options import Fail, check_choice, check_not_negative, option
+from pbg_ray.config.pbg_file import IGNORED_KEYS
+
+if TYPE_CHECKING:
+    from pbg_ray.config.schema import ConfigSchema
 
 # Sampler name -> number of arguments (None: a non-empty list of values).
 SAMPLERS: Dict[str, Optional[int]] = {
@@ -27,6 +34,31 @@ MODES = ("max", "min")
 # What a trial reports after each epoch: PBG's sampled metrics on eval_edge_paths,
 # and the epoch's mean training loss.
 TRIAL_METRICS = ("mrr", "r1", "r10", "r50", "auc", "pos_rank", "loss")
+# Keys that change nothing for some configs: key -> (the keys that decide whether it acts,
+# why it doesn't for a config, or None where it does).
+IDLE_KEYS: Dict[str, Tuple[Tuple[str, ...], Callable[["ConfigSchema"], Optional[str]]]] = {
+    "margin": (("loss_fn",), lambda c: None if c.loss_fn == "ranking" else
+               f"the ranking loss's margin, and loss_fn={c.loss_fn}"),
+    "regularizer": (("regularization_coef",), lambda c: None if c.regularization_coef > 0 else
+                    "applied with regularization_coef above 0 only, and it is 0"),
+    "relation_lr": (("relations", "global_emb"), lambda c: None if c.global_emb or any(
+        r.operator != "none" for r in c.relations) else
+        "no relation operator has parameters (all are none) and global_emb is false"),
+    "num_batch_negs": (("relations",), lambda c: None if not all(
+        r.all_negs for r in c.relations) else "every relation has all_negs=true"),
+    "num_uniform_negs": (("relations",), lambda c: None if not all(
+        r.all_negs for r in c.relations) else "every relation has all_negs=true"),
+    "max_edges_per_chunk": (("num_edge_chunks",), lambda c: None if c.num_edge_chunks is None
+                            else f"num_edge_chunks={c.num_edge_chunks} sets the chunks"),
+    "hogwild_delay": ((), lambda c: None if int(c.ray.cpus_per_trainer) >= 2 else
+                      f"ray.cpus_per_trainer={c.ray.cpus_per_trainer:g}: one Hogwild thread "
+                      "a task, so no warm-up"),
+    "dimension": (("entities",), lambda c: None if any(
+        e.dimension is None for e in c.entities.values()) else
+        "every entity type sets its own dimension"),
+    **{key: ((), lambda c, why=why: f"pbg_ray ignores it: {why}")
+       for key, (_, why) in IGNORED_KEYS.items()},
+}
 
 
 @dataclass
@@ -103,6 +135,21 @@ def flat_search_space(space: Dict[str, Any], prefix: str = "") -> Dict[str, Any]
         else:
             flat[name] = value
     return flat
+
+
+def idle_keys(config: "ConfigSchema") -> Dict[str, str]:
+    """The keys of config.tune.search_space that change nothing for `config` (IDLE_KEYS)
+    -> why; a key stays searched when a key that decides it is searched too (margin
+    with loss_fn)."""
+    searched = flat_search_space(config.tune.search_space)
+    idle = {}
+    for key in searched.keys() & IDLE_KEYS.keys():
+        deciding, why = IDLE_KEYS[key]
+        if not any(s == d or s.startswith(f"{d}.") for s in searched for d in deciding):
+            reason = why(config)
+            if reason:
+                idle[key] = reason
+    return dict(sorted(idle.items()))
 
 
 def check_spec(key: str, spec: Any, fail: Fail) -> None:

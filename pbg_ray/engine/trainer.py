@@ -133,6 +133,9 @@ class Trainer:
         # Which buckets are warmed up: by the partitions trained since the actors loaded them.
         self.warm_up = HogwildWarmUp(config, self.num_chunks)
         self.actor_restarts = 0
+        # A bar per pass, or a line where there is no terminal; a Tune trial, which reports
+        # each epoch on a line of the search's own, turns it off.
+        self.progress = True
 
     # --- where the first values come from --------------------------------
 
@@ -355,7 +358,8 @@ class Trainer:
         concurrent = max_trainers > 1 and num_buckets > 1
         desc = (f"epoch {epoch_idx + 1}/{config.num_epochs} path {path_idx + 1}/"
                 f"{len(config.edge_paths)} chunk {chunk_idx + 1}/{self.num_chunks}")
-        bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True, disable=None)
+        bar = tqdm(total=num_buckets, desc=desc, unit="bucket", dynamic_ncols=True,
+                   disable=None if self.progress else True)
         t_pass = time.perf_counter()
         pass_sums = None  # the pass's training stats so far, summed
         attempts: Dict[Bucket, int] = {}
@@ -494,7 +498,7 @@ class Trainer:
             raise
         bar.close()
         io_text = (f", {io['reads']} partition reads, {io['writes']} writes" if io else "")
-        if bar.disable and pass_stats:  # no terminal (a log): a plain line per pass
+        if self.progress and bar.disable and pass_stats:  # no terminal: a line per pass
             print(f"{desc}: {len(pass_stats)} buckets, {rate:.3g} edges/s, loss {mean_loss:.4g}"
                   f"{io_text}", file=sys.stderr, flush=True)
         elif io:

@@ -7,23 +7,26 @@ checkpoint naming the engine's checkpoint, so ASHA can stop poor trials and a re
 resumed trial goes on from the engine's newest version. A trial's resources are one
 placement group: an optional driver bundle plus one bundle per train task
 (ray.num_trainers x ray.cpus_per_trainer / gpus_per_trainer); the train and evaluation
-tasks it starts run inside it, and the engine's actors ask for no CPU.
+tasks it starts run inside it, and the engine's actors ask for no CPU. The search prints
+what it searches, a line per trial result (ResultLines) and how the trials ended; Ray
+Tune's own tables and the trials' pass lines show with `verbose` only.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import tempfile
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, List, Mapping
 
 from omegaconf import OmegaConf
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.config.tune import TRIAL_METRICS, TuneConfig, flat_search_space, is_spec
+from pbg_ray.config.tune import TRIAL_METRICS, flat_search_space, idle_keys, is_spec
 from pbg_ray.engine.bucket_task import gpus_per_trainer
 from pbg_ray.engine.cluster import check_cpus_per_trainer
 from pbg_ray.engine.faults import fault_point
@@ -38,10 +41,14 @@ logger = logging.getLogger("pbg_ray")
 ENGINE_FILE = "pbg_ray_checkpoint.json"  # inside each Tune checkpoint: where the engine's is
 
 
-def search_space(settings: TuneConfig) -> Dict[str, Any]:
-    """Tune's param_space: {dotted config key: Tune sampler or fixed value}."""
+def search_space(config: ConfigSchema) -> Dict[str, Any]:
+    """Tune's param_space: {dotted config key: Tune sampler or fixed value}, without the
+    keys that change nothing for `config` (idle_keys)."""
     space = {}
-    for key, spec in flat_search_space(settings.search_space).items():
+    idle = idle_keys(config)
+    for key, spec in flat_search_space(config.tune.search_space).items():
+        if key in idle:
+            continue
         if is_spec(spec):
             (sampler, args), = spec.items()
             fn = getattr(tune, sampler)
@@ -86,10 +93,82 @@ def held_out_metrics(trainer: Trainer, epoch_idx: int) -> Dict[str, float]:
     return {**metrics, **stats_mean(held_out)}
 
 
+def result_line(trial_id: str, result: Mapping[str, Any], sampled: Mapping[str, Any],
+                config: ConfigSchema) -> str:
+    """A trial's line after an epoch: the metric searched on first, the training loss,
+    the trial's sampled keys, and whether the scheduler stopped it there."""
+    metric = config.tune.metric
+    shown = [metric] + ["loss"] * (metric != "loss" and "loss" in result)
+    values = "  ".join(f"{key}={result[key]:.4g}" for key in shown)
+    keys = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sampled.items())
+    stopped = (" (stopped early by ASHA)"
+               if result.get("done") and result["epoch"] < config.num_epochs else "")
+    return (f"trial {trial_id} epoch {result['epoch']}/{config.num_epochs}: {values}"
+            f"  | {keys}{stopped}")
+
+
+class ResultLines(tune.Callback):
+    """What a search prints as it runs (in place of Ray Tune's tables): what it searches
+    and what it leaves out, a line per trial result, and how the trials ended."""
+
+    def __init__(self, config: ConfigSchema) -> None:
+        self.config = config
+
+    def setup(self, total_num_samples: int = 0, **info: Any) -> None:
+        config, settings = self.config, self.config.tune
+        idle = idle_keys(config)
+        searched = [k for k in flat_search_space(settings.search_space) if k not in idle]
+        measured = ("the epoch's training loss" if settings.metric == "loss"
+                    else "on eval_edge_paths")
+        stops = ("ASHA stops the poor ones early" if settings.scheduler == "asha"
+                 else "each runs them all")
+        print(f"{total_num_samples} trials of {', '.join(searched) or 'the config as it is'}: "
+              f"each reports {settings.metric} ({measured}) after each of its "
+              f"{config.num_epochs} epochs; {stops}", flush=True)
+        for key, why in idle.items():
+            print(f"{key} is left out of the search: it changes nothing here ({why})",
+                  flush=True)
+
+    def on_trial_result(self, iteration: int, trials: List[Any], trial: Any,
+                        result: Dict[str, Any], **info: Any) -> None:
+        print(result_line(trial.trial_id, result, trial.config, self.config), flush=True)
+
+    def on_trial_recover(self, iteration: int, trials: List[Any], trial: Any,
+                         **info: Any) -> None:
+        print(f"trial {trial.trial_id} failed after epoch {last_epoch(trial)}; it starts "
+              "again from its checkpoint (tune.max_failures)", flush=True)
+
+    def on_trial_error(self, iteration: int, trials: List[Any], trial: Any,
+                       **info: Any) -> None:
+        print(f"trial {trial.trial_id} failed after epoch {last_epoch(trial)} (its error "
+              "follows at the end)", flush=True)
+
+    def on_experiment_end(self, trials: List[Any], **info: Any) -> None:
+        num_epochs, settings = self.config.num_epochs, self.config.tune
+        ended = collections.Counter(
+            "failed" if t.status == "ERROR" else "unfinished" if t.status != "TERMINATED"
+            else f"ran all {num_epochs} epochs" if last_epoch(t) == num_epochs
+            else "stopped early" for t in trials)
+        hows = [f"ran all {num_epochs} epochs", "stopped early"]
+        counts = [f"{ended[how]} {how}" for how in hows + [h for h in ("failed", "unfinished")
+                                                           if ended[h]]]
+        print(f"{len(trials)} trials: {', '.join(counts)}; the best has the "
+              f"{'highest' if settings.mode == 'max' else 'lowest'} {settings.metric} at its "
+              "last epoch (which its checkpoint holds)", flush=True)
+
+
+def last_epoch(trial: Any) -> int:
+    """The last epoch a Tune trial reported (0: none)."""
+    return (trial.last_result or {}).get("epoch", 0)
+
+
 def run_trial(sampled: Dict[str, Any], base: Dict[str, Any]) -> None:
     """Tune's function trainable: train the sampled config, reporting after every epoch."""
     trial_id = tune.get_context().get_trial_id()
     config = trial_config(base, sampled, trial_id)
+    if not config.verbose:  # Ray's line per Tune checkpoint
+        logging.getLogger("ray.train").setLevel(logging.WARNING)
     restored = tune.get_checkpoint()
     if restored is not None:  # a restarted or resumed trial: go on from the engine's version
         with restored.as_directory() as directory:
@@ -98,6 +177,7 @@ def run_trial(sampled: Dict[str, Any], base: Dict[str, Any]) -> None:
         config = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=path),
                                         source=f"trial {trial_id}")
     trainer = Trainer(config)
+    trainer.progress = bool(config.verbose)  # ResultLines prints a line per epoch
 
     def report(epoch_idx: int) -> None:
         metrics = held_out_metrics(trainer, epoch_idx)
@@ -141,13 +221,17 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
         else:
             scheduler = FIFOScheduler()
         tuner = tune.Tuner(
-            trainable, param_space=search_space(settings),
+            trainable, param_space=search_space(config),
             tune_config=tune.TuneConfig(
                 metric=settings.metric, mode=settings.mode, num_samples=settings.num_samples,
                 max_concurrent_trials=settings.max_concurrent, scheduler=scheduler),
             run_config=tune.RunConfig(
-                name=settings.name, storage_path=storage_path, verbose=1,
+                name=settings.name, storage_path=storage_path, callbacks=[ResultLines(config)],
+                verbose=2 if config.verbose else 0,
                 failure_config=tune.FailureConfig(max_failures=settings.max_failures)))
+    # Tune's legacy output, which prints nothing at verbose=0 (the new one still prints a
+    # table of the experiment): ResultLines prints what the search does.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
     results = tuner.fit()
     for error in results.errors:
         logger.warning("a trial failed: %s", error)

@@ -219,25 +219,55 @@ def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tm
 @pytest.mark.slow
 def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpoint(
         tmp_path, workdir, ray_session):
-    data = tiny_graph(tmp_path, eval_fraction=0.0, eval_num_batch_negs=10,
+    """The default space's keys that act on the config are sampled (margin doesn't with
+    softmax: a line says so), and the output is a line per trial result, the metric first,
+    then how the trials ended and by which rule the best is picked, then the best."""
+    data = tiny_graph(tmp_path, eval_fraction=0.0, eval_num_batch_negs=10, loss_fn="softmax",
                       eval_num_uniform_negs=10, eval_edge_paths=[str(tmp_path / "valid")])
     write_random_graph(ConfigSchema.from_dict(dict(data, edge_paths=data["eval_edge_paths"])),
                        num_edges=20, seed=1)
     module = pbg_module(tmp_path / "config.py", data)
-    code, out, err = run("tune", [module, "tune.num_samples=2", "num_epochs=1"], workdir,
+    code, out, err = run("tune", [module, "tune.num_samples=2", "num_epochs=2"], workdir,
                          env=dict(os.environ, **joining_the_session(ray_session)))
     assert code == 0, err[-3000:]
-    best = json.loads(out.splitlines()[-1])
-    assert f"best config: lr={best['config']['lr']} dimension=" in out
-    assert f"best checkpoint: {best['checkpoint_path']} (version 1)" in out
+    lines = out.splitlines()
+    assert lines[:2] == [
+        "2 trials of lr, dimension: each reports mrr (on eval_edge_paths) after each of its 2 "
+        "epochs; ASHA stops the poor ones early",
+        "margin is left out of the search: it changes nothing here (the ranking loss's margin, "
+        "and loss_fn=softmax)"], out
+    results = [re.fullmatch(r"trial (\w+) epoch (\d)/2: mrr=(\S+)  loss=\S+  \| "
+                            r"lr=\S+ dimension=(?:50|100|200)( \(stopped early by ASHA\))?",
+                            line) for line in lines[2:-5]]
+    assert all(results), out
+    epochs = {}  # trial -> its epochs reported, in order
+    for result in results:
+        epochs.setdefault(result[1], []).append(int(result[2]))
+    assert len(epochs) == 2 and all(e == list(range(1, len(e) + 1)) for e in epochs.values())
+    stopped = {r[1] for r in results if r[4]}
+    assert stopped == {t for t, e in epochs.items() if len(e) < 2}, out  # said where it stopped
+    assert lines[-5] == (f"2 trials: {2 - len(stopped)} ran all 2 epochs, {len(stopped)} "
+                         "stopped early; the best has the highest mrr at its last epoch (which "
+                         "its checkpoint holds)")
+    best = json.loads(lines[-1])
+    last_mrr = {r[1]: float(r[3]) for r in results}  # each trial's last line
+    assert best["trial_id"] == max(last_mrr, key=last_mrr.get)
+    assert lines[-4].startswith(f"best trial {best['trial_id']} after epoch "
+                                f"{epochs[best['trial_id']][-1]}: mrr=")
+    assert lines[-3] == "best config: " + " ".join(f"{k}={v}" for k, v in best["config"].items())
+    assert list(best["config"]) == ["lr", "dimension"]
+    assert lines[-2] == f"best checkpoint: {best['checkpoint_path']} (version {best['version']})"
+    # Neither Ray's line per Tune checkpoint nor the trials' pass lines.
+    assert "Checkpoint successfully created" not in err and "buckets," not in err, err[-3000:]
     # Two trials, each beside the configured checkpoint_path, with the default space's keys
-    # sampled: their configs differ.
+    # that act sampled: their configs differ, margin is the file's.
     trials = sorted(tmp_path.glob("data/checkpoints-*/config.json"))
     assert len(trials) == 2 and best["checkpoint_path"] in {str(t.parent) for t in trials}
     sampled = [{k: json.loads(t.read_text())[k] for k in ("lr", "dimension", "margin")}
                for t in trials]
     assert sampled[0] != sampled[1]
     assert all(0.01 <= s["lr"] <= 0.5 and s["dimension"] in (50, 100, 200) for s in sampled)
+    assert all(s["margin"] == 0.1 for s in sampled)
     assert (tmp_path / "data" / "checkpoints-tune").is_dir()
     assert not Path(data["checkpoint_path"]).exists() and not list(workdir.iterdir())
 

@@ -48,9 +48,21 @@ def test_hydra_help_lists_the_config_file_and_the_keys_set_most(command, key, mo
     assert key in listed
     assert 5 <= len(listed) <= 18, listed
     # Each key with its meaning and its default, from the schema's help texts.
-    assert re.search(r"^  dimension +The dimension of the embeddings .*\n.*Required\.$",
-                     text, flags=re.M) or command != "train"
+    assert re.search(r"^  dimension +The dimension of the embeddings .*\n.*Required "
+                     r"\(the demo: 100\)\.$", text, flags=re.M) or command != "train"
     assert "Default:" in text and "powered by Hydra" not in text
+
+
+def test_help_says_the_defaults_a_run_composes(monkeypatch, capsys):
+    """conf/'s options (tune=asha: 8 trials of its space) over the schema's defaults, for
+    any run; the demo's values where they differ."""
+    text = " ".join(help_of("tune", monkeypatch, capsys).split())
+    assert "sample). Default: 8 (tune=asha)." in text
+    assert ('Default: {"lr": {"loguniform": [0.01, 0.5]}, "dimension": {"choice": [50, 100, '
+            '200]}, "margin": {"uniform": [0.05, 0.5]}} (tune=asha).') in text
+    assert "every edge. Default: 1 (the demo: 10)." in text
+    assert "found there. Required (the demo sets it)." in text
+    assert 'Default: "mrr".' in text  # the schema's, which tune=asha keeps
 
 
 @pytest.mark.parametrize("flags, expected", [

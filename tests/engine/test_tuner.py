@@ -7,6 +7,7 @@ import pytest
 
 from pbg_ray.checkpoints.storage import CheckpointStorage
 from pbg_ray.config import ConfigSchema
+from pbg_ray.config.tune import idle_keys
 from pbg_ray.engine.tuner import run_tune, search_space, trial_config, trial_resources
 from pbg_ray.errors import PbgRayError
 from tests.fault_injection import armed, edges_lost_or_doubled
@@ -24,11 +25,11 @@ def tune_config(tmp_path, **tune) -> ConfigSchema:
 
 def test_search_space_and_resources_come_from_the_config(tmp_path, monkeypatch):
     config = tune_config(tmp_path, search_space={
-        "lr": {"loguniform": [0.01, 0.5]}, "margin": 0.3,
+        "lr": {"loguniform": [0.01, 0.5]}, "batch_size": 30,
         "relations": {"1": {"operator": {"choice": ["diagonal", "none"]}}}}, driver_cpus=0.5)
-    space = search_space(config.tune)
-    assert set(space) == {"lr", "relations.1.operator", "margin"}
-    assert 0.01 <= space["lr"].sample() <= 0.5 and space["margin"] == 0.3
+    space = search_space(config)
+    assert set(space) == {"lr", "relations.1.operator", "batch_size"}
+    assert 0.01 <= space["lr"].sample() <= 0.5 and space["batch_size"] == 30
     assert space["relations.1.operator"].categories == ["diagonal", "none"]
     trial = trial_config(config.to_dict(), {"lr": 0.2, "relations.1.operator": "none"}, "t1")
     assert trial.lr == 0.2 and trial.relations[1].operator == "none"
@@ -40,6 +41,44 @@ def test_search_space_and_resources_come_from_the_config(tmp_path, monkeypatch):
     config = ConfigSchema.from_dict(dict(config.to_dict(), ray={"num_trainers": 3,
                                                                 "cpus_per_trainer": 2}))
     assert trial_resources(config).bundles == [{"CPU": 0.5}] + [{"CPU": 2.0}] * 3
+
+
+NONE_OPERATORS = [{"name": "likes", "lhs": "user", "rhs": "item", "operator": "none"}]
+
+
+@pytest.mark.parametrize("overrides, space, idle", [
+    # softmax: margin changes nothing, unless loss_fn is searched too
+    ({}, {"margin": {"uniform": [0.05, 0.5]}}, {"margin": "loss_fn=softmax"}),
+    ({}, {"margin": {"uniform": [0.05, 0.5]}, "loss_fn": {"choice": ["softmax", "ranking"]}},
+     {}),
+    ({"loss_fn": "ranking"}, {"margin": {"uniform": [0.05, 0.5]}}, {}),
+    ({}, {"regularizer": "N3", "relation_lr": {"choice": [0.01, 0.1]}},
+     {"regularizer": "regularization_coef above 0"}),
+    # relation_lr reaches operator parameters and global embeddings only
+    ({"relations": NONE_OPERATORS, "global_emb": False}, {"relation_lr": {"choice": [0.01, 0.1]}},
+     {"relation_lr": "no relation operator has parameters"}),
+    ({"relations": NONE_OPERATORS, "global_emb": False},
+     {"relation_lr": {"choice": [0.01, 0.1]},
+      "relations.0.operator": {"choice": ["none", "linear"]}},
+     {}),
+    ({"relations": [dict(NONE_OPERATORS[0], all_negs=True)]},
+     {"num_batch_negs": {"choice": [5, 10]}}, {"num_batch_negs": "all_negs=true"}),
+    ({"num_edge_chunks": 2}, {"max_edges_per_chunk": {"choice": [10, 20]}},
+     {"max_edges_per_chunk": "num_edge_chunks=2"}),
+    ({}, {"hogwild_delay": {"uniform": [0, 2]}}, {"hogwild_delay": "ray.cpus_per_trainer=1"}),
+    ({"ray": {"cpus_per_trainer": 2}}, {"hogwild_delay": {"uniform": [0, 2]}}, {}),
+    ({}, {"workers": {"choice": [1, 2]}}, {"workers": "pbg_ray ignores it"}),
+])
+def test_keys_that_change_nothing_for_the_config_are_left_out_of_the_search(
+        tmp_path, overrides, space, idle):
+    """One rule (config.tune.IDLE_KEYS) for the config at hand; a key stays searched where
+    a key that decides it is searched too."""
+    config = tune_config(tmp_path, search_space=dict(space, lr={"loguniform": [0.01, 0.5]}))
+    config = ConfigSchema.from_dict(dict(config.to_dict(), **overrides))
+    found = idle_keys(config)
+    assert set(found) == set(idle)
+    assert all(part in found[key] for key, part in idle.items()), found
+    assert set(search_space(config)) == {"lr", *space} - set(idle)
 
 
 @pytest.mark.parametrize("tune, message", [
