@@ -25,13 +25,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import (
-<<<<<<< HEAD
-    check_flags, check_overrides, composition_error, config_dirs, name_sweep_jobs, split_overrides,
-    is_pbg_config_file, to_config, use_pbg_config_file)
-=======
-    check_overrides, composed_defaults, composition_error, config_dirs, name_sweep_jobs,
-    split_overrides, to_config, use_pbg_config_file)
->>>>>>> tune43
+    check_flags, check_overrides, composed_defaults, composition_error, config_dirs,
+    is_pbg_config_file, name_sweep_jobs, split_overrides, to_config, use_pbg_config_file)
 from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import demo_graph_dir  # and the ${demo_graph:} resolvers
@@ -43,10 +38,22 @@ logger = logging.getLogger("pbg_ray")
 INTERRUPTED = 130
 
 
+class CommandFormatter(logging.Formatter):
+    """pbg_ray's log lines in the style of its errors: `pbg_ray: warning: ...`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"pbg_ray: {record.levelname.lower()}: {record.getMessage()}"
+
+
 def setup_logging(config: ConfigSchema) -> None:
-    """INFO with `verbose`, WARNING otherwise."""
-    logging.basicConfig(level=logging.INFO if config.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """pbg_ray's own log lines to stderr in its style (not in the format of the handler
+    Hydra gives the root logger), INFO with `verbose`, WARNING otherwise."""
+    logger.setLevel(logging.INFO if config.verbose else logging.WARNING)
+    if not any(isinstance(h.formatter, CommandFormatter) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(CommandFormatter())
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 def per_job_paths(config: ConfigSchema) -> ConfigSchema:
