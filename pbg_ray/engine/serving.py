@@ -7,6 +7,11 @@ A new checkpoint version (serve.version null) is taken up without dropping reque
 router's watcher builds the version's indexes, has the shards load it beside the one they
 serve, then switches; a request names the version it started with, and shards keep the two
 newest, loading a version on its first request if a replica missed the load.
+
+A batch is answered per query (pbg_ray.evaluation.serving): a query naming an unknown
+entity or relation gets {"error": ...} in its answer's place, and "errors" counts them; a
+request wrong as a whole (not JSON, a missing field, k out of range, too many queries, an
+unknown exclude path) gets a 4xx with {"error": ...}.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the request models from the route
@@ -16,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import ray
@@ -37,7 +42,7 @@ from pbg_ray.engine.cluster import connect_ray
 from pbg_ray.engine.faults import fault_point, faults_dir
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.serving import (
-    ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
+    Answer, ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
 
 logger = logging.getLogger(__name__)
 APPLICATION = "pbg_ray"
@@ -125,9 +130,49 @@ class NeighborsRequest(Strict):
     exact: bool = False
 
 
+# The responses, for the OpenAPI page only (routes return plain dicts, never validated).
+class Hit(BaseModel):
+    name: str
+    score: float
+
+
+class QueryError(BaseModel):
+    error: str = Field(description="why this query has no answer: an unknown entity or "
+                       "relation (with the nearest known name), an entity on the wrong side "
+                       "of the relation, a vector of the wrong length")
+
+
+class Answered(BaseModel):
+    version: int = Field(description="the checkpoint version that answered")
+    errors: int = Field(description="how many queries have an error instead of an answer")
+
+
+class ScoreResponse(Answered):
+    scores: List[Union[float, QueryError]] = Field(
+        description="per edge, in the request's order: its score, or its error")
+
+
+class RankedResponse(Answered):
+    results: List[Union[List[Hit], QueryError]] = Field(
+        description="per query, in the request's order: the k best, best first, or its error")
+
+
+class RequestError(BaseModel):
+    error: str = Field(description="what is wrong with the request as a whole, and the fix")
+
+
+ANSWERED = {400: {"model": RequestError, "description": "k out of range, no or too many "
+                  "queries, an unknown exclude path"},
+            422: {"model": RequestError, "description": "not JSON, a missing or unknown "
+                  "field, a value of the wrong type"}}
+
 app = FastAPI(title="pbg_ray", description=(
     "Link scores, top-k heads and tails, and nearest neighbours of a pbg_ray checkpoint, by "
-    "names. Scores are the model's own (relation operator and comparator)."))
+    "names. Scores are the model's own (relation operator and comparator). Bodies are read "
+    "as JSON whatever their Content-Type says (`curl -d` sends a form's). A batch is "
+    "answered per query: a query naming an unknown entity or relation gets `{\"error\": "
+    "...}` in its answer's place, `errors` counts those, and the other queries are "
+    "answered; a request wrong as a whole gets a 4xx with `{\"error\": ...}`."))
 
 
 @app.exception_handler(PbgRayError)
@@ -147,8 +192,14 @@ def jsonable(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
 
 
-def ranked(answers: List[List[Any]]) -> List[List[Dict[str, Any]]]:
-    return [[{"name": name, "score": score} for name, score in answer] for answer in answers]
+def per_query(key: str, version: int, answers: List[Answer]) -> Dict[str, Any]:
+    """A batch's response: under `key` each query's answer (a score, or the k best as
+    name and score) or {"error": ...}; "errors" counts the latter."""
+    out = [{"error": str(a)} if isinstance(a, PbgRayError) else
+           a if isinstance(a, float) else [{"name": name, "score": score} for name, score in a]
+           for a in answers]
+    return {"version": version, key: out,
+            "errors": sum(isinstance(a, PbgRayError) for a in answers)}
 
 
 class ShardUnavailable(Exception):
@@ -173,6 +224,23 @@ async def unwrapped(response: Any, group: int) -> Any:
 
 def first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0]
+
+
+class JsonBodies:
+    """ASGI middleware: a request's body is read as JSON whatever its Content-Type says
+    (`curl -d` sends application/x-www-form-urlencoded, other clients text/plain or none);
+    every route takes JSON. (A page of another site may thus post a query here, as it could
+    post a form: every route only reads, and the answer is the page's to read only if this
+    service allowed it, which it does not.)"""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+            scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+        await self.app(scope, receive, send)
 
 
 class JsonErrors:
@@ -211,6 +279,7 @@ class JsonErrors:
 
 
 app.add_middleware(JsonErrors)
+app.add_middleware(JsonBodies)
 
 
 def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
@@ -352,34 +421,47 @@ class Router:
     async def metadata(self) -> Dict[str, Any]:
         return self.current().metadata()
 
-    @app.post("/score")
+    @app.post("/score", response_model=None, responses={200: {"model": ScoreResponse},
+                                                         **ANSWERED})
     async def score(self, request: ScoreRequest) -> Dict[str, Any]:
+        """The model's score of each edge; an edge naming an unknown entity or relation
+        gets {"error": ...} instead."""
         model = self.current()
         rows, _ = self.access(model)
         scores = await model.score(rows, [(e.lhs, e.relation, e.rhs) for e in request.edges])
-        return {"version": model.version, "scores": scores}
+        return per_query("scores", model.version, scores)
 
-    @app.post("/top_rhs")
+    @app.post("/top_rhs", response_model=None, responses={200: {"model": RankedResponse},
+                                                           **ANSWERED})
     async def top_rhs(self, request: TopRhsRequest) -> Dict[str, Any]:
+        """The k best tails (rhs) of each (lhs, relation); a query naming an unknown entity
+        or relation gets {"error": ...} instead."""
         return await self.top("rhs", [(q.lhs, q.relation) for q in request.queries], request)
 
-    @app.post("/top_lhs")
+    @app.post("/top_lhs", response_model=None, responses={200: {"model": RankedResponse},
+                                                           **ANSWERED})
     async def top_lhs(self, request: TopLhsRequest) -> Dict[str, Any]:
+        """The k best heads (lhs) of each (relation, rhs); a query naming an unknown entity
+        or relation gets {"error": ...} instead."""
         return await self.top("lhs", [(q.rhs, q.relation) for q in request.queries], request)
 
     async def top(self, side: str, queries: List[Any], request: TopOptions) -> Dict[str, Any]:
         model = self.current()
         answers = await model.top(*self.access(model), side, queries, request.k,
                                   request.exclude, request.exact)
-        return {"version": model.version, "results": ranked(answers)}
+        return per_query("results", model.version, answers)
 
-    @app.post("/neighbors")
+    @app.post("/neighbors", response_model=None, responses={200: {"model": RankedResponse},
+                                                             **ANSWERED})
     async def neighbors(self, request: NeighborsRequest) -> Dict[str, Any]:
+        """The k entities nearest to each entity (itself left out) or vector; a query
+        naming an unknown entity or type, or a vector of the wrong length, gets
+        {"error": ...} instead."""
         model = self.current()
         answers = await model.neighbors(*self.access(model), [q.model_dump() for q in
                                                               request.queries],
                                         request.k, request.exact)
-        return {"version": model.version, "results": ranked(answers)}
+        return per_query("results", model.version, answers)
 
 
 def start_service(config: ConfigSchema) -> Dict[str, Any]:
