@@ -6,7 +6,8 @@ pbg_ray.evaluation.serving's; indexes are built by Ray tasks and saved beside th
 A new checkpoint version (serve.version null) is taken up without dropping requests: the
 router's watcher builds the version's indexes, has the shards load it beside the one they
 serve, then switches; a request names the version it started with, and shards keep the two
-newest, loading a version on its first request if a replica missed the load.
+newest, loading a version on its first request if a replica missed the load. The command
+learns of each switch by a call that waits for it (Router.newer_version).
 
 A batch is answered per query (pbg_ray.evaluation.serving): a query naming an unknown
 entity or relation gets {"error": ...} in its answer's place, and "errors" counts them; a
@@ -21,7 +22,7 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 import ray
@@ -31,7 +32,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
-from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+from ray.serve._private.constants import (
+    SERVE_CONTROLLER_NAME, SERVE_LOGGER_NAME, SERVE_NAMESPACE)
 from ray.serve.exceptions import (
     BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError)
 
@@ -226,6 +228,15 @@ def first_line(err: BaseException) -> str:
     return (str(err).strip().splitlines() or [""])[0]
 
 
+def described(err: BaseException) -> str:
+    """An error in one line: a PbgRayError's message, another's type and message (a Ray
+    task's: its cause's)."""
+    cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
+    if isinstance(cause, PbgRayError):
+        return str(cause)
+    return f"{type(cause).__name__}: {first_line(cause)}"
+
+
 class JsonBodies:
     """ASGI middleware: a request's body is read as JSON whatever its Content-Type says
     (`curl -d` sends application/x-www-form-urlencoded, other clients text/plain or none);
@@ -271,10 +282,9 @@ class JsonErrors:
                 response = JSONResponse(status_code=503, content={"error": str(err)},
                                         headers={"Retry-After": "5"})
             else:
-                cause = err.cause if isinstance(err, ray.exceptions.RayTaskError) else err
                 response = JSONResponse(status_code=500, content={"error": (
-                    f"internal error answering {scope['path']}: {type(cause).__name__}: "
-                    f"{first_line(cause)} (the traceback is in the Serve replica's log)")})
+                    f"internal error answering {scope['path']}: {described(err)} (the "
+                    "traceback is in the Serve replica's log)")})
             await response(scope, receive, send)
 
 
@@ -282,21 +292,32 @@ app.add_middleware(JsonErrors)
 app.add_middleware(JsonBodies)
 
 
+# Ray Serve's throughput-optimized mode switch by switch (what RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+# sets; that switch also has the controller print a banner of them on the terminal): calls
+# between deployments over gRPC instead of Ray actor calls, user code and the handles'
+# routing on the replica's event loop, Serve's own logs buffered and in its log files only,
+# the garbage collector frozen after start-up.
+THROUGHPUT_OPTIMIZED = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+                        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+                        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+                        "RAY_SERVE_LOG_TO_STDERR": "0",
+                        "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+                        "RAY_SERVE_FREEZE_GC_ON_STARTUP": "1"}
+
+
 def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
-    """Environment of Serve's controller and of the replicas: Ray Serve's throughput-optimized
-    mode (its documented switch: calls between deployments over gRPC instead of Ray actor
-    calls, user code and the handles' routing on the replica's event loop, the garbage
-    collector frozen after start-up).
+    """Environment of Serve's controller and of the replicas: THROUGHPUT_OPTIMIZED.
 
     serve.ingress=direct: the router replicas answer HTTP themselves (Serve's direct
     ingress), on the node of the command that started the service, on serve.port and the
     ports after it, one per router replica, not behind Serve's proxy; a replica Serve
     replaces takes its port again at once (no quarantine, which exists for load balancers
-    in front of the replicas, and no drain period before a stopped replica closes). serve.ingress=proxy: Serve's HTTP proxy
-    listens on serve.port and forwards each request to a router replica."""
+    in front of the replicas, and no drain period before a stopped replica closes).
+    serve.ingress=proxy: Serve's HTTP proxy listens on serve.port and forwards each request
+    to a router replica."""
     if serve_config.ingress == "proxy":
-        return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
-    return {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        return {**THROUGHPUT_OPTIMIZED, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    return {**THROUGHPUT_OPTIMIZED, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
             "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(serve_config.port),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(serve_config.port
                                                           + serve_config.router_replicas),
@@ -306,7 +327,8 @@ def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
 
 def proxy_port(serve_config: ServeConfig) -> int:
     """The port of Serve's HTTP proxy: serve.port behind serve.ingress=proxy; with direct
-    ingress, where Serve still starts its proxy, a free one that nobody is told of."""
+    ingress, where Serve still starts its proxy, a free one that nobody is told of (Serve's
+    line "Application ... is ready at" that port is kept off the terminal: start_service)."""
     if serve_config.ingress == "proxy":
         return serve_config.port
     with socket.socket() as probe:
@@ -374,6 +396,10 @@ class Router:
         self.shards = shards
         self.model = ServingModel(self.config, version)
         self.watcher: Optional[asyncio.Task] = None
+        # The newest take-up that failed ({"version", "error"}), None once one succeeds;
+        # `changed` tells newer_version of a switch or a failure.
+        self.failure: Optional[Dict[str, Any]] = None
+        self.changed = asyncio.Condition()
 
     def current(self) -> ServingModel:
         """The model requests start with; starts the version watcher on first use."""
@@ -383,19 +409,38 @@ class Router:
         return self.model
 
     async def watch(self) -> None:
-        """Take up each newer checkpoint version: indexes, shards, then the model."""
+        """Take up each newer checkpoint version: indexes, shards, then the model; a take-up
+        that failed (a version removed under us, say) is tried again at the next check."""
         checkpoint = CheckpointManager(self.config.checkpoint_path)
         while True:
             await asyncio.sleep(self.config.serve.reload_interval)
+            version = None
             try:
                 version = checkpoint.version()
                 if version > self.model.version:
                     await build_indexes(self.config, version)
                     await asyncio.gather(*(s.load.remote(version) for s in self.shards))
                     self.model = ServingModel(self.config, version, self.model)
-                    logger.warning("serving checkpoint version %d", version)
-            except Exception:  # a version removed under us: the next check tries again
-                logger.exception("taking up a new checkpoint version failed")
+                    await self.tell(None)
+            except Exception as err:
+                logger.exception("taking up checkpoint version %s failed", version)
+                await self.tell({"version": version, "error": described(err)})
+
+    async def tell(self, failure: Optional[Dict[str, Any]]) -> None:
+        async with self.changed:
+            self.failure = failure
+            self.changed.notify_all()
+
+    async def newer_version(self, version: int, failure: Optional[Dict[str, Any]]
+                            ) -> Dict[str, Any]:
+        """Returns once the version served is newer than `version` or a take-up failed
+        otherwise than `failure` (what the caller heard last): {"version": the one served,
+        "failure": the newest failure or None}. The command prints a line of each."""
+        self.current()  # the watcher runs from the first call on
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.model.version > version
+                                        or self.failure not in (None, failure))
+            return {"version": self.model.version, "failure": self.failure}
 
     def access(self, model: ServingModel):
         """The shards' rows and search as the model's callables, at its version."""
@@ -466,8 +511,11 @@ class Router:
 
 def start_service(config: ConfigSchema) -> Dict[str, Any]:
     """Connect to Ray, build the served version's indexes and start the application on
-    serve.host:serve.port. Returns the URL, the version and the index build's figures."""
+    serve.host:serve.port. Returns the URL, the version and the index build's figures.
+    Serve's INFO lines in this process (started, deploying, ready at its proxy's port,
+    deleting) are left out: the caller says what is served where."""
     config = config.with_absolute_paths()
+    logging.getLogger(SERVE_LOGGER_NAME).setLevel(logging.WARNING)
     connect_ray(config.ray)
     serve_config = config.serve
     if serve_config.ingress == "direct" and serve_running():
@@ -505,6 +553,40 @@ def serve_running() -> bool:
     return True
 
 
-def stop_service() -> None:
+def version_changes(version: int) -> Iterator[Dict[str, Any]]:
+    """Each change of what the service serves, as the router takes up (or fails to take up)
+    a version newer than `version` (Router.newer_version), for ever; {"version": the one
+    served, "failure": {"version", "error"} of the newest failure or None}."""
+    router = serve.get_app_handle(APPLICATION)
+    failure = None
+    while True:
+        response = router.newer_version.remote(version, failure)
+        try:
+            news = response.result()
+        except UNAVAILABLE:  # the router replica asked died; Serve starts another
+            continue
+        except BaseException:  # stopped (Ctrl-C, SIGTERM): no call left waiting, which
+            response.cancel()  # would hold up the router replica's stop
+            raise
+        yield news
+        version, failure = news["version"], news["failure"]
+
+
+def stop_service(end_serve: bool = True) -> None:
+    """Delete the application (its replicas finish the requests they hold), then, with
+    end_serve, end Serve: its controller stops the proxies and ends itself. (serve.shutdown()
+    asks it that with Ray's retries, and Ray prints that the call "failed" and "will be
+    retried" as the controller ends; asked here without retries, serve.shutdown() then only
+    drops Serve's handle of it.) Without end_serve, Serve's controller and proxies are left
+    to the end of the Ray they run on: a driver that holds a handle (version_changes) would
+    have Ray print the same of its handle's calls to the ended controller."""
     serve.delete(APPLICATION)
+    if not end_serve:
+        return
+    if serve_running():
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        try:
+            ray.get(controller.graceful_shutdown.options(max_task_retries=0).remote())
+        except ray.exceptions.RayActorError:
+            pass  # it ended, as asked
     serve.shutdown()
