@@ -23,8 +23,8 @@ from pbg_ray.engine.serving import start_service, stop_service, version_changes
 EXAMPLES = (
     "python -m pbg_ray.serve                                # the demo's checkpoint on :8000",
     "python -m pbg_ray.serve config.py serve.port=8080 serve.index=hnsw serve.shard_groups=2",
-    "curl -s localhost:8000/top_rhs -d '{\"queries\": [{\"lhs\": \"user_17\", "
-    "\"relation\": \"likes\"}], \"k\": 5}'",
+    "curl -s localhost:8000/top_rhs -H 'Content-Type: application/json' \\\n"
+    "      -d '{\"queries\": [{\"lhs\": \"user_17\", \"relation\": \"likes\"}], \"k\": 5}'",
 )
 
 

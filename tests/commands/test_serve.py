@@ -1,16 +1,19 @@
 """`python -m pbg_ray.serve` as a user runs it: a PBG config file and overrides in, the
 service up on the port asked for (answered by the router replica itself, or by Serve's
 proxy), with no line of Ray's or Serve's; a line for each new version taken up; Ctrl-C and
-SIGTERM stopping it with one line and no process of its Ray left; bad settings as one line."""
+SIGTERM stopping it with one line and no process of its Ray left; the examples of `--help`
+and of the README working as printed; bad settings as one line."""
 
 import json
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -19,12 +22,16 @@ from typing import List, Optional, Tuple
 import httpx
 import psutil
 import pytest
+from hydra import compose, initialize_config_module
 
 from pbg_ray.checkpoints.storage import CheckpointStorage
-from pbg_ray.config import ConfigSchema
+from pbg_ray.config import ConfigSchema, load_pbg_config_file
+from pbg_ray.config.hydra import to_config
+from pbg_ray.io.entities import save_entity_count, save_entity_names
 from tests.commands.test_cli import assert_one_error_line, command, pbg_module, run, tiny_graph
 from tests.util import random_checkpoint
 
+REPO = Path(__file__).resolve().parents[2]
 # Generous bounds on waits that end at an event (a line printed, a process ended); reaching
 # one fails the test.
 GUARD_S = 300
@@ -223,3 +230,100 @@ def test_each_new_version_is_one_line_and_sigterm_stops_cleanly(tmp_path):
     finally:
         service.end()
     assert_port_closed(port)
+
+
+def examples(text: str) -> List[str]:
+    """The examples section of a command's --help, one command line per example (a line
+    ending in a backslash goes on in the next)."""
+    section = text.split("\nexamples:\n")[1].split("\n\n")[0]
+    return [line.strip() for line in section.replace("\\\n", " ").splitlines()]
+
+
+def run_curl(line: str, port: int) -> dict:
+    """A curl command line as printed, to `port` instead of 8000, run in a shell; without
+    curl, the request it makes, made with httpx."""
+    line = line.replace("localhost:8000", f"localhost:{port}")
+    if shutil.which("curl"):
+        proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+    args = shlex.split(line)
+    url = next(a for a in args if a.startswith("localhost:"))
+    headers = dict(h.split(": ", 1) for h in args[1:] if ": " in h)
+    body = args[args.index("-d") + 1] if "-d" in args else args[args.index("--json") + 1]
+    return httpx.post(f"http://{url}", content=body, headers=headers, timeout=60).json()
+
+
+def demo_checkpoint(cache: Path, monkeypatch) -> None:
+    """The demo graph, and a random checkpoint of it where the demo trains, under the cache
+    directory (PBG_RAY_CACHE)."""
+    with monkeypatch.context() as patch:
+        patch.setenv("PBG_RAY_CACHE", str(cache))
+        with initialize_config_module("pbg_ray.conf", version_base=None):
+            random_checkpoint(to_config(compose("config")))
+
+
+@pytest.mark.slow
+def test_the_help_examples_work_as_printed(tmp_path, monkeypatch):
+    """Each `python -m pbg_ray.serve` example of --help, on a free port instead of the one
+    it names, serves: the demo's checkpoint, then a config file's with HNSW indexes over two
+    shard groups; the curl example, as printed, gets the demo's answer."""
+    text = subprocess.run([sys.executable, "-m", "pbg_ray.serve", "--help"],
+                          capture_output=True, text=True, timeout=120, check=True).stdout
+    demo, own, curl = examples(text)
+    demo_checkpoint(tmp_path / "cache", monkeypatch)
+    pbg_module(tmp_path / "config.py", tiny_graph(tmp_path))
+    random_checkpoint(load_pbg_config_file(tmp_path / "config.py"))
+    for example in (demo, own):
+        args = shlex.split(example, comments=True)
+        assert args[:3] == ["python", "-m", "pbg_ray.serve"], example
+        port = free_port()
+        args = [a for a in args[3:] if not a.startswith("serve.port=")] + [f"serve.port={port}"]
+        service = Service(args, tmp_path, PBG_RAY_CACHE=str(tmp_path / "cache"))
+        try:
+            started = service.started()
+            if example == demo:
+                answer = run_curl(curl, port)
+                assert answer["errors"] == 0 and len(answer["results"][0]) == 5, answer
+            else:
+                metadata = httpx.get(f"{started['url']}/metadata", timeout=60).json()
+                assert (metadata["index"], metadata["shard_groups"]) == ("hnsw", 2)
+            assert_stopped_cleanly(service, signal.SIGINT)
+        finally:
+            service.end()
+
+
+def own_graph(root: Path, monkeypatch) -> None:
+    """The README's config file (examples/own_graph/config.py) in root, entities of its
+    graph (alice and others) and a random checkpoint of them."""
+    shutil.copy(REPO / "examples" / "own_graph" / "config.py", root / "config.py")
+    names = {("user", 0): ["alice", "bob"], ("user", 1): ["carol"],
+             ("item", 0): ["book_17", "book_3", "book_9"]}
+    for (entity, part), found in names.items():
+        save_entity_count(root / "data" / "entities", entity, part, len(found))
+        save_entity_names(root / "data" / "entities", entity, part, found)
+    monkeypatch.chdir(root)  # the config's paths are relative, as a user's are
+    random_checkpoint(load_pbg_config_file("config.py").with_absolute_paths())
+
+
+@pytest.mark.slow
+def test_the_readmes_serve_example_works_as_printed(tmp_path, monkeypatch):
+    """The README's serve command (on a free port instead of 8000) and its curl line, as
+    printed, on the README's own graph."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Serve your embeddings\n")[1].split("\n## ")[0]
+    serve_line = re.search(r"`(python -m pbg_ray\.serve [^`]*)`", section).group(1)
+    curl = re.search(r"```bash\n(curl .*?)\n```", section, flags=re.S).group(1)
+    own_graph(tmp_path, monkeypatch)
+    args = shlex.split(serve_line)
+    assert args[:3] == ["python", "-m", "pbg_ray.serve"]
+    port = free_port()
+    service = Service(args[3:] + [f"serve.port={port}"], tmp_path)
+    try:
+        service.started()
+        answer = run_curl(curl, port)
+        assert answer["errors"] == 0 and answer["results"][0], answer
+        assert {hit["name"] for hit in answer["results"][0]} <= {"book_17", "book_3", "book_9"}
+        assert_stopped_cleanly(service, signal.SIGINT)
+    finally:
+        service.end()
