@@ -11,7 +11,9 @@ import functools
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -34,8 +36,25 @@ from pbg_ray.io.storage import sibling
 
 logger = logging.getLogger("pbg_ray")
 
-# Exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+# Exit status of a command stopped by Ctrl-C (128 + SIGINT), or by SIGTERM where it stops on
+# it as on Ctrl-C (stop_on_sigterm, 128 + SIGTERM), as shells report them.
 INTERRUPTED = 130
+TERMINATED = 143
+# Whether SIGTERM came (stop_on_sigterm): the KeyboardInterrupt it raised may reach
+# report_errors as a plain one (Ray's waits raise their own on any signal handler's error).
+SIGTERM_RECEIVED = threading.Event()
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM stops this process as Ctrl-C does (a KeyboardInterrupt), ending
+    it with one line and status 143. Call it after connecting to Ray: the driver's native
+    handler that ray.init installs (a stack dump, then an abort) is replaced."""
+
+    def terminated(signum: int, frame: Any) -> None:
+        SIGTERM_RECEIVED.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
 
 
 class CommandFormatter(logging.Formatter):
@@ -78,14 +97,18 @@ def user_error(err: BaseException) -> Optional[PbgRayError]:
 
 
 def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Print a PbgRayError as one line and exit with status 2, and Ctrl-C as one line
-    (what the command says about it, if anything) with status 130: no traceback."""
+    """Print a PbgRayError as one line and exit with status 2, Ctrl-C as one line (what
+    the command says about it, if anything) with status 130, and SIGTERM (after
+    stop_on_sigterm) as one line with status 143: no traceback."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
             return func(*args, **kwargs)
         except KeyboardInterrupt as err:
+            if SIGTERM_RECEIVED.is_set():
+                print("pbg_ray: terminated", file=sys.stderr)
+                sys.exit(TERMINATED)
             print(f"pbg_ray: interrupted{f'; {err}' if str(err) else ''}", file=sys.stderr)
             sys.exit(INTERRUPTED)
         except Exception as err:

@@ -1,41 +1,63 @@
 """python -m pbg_ray.serve [PBG_CONFIG.py] [key=value ...]
 
 Serves a checkpoint (the config's checkpoint_path; serve.version pins a version, null follows
-each new one) over HTTP on Ray Serve until Ctrl-C: link scores, top-k tails and heads
-(known edges of edge paths optionally left out), nearest neighbours of an entity or a vector,
-metadata and health, as JSON; the OpenAPI page is at /docs. Top-k searches faiss indexes
-per entity type and partition (serve.index), built by Ray tasks and saved under
-<checkpoint_path>/serve_index/. Prints the URL and the index build's figures as one JSON line.
+each new one) over HTTP on Ray Serve until Ctrl-C or SIGTERM: link scores, top-k tails and
+heads (known edges of edge paths optionally left out), nearest neighbours of an entity or a
+vector, metadata and health, as JSON, a batch answered per query; the OpenAPI page is at
+/docs. Top-k searches faiss indexes per entity type and partition (serve.index), built by Ray
+tasks and saved under <checkpoint_path>/serve_index/. Prints the URL, the index build's
+figures as one JSON line, and a line for each new version taken up.
 Settings: pbg_ray.config.serve.ServeConfig.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import sys
 
-from pbg_ray.cli import hydra_entry
+from pbg_ray.cli import hydra_entry, stop_on_sigterm
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.serving import start_service, stop_service
+from pbg_ray.engine.cluster import connect_ray, local_ray, shutdown_ray
+from pbg_ray.engine.serving import start_service, stop_service, version_changes
 
 EXAMPLES = (
     "python -m pbg_ray.serve                                # the demo's checkpoint on :8000",
     "python -m pbg_ray.serve config.py serve.port=8080 serve.index=hnsw serve.shard_groups=2",
-    "curl -s localhost:8000/top_rhs -d '{\"queries\": [{\"lhs\": \"user_17\", "
-    "\"relation\": \"likes\"}], \"k\": 5}'",
+    "curl -s localhost:8000/top_rhs -H 'Content-Type: application/json' \\\n"
+    "      -d '{\"queries\": [{\"lhs\": \"user_17\", \"relation\": \"likes\"}], \"k\": 5}'",
 )
 
 
 def run(config: ConfigSchema) -> None:
-    started = start_service(config)
-    print(f"serving version {started['version']} of {config.checkpoint_path} at "
-          f"{started['url']} (API: {started['url']}/docs); Ctrl-C stops", flush=True)
-    print(json.dumps(started), flush=True)
+    connect_ray(config.ray)
+    stop_on_sigterm()
     try:
-        while True:
-            time.sleep(3600)
+        started = start_service(config)
+        try:
+            print(f"serving version {started['version']} of {config.checkpoint_path} at "
+                  f"{started['url']} (API: {started['url']}/docs); Ctrl-C stops", flush=True)
+            print(json.dumps(started), flush=True)
+            report_versions(config, started["version"])
+        finally:  # Serve's controller and proxies end with the local Ray, if it is one
+            stop_service(end_serve=not local_ray())
     finally:
-        stop_service()
+        shutdown_ray()
+
+
+def report_versions(config: ConfigSchema, version: int) -> None:
+    """A line for each version taken up, and one for each failure to take one up, until
+    the command is stopped."""
+    failure = None
+    for news in version_changes(version):
+        if news["version"] != version:
+            print(f"serving checkpoint version {news['version']} of {config.checkpoint_path} "
+                  f"(was version {version})", flush=True)
+        if news["failure"] not in (None, failure):
+            print(f"pbg_ray: warning: checkpoint version {news['failure']['version']} could "
+                  f"not be taken up, still serving version {news['version']} (tried again "
+                  f"every {config.serve.reload_interval:g} s): {news['failure']['error']}",
+                  file=sys.stderr, flush=True)
+        version, failure = news["version"], news["failure"]
 
 
 KEYS = ("checkpoint_path", "serve.host", "serve.port", "serve.version", "serve.index",

@@ -7,6 +7,7 @@ import os
 
 from typing import Any, List, Optional
 
+import psutil
 import ray
 from ray.exceptions import RayTaskError
 
@@ -28,6 +29,8 @@ LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 # The address of the local Ray that connect_ray started, on this machine: no autoscaler
 # adds a node to it (see check_task_fits).
 _local_gcs_address: Optional[str] = None
+# How long shutdown_ray waits for the processes of the local Ray to end before it kills them.
+RAY_EXIT_WAIT_S = 10.0
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
@@ -73,6 +76,30 @@ def stop_autoscaler_monitor() -> None:
         kill_monitor(check_alive=False)
 
 
+def local_ray() -> bool:
+    """Whether the connected Ray is the local one that connect_ray started on this machine
+    (no autoscaler adds a node to it; shutdown_ray ends it)."""
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _local_gcs_address
+
+
+def shutdown_ray() -> None:
+    """Disconnect from Ray. The local Ray that connect_ray started is shut down, and this
+    returns once every process of it has ended: ray.shutdown() ends those that ray.init
+    started (raylet, GCS, ...), killing the raylet if it takes more than a second to end,
+    and leaves the raylet's own (workers, agents) to the raylet; an agent whose raylet was
+    killed waits minutes for the GCS, gone by then. Those still running RAY_EXIT_WAIT_S
+    after ray.shutdown() are killed."""
+    processes = psutil.Process().children(recursive=True) if local_ray() else []
+    ray.shutdown()
+    _, alive = psutil.wait_procs(processes, timeout=RAY_EXIT_WAIT_S)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=RAY_EXIT_WAIT_S)
+
+
 def largest_node(resource: str) -> float:
     """The most of `resource` (CPU, GPU) that one alive node of the Ray cluster has."""
     return max((n["Resources"].get(resource, 0) for n in ray.nodes() if n["Alive"]), default=0)
@@ -90,7 +117,7 @@ def check_task_fits(key: str, resource: str, amount: float) -> None:
         return
     problem = (f"{key}={amount:g}: each task asks for {amount:g} {resource}s, and no node of "
                f"the Ray cluster has that many (the largest has {largest:g})")
-    if ray.get_runtime_context().gcs_address == _local_gcs_address:
+    if local_ray():
         more = " or start the local Ray with more (ray.num_cpus)" if resource == "CPU" else ""
         raise PbgRayError(f"{problem}. Set {key} to at most {largest:g}{more}.")
     logger.warning("%s: the tasks wait until a node that large joins the cluster.", problem)

@@ -1,7 +1,9 @@
 """What the HTTP service (pbg_ray/engine/serving.py) computes, without Ray: faiss indexes of a
 checkpoint version's candidate vectors, the top-k search of a shard's partitions (exact or
 approximate), and the answers to requests by names, from the model's own scoring
-(pbg_ray.evaluation.scoring.Scorer, as the Predictor and eval score).
+(pbg_ray.evaluation.scoring.Scorer, as the Predictor and eval score). A batch is answered
+per query: a query that names an unknown entity or relation (or is otherwise wrong on its
+own) gets its error in its answer's place, and the others their answers.
 
 A candidate set is what one side of a relation ranks in one partition of an entity type:
 the Scorer's prepared candidate vectors. Sets are shared across relations (key relation
@@ -29,7 +31,7 @@ import hashlib
 import itertools
 import time
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -52,6 +54,8 @@ from pbg_ray.types import Bucket
 # (entity type, partition, relation index or None): one candidate set (module docstring).
 SetKey = Tuple[str, int, Optional[int]]
 Ranked = List[Tuple[str, float]]  # (entity name, score), best first
+# One query's answer in a batch, or the error that query alone has (an unknown name, say).
+Answer = Union[Ranked, float, PbgRayError]
 INDEX_DIRECTORY = "serve_index"  # in checkpoint_path, one v{N}/ per checkpoint version
 IP_COMPARATORS = ("dot", "cos")
 ROW_CACHE = 65536  # rows of query entities the router keeps (per version)
@@ -437,6 +441,22 @@ class TopQuery:
     offset: int
 
 
+def per_query(queries: Sequence[Any], resolve: Callable[[Any], Any]
+              ) -> Tuple[List[Optional[PbgRayError]], Dict[int, Any]]:
+    """Each query of a batch resolved on its own (names to rows, relation names to ids):
+    (the answers so far: the PbgRayError of each query that failed, None elsewhere;
+    {index: resolve(query)} of the others)."""
+    answers: List[Optional[PbgRayError]] = []
+    resolved: Dict[int, Any] = {}
+    for i, query in enumerate(queries):
+        try:
+            resolved[i] = resolve(query)
+            answers.append(None)
+        except PbgRayError as err:
+            answers.append(err)
+    return answers, resolved
+
+
 class ServingModel(NamedModel):
     """Requests by names answered from a checkpoint version's model and its shards."""
 
@@ -511,40 +531,51 @@ class ServingModel(NamedModel):
         out = np.stack([self._rows[entity, p, o] for p, o in located])
         return self.scorer.entity_vectors(entity, torch.from_numpy(out))
 
-    async def score(self, rows: RowsFn, edges: Sequence[Tuple[str, str, str]]) -> List[float]:
-        """The scores of (lhs, relation, rhs) name triples (as Predictor.score)."""
+    async def score(self, rows: RowsFn, edges: Sequence[Tuple[str, str, str]]
+                    ) -> List[Answer]:
+        """The scores of (lhs, relation, rhs) name triples (as Predictor.score); an edge
+        with an unknown name gets its PbgRayError instead."""
         self.check(1, edges)
-        resolved = [self._relation(rel) for _, rel, _ in edges]
-        out = np.empty(len(edges), np.float32)
-        for relation in sorted({r for r, _ in resolved}):
-            idx = [i for i, (r, _) in enumerate(resolved) if r == relation]
+
+        def resolve(edge: Tuple[str, str, str]) -> Tuple[int, int, Tuple[int, int],
+                                                           Tuple[int, int]]:
+            relation, rel_id = self._relation(edge[1])
             rconf = self.config.relations[relation]
-            lhs = await self._vectors(rows, rconf.lhs, [self._locate(rconf.lhs, edges[i][0])
-                                                        for i in idx])
-            rhs = await self._vectors(rows, rconf.rhs, [self._locate(rconf.rhs, edges[i][2])
-                                                        for i in idx])
+            return (relation, rel_id, self._locate(rconf.lhs, edge[0]),
+                    self._locate(rconf.rhs, edge[2]))
+
+        answers, resolved = per_query(edges, resolve)
+        for relation in sorted({r[0] for r in resolved.values()}):
+            idx = [i for i, r in resolved.items() if r[0] == relation]
+            rconf = self.config.relations[relation]
+            lhs = await self._vectors(rows, rconf.lhs, [resolved[i][2] for i in idx])
+            rhs = await self._vectors(rows, rconf.rhs, [resolved[i][3] for i in idx])
             rel_ids = torch.tensor([resolved[i][1] for i in idx])
             query = self.scorer.queries("rhs", relation, rel_ids, lhs)
-            out[idx] = self.scorer.pos(query, self.scorer.candidates("rhs", relation, rhs)).numpy()
-        return out.tolist()
+            scores = self.scorer.pos(query, self.scorer.candidates("rhs", relation, rhs))
+            for i, score in zip(idx, scores.tolist()):
+                answers[i] = score
+        return answers
 
     async def top(self, rows: RowsFn, search: Callable[[int], SearchFn], side: str,
                   queries: Sequence[Tuple[str, str]], k: int, exclude: Sequence[str] = (),
-                  exact: bool = False) -> List[Ranked]:
+                  exact: bool = False) -> List[Answer]:
         """The k best `side` entities for (given name, relation name) pairs (the given
-        entity is the other side's); exclude: edge paths whose known edges are left out.
-        search(shard group) reaches a shard."""
+        entity is the other side's); a query with an unknown name gets its PbgRayError
+        instead. exclude: edge paths whose known edges are left out. search(shard group)
+        reaches a shard."""
         self.check(k, queries)
         paths = self.check_exclude(exclude)
         other = "lhs" if side == "rhs" else "rhs"
-        resolved = []
-        for name, rel in queries:
-            relation, rel_id = self._relation(rel)
+
+        def resolve(query: Tuple[str, str]) -> TopQuery:
+            relation, rel_id = self._relation(query[1])
             entity = getattr(self.config.relations[relation], other)
-            resolved.append(TopQuery(relation, rel_id, entity, *self._locate(entity, name)))
-        answers: List[Ranked] = [[] for _ in queries]
-        for relation in sorted({q.relation for q in resolved}):
-            idx = [i for i, q in enumerate(resolved) if q.relation == relation]
+            return TopQuery(relation, rel_id, entity, *self._locate(entity, query[0]))
+
+        answers, resolved = per_query(queries, resolve)
+        for relation in sorted({q.relation for q in resolved.values()}):
+            idx = [i for i, q in resolved.items() if q.relation == relation]
             group = [resolved[i] for i in idx]
             rconf = self.config.relations[relation]
             vectors = await self._vectors(rows, group[0].other_entity,
@@ -561,38 +592,46 @@ class ServingModel(NamedModel):
                 answers[i] = answer
         return answers
 
+    def _neighbor_query(self, query: Dict[str, Any]
+                        ) -> Tuple[str, Optional[List[float]], Optional[Tuple[int, int]]]:
+        """(entity type, vector, (partition, offset)) of a neighbours query: {"entity":
+        name, "entity_type": type or None} (vector None) or {"vector": [D floats],
+        "entity_type": type} (partition and offset None)."""
+        entity = query.get("entity_type")
+        if entity is not None and entity not in self.config.entities:
+            raise PbgRayError(f"unknown entity type {entity!r}"
+                              f"{did_you_mean(entity, self.config.entities)}.")
+        if (query.get("vector") is None) == (query.get("entity") is None):
+            raise PbgRayError("a neighbours query gives either entity (a name) or vector.")
+        if query.get("vector") is None:
+            entity = entity or self._type_of(query["entity"])
+            return entity, None, self._locate(entity, query["entity"])
+        if entity is None:
+            raise PbgRayError("a neighbours query by vector needs entity_type.")
+        dim = self.config.entity_dimension(entity)
+        if len(query["vector"]) != dim or not np.isfinite(query["vector"]).all():
+            raise PbgRayError(f"vector has {len(query['vector'])} values; {entity} "
+                              f"embeddings have {dim}, all finite.")
+        return entity, query["vector"], None
+
     async def neighbors(self, rows: RowsFn, search: Callable[[int], SearchFn],
                         queries: Sequence[Dict[str, Any]], k: int, exact: bool = False
-                        ) -> List[Ranked]:
+                        ) -> List[Answer]:
         """The k entities nearest (by the comparator, as Predictor.neighbors) to each
-        query: {"entity": name, "entity_type": type or None} (the entity itself left out)
-        or {"vector": [D floats], "entity_type": type} (an entity vector, global embedding
-        included)."""
+        query (_neighbor_query: an entity by name, itself left out, or an entity vector,
+        global embedding included); a query that is wrong on its own (an unknown name,
+        a vector of the wrong length) gets its PbgRayError instead."""
         self.check(k, queries)
-        answers: List[Ranked] = []
-        for query in queries:  # each its own type; a batch of one type could share a search
-            entity = query.get("entity_type")
-            if entity is not None and entity not in self.config.entities:
-                raise PbgRayError(f"unknown entity type {entity!r}"
-                                  f"{did_you_mean(entity, self.config.entities)}.")
-            if (query.get("vector") is None) == (query.get("entity") is None):
-                raise PbgRayError("a neighbours query gives either entity (a name) or vector.")
-            if query.get("vector") is not None:
-                if entity is None:
-                    raise PbgRayError("a neighbours query by vector needs entity_type.")
-                dim = self.config.entity_dimension(entity)
-                if len(query["vector"]) != dim or not np.isfinite(query["vector"]).all():
-                    raise PbgRayError(f"vector has {len(query['vector'])} values; {entity} "
-                                      f"embeddings have {dim}, all finite.")
-                vector = torch.tensor([query["vector"]], dtype=torch.float32)
-                skip = None
+        answers, resolved = per_query(queries, self._neighbor_query)
+        for i, (entity, vector, located) in resolved.items():
+            # each its own type; a batch of one type could share a search
+            if located is None:
+                query = torch.tensor([vector], dtype=torch.float32)
             else:
-                entity = entity or self._type_of(query["entity"])
-                part, offset = self._locate(entity, query["entity"])
-                vector = await self._vectors(rows, entity, [(part, offset)])
-                skip = (part, offset)
-            prepared = self.scorer.comparator.prepare(vector)[0].numpy()
-            answers += await self._search(search, entity, None, prepared, k, exact, None, skip)
+                query = await self._vectors(rows, entity, [located])
+            prepared = self.scorer.comparator.prepare(query)[0].numpy()
+            answers[i] = (await self._search(search, entity, None, prepared, k, exact, None,
+                                             located))[0]
         return answers
 
     async def _search(self, search: Callable[[int], SearchFn], entity: str,

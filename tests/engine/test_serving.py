@@ -5,6 +5,7 @@ while requests keep succeeding; a shard replica that dies mid-request, or any
 unexpected error, is a JSON 5xx, and the service goes on."""
 
 import dataclasses
+import json
 import re
 import socket
 import threading
@@ -175,20 +176,24 @@ def test_metadata_health_and_openapi(served, predictor):
                                            "partitions": 2, "dimension": config.dimension}
     assert [r["name"] for r in meta["relations"]] == ["follows", "likes", "tagged"]
     assert client.get("/health").json() == {"status": "ok", "version": 1}
-    paths = client.get("/openapi.json").json()["paths"]
+    openapi = client.get("/openapi.json").json()
+    paths = openapi["paths"]
     assert {"/score", "/top_rhs", "/top_lhs", "/neighbors", "/metadata", "/health"} <= set(paths)
+    # The per-query errors and the content types taken are documented.
+    assert "answered per query" in openapi["info"]["description"]
+    assert "whatever their Content-Type says" in openapi["info"]["description"]
+    for path, answers in (("/score", "ScoreResponse"), ("/top_rhs", "RankedResponse"),
+                          ("/neighbors", "RankedResponse")):
+        responses = paths[path]["post"]["responses"]
+        assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+            answers)
+        assert {"400", "422"} <= set(responses)
+        assert '{"error": ...}' in paths[path]["post"]["description"]
+        assert "errors" in openapi["components"]["schemas"][answers]["properties"]
     assert client.get("/docs").status_code == 200
 
 
-BAD_REQUESTS = [
-    ("/score", {"edges": [{"lhs": "user-0-1", "relation": "like", "rhs": "item-0-1"}]}, 400,
-     r"unknown relation 'like' \(did you mean 'likes'\?\)"),
-    ("/score", {"edges": [{"lhs": "user-0-300", "relation": "likes", "rhs": "item-0-1"}]}, 400,
-     r"unknown user entity 'user-0-300' \(did you mean 'user-0-3"),
-    ("/top_rhs", {"queries": [{"lhs": "item-0-1", "relation": "likes"}]}, 400,
-     r"'item-0-1' is an entity of type 'item', not of type 'user'"),
-    ("/top_lhs", {"queries": [{"relation": "likes", "rhs": "user-0-1"}]}, 400,
-     r"not of type 'item'"),
+BAD_REQUESTS = [  # wrong as a whole: a 4xx
     ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": 0}, 400,
      r"k=0 is out of range: ask for 1 to 100"),
     ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": 101}, 400,
@@ -196,6 +201,8 @@ BAD_REQUESTS = [
     ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": "ten"}, 422,
      r"malformed request: k: "),
     ("/top_rhs", {"queries": []}, 400, r"0 queries in one request"),
+    ("/score", {"edges": [{"lhs": "user-0-1", "relation": "likes", "rhs": "item-0-1"}] * 1025},
+     400, r"1025 queries in one request: send 1 to 1024 \(serve.max_batch\)"),
     ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}],
                   "exclude": ["edgez"]}, 400,
      r"'edgez' is not an edge path of the served config \(did you mean 'edges'\?\)"),
@@ -203,25 +210,70 @@ BAD_REQUESTS = [
      r"queries: Field required; query: Extra inputs are not permitted"),
     ("/score", {"edges": [{"lhs": "user-0-1", "rhs": "item-0-1"}]}, 422,
      r"edges\.0\.relation: Field required"),
-    ("/neighbors", {"queries": [{"vector": [1.0, 2.0], "entity_type": "item"}]}, 400,
-     r"vector has 2 values; item embeddings have 8"),
-    ("/neighbors", {"queries": [{"vector": [1.0] * 8}]}, 400, r"needs entity_type"),
-    ("/neighbors", {"queries": [{"entity": "item-0-1", "entity_type": "itme"}]}, 400,
-     r"unknown entity type 'itme' \(did you mean 'item'\?\)"),
-    ("/neighbors", {"queries": [{"entity": "nobody-0-1"}]}, 400, r"is unknown"),
-    ("/neighbors", {"queries": [{"entity_type": "item"}]}, 400, r"either entity .* or vector"),
-    ("/neighbors", '{"queries": [{"vector": [1, 1, 1, 1, 1, 1, 1, NaN], "entity_type": "item"}]}',
-     400, r"all finite"),  # Python's JSON parser (the server's) takes NaN
 ]
-
 
 @pytest.mark.parametrize("path,body,status,message", BAD_REQUESTS)
 def test_bad_requests_get_4xx_json_errors(served, path, body, status, message):
-    response = (served[1].post(path, json=body) if isinstance(body, dict) else
-                served[1].post(path, content=body, headers={"content-type": "application/json"}))
+    response = served[1].post(path, json=body)
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     assert re.search(message, response.json()["error"]), response.json()["error"]
+
+
+# (path, a good query, a bad one (its JSON), the bad one's error): wrong on its own, a query
+# gets its error in its answer's place.
+QUERY_ERRORS = [
+    ("/score", {"lhs": "user-0-1", "relation": "likes", "rhs": "item-0-1"},
+     '{"lhs": "user-0-1", "relation": "like", "rhs": "item-0-1"}',
+     r"^unknown relation 'like' \(did you mean 'likes'\?\)"),
+    ("/score", {"lhs": "user-0-1", "relation": "likes", "rhs": "item-0-1"},
+     '{"lhs": "user-0-300", "relation": "likes", "rhs": "item-0-1"}',
+     r"^unknown user entity 'user-0-300' \(did you mean 'user-0-3"),
+    ("/top_rhs", {"lhs": "user-0-1", "relation": "likes"},
+     '{"lhs": "item-0-1", "relation": "likes"}',
+     r"^'item-0-1' is an entity of type 'item', not of type 'user'"),
+    ("/top_lhs", {"relation": "likes", "rhs": "item-0-1"},
+     '{"relation": "likes", "rhs": "user-0-1"}', r"not of type 'item'"),
+    ("/neighbors", {"entity": "item-0-1"}, '{"vector": [1.0, 2.0], "entity_type": "item"}',
+     r"^vector has 2 values; item embeddings have 8"),
+    ("/neighbors", {"entity": "item-0-1"}, '{"vector": [1, 1, 1, 1, 1, 1, 1, 1]}',
+     r"needs entity_type"),
+    ("/neighbors", {"entity": "item-0-1"}, '{"entity": "item-0-1", "entity_type": "itme"}',
+     r"^unknown entity type 'itme' \(did you mean 'item'\?\)"),
+    ("/neighbors", {"entity": "item-0-1"}, '{"entity": "nobody-0-1"}', r"is unknown"),
+    ("/neighbors", {"entity": "item-0-1"}, '{"entity_type": "item"}',
+     r"either entity .* or vector"),
+    ("/neighbors", {"entity": "item-0-1"},  # Python's JSON parser (the server's) takes NaN
+     '{"vector": [1, 1, 1, 1, 1, 1, 1, NaN], "entity_type": "item"}', r"all finite"),
+]
+
+
+@pytest.mark.parametrize("path,good,bad,message", QUERY_ERRORS)
+def test_a_bad_query_gets_its_error_and_the_others_their_answers(served, path, good, bad,
+                                                                 message):
+    client = served[1]
+    key, answers = ("edges", "scores") if path == "/score" else ("queries", "results")
+    alone = post(client, path, {key: [good], "k": 3} if key == "queries" else {key: [good]})
+    k = ', "k": 3' if key == "queries" else ""
+    body = f'{{"{key}": [{json.dumps(good)}, {bad}, {json.dumps(good)}]{k}}}'
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["errors"] == 1 and alone["errors"] == 0
+    assert got[answers][0] == got[answers][2] == alone[answers][0]
+    assert list(got[answers][1]) == ["error"], got
+    assert re.search(message, got[answers][1]["error"]), got[answers][1]["error"]
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain"])
+def test_a_json_body_is_read_as_json_whatever_its_content_type(served, content_type):
+    """`curl -d` sends a form's content type, other clients text/plain or none."""
+    client = served[1]
+    headers = {} if content_type is None else {"content-type": content_type}
+    response = client.post("/neighbors", content=json.dumps(NEIGHBOURS), headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.json() == post(client, "/neighbors", NEIGHBOURS)
 
 
 def test_a_body_that_is_not_json_and_an_unknown_route_are_4xx(served):

@@ -148,6 +148,39 @@ def test_the_router_answers_as_the_predictor(tmp_path):
         asyncio.run(model.top(rows, search, "rhs", [("user-1-3", "likes")], 0))
 
 
+def test_a_batch_answers_each_query_or_its_error(tmp_path):
+    """A query naming an unknown entity or relation (or wrong on its own otherwise) gets its
+    PbgRayError in its answer's place; the others are answered as they are alone."""
+    config = served_config(tmp_path, index="exact")
+    model = ServingModel(config, None)
+    rows, search = local_shards(config)
+    top = asyncio.run(model.top(rows, search, "rhs", [("user-1-3", "likes"), ("usr-1-3", "likes"),
+                                                       ("user-1-3", "lkes"), ("item-0-1", "likes"),
+                                                       ("user-0-2", "follows")], 4))
+    alone = asyncio.run(model.top(rows, search, "rhs", [("user-1-3", "likes"),
+                                                         ("user-0-2", "follows")], 4))
+    assert [top[0], top[4]] == alone
+    assert [str(e) for e in top[1:4]] == [
+        "unknown user entity 'usr-1-3' (did you mean 'user-1-3'?).",
+        "unknown relation 'lkes' (did you mean 'likes'?). Relations: follows, likes, tagged.",
+        "'item-0-1' is an entity of type 'item', not of type 'user': check the relation and "
+        "which side the name is on."]
+    assert all(isinstance(e, PbgRayError) for e in top[1:4])
+    scores = asyncio.run(model.score(rows, [("user-1-3", "likes", "item-0-4"),
+                                            ("user-1-3", "likes", "itme-0-4")]))
+    assert scores[0] == asyncio.run(model.score(rows, [("user-1-3", "likes", "item-0-4")]))[0]
+    assert str(scores[1]).startswith("unknown item entity 'itme-0-4'")
+    near = asyncio.run(model.neighbors(rows, search, [
+        {"entity": "tag-0-3"}, {"vector": [1.0, 2.0], "entity_type": "item"},
+        {"entity": "tag-0-3", "entity_type": "tga"}], 3))
+    assert near[0] == asyncio.run(model.neighbors(rows, search, [{"entity": "tag-0-3"}], 3))[0]
+    assert [str(e) for e in near[1:]] == [
+        f"vector has 2 values; item embeddings have {config.dimension}, all finite.",
+        "unknown entity type 'tga' (did you mean 'tag'?)."]
+    with pytest.raises(PbgRayError, match="'edgez' is not an edge path"):  # the whole request
+        asyncio.run(model.top(rows, search, "rhs", [("user-1-3", "likes")], 4, ["edgez"]))
+
+
 @pytest.mark.parametrize("comparator,operators", [
     ("dot", ["none", "translation", "diagonal", "linear", "affine", "complex_diagonal"]),
     ("l2", ["none", "translation"]), ("squared_l2", ["translation"])])
