@@ -100,6 +100,14 @@ class IdleTrim:
 _IDLE_TRIM = IdleTrim(IDLE_TRIM_S)
 
 
+def _cancel_idle_trim() -> None:
+    _IDLE_TRIM.cancel()
+
+
+def _schedule_idle_trim() -> None:
+    _IDLE_TRIM.schedule()
+
+
 def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
     """`task`; then, once the process has run no such task for IDLE_TRIM_S, its free heap
     pages handed back to the system (glibc's malloc_trim): KERNEL_ENV keeps what a
@@ -109,9 +117,9 @@ def release_free_heap(task: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> Any:
-        _IDLE_TRIM.cancel()
+        _cancel_idle_trim()
         try:
             return task(*args, **kwargs)
         finally:
-            _IDLE_TRIM.schedule()
+            _schedule_idle_trim()
     return run

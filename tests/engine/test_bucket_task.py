@@ -64,6 +64,13 @@ def test_the_warm_up_task_imports_what_train_tasks_need():
     assert out == ["False", "True", "True"]
 
 
+def test_the_bucket_tasks_ship_with_the_globals_they_name():
+    """Their wrapper (release_free_heap) names module functions, which go by reference,
+    never the process's pending heap trim, whose lock can't be pickled."""
+    for task in (bucket_task.train_bucket_task, bucket_task.evaluate_bucket_task):
+        assert callable(ray.cloudpickle.loads(ray.cloudpickle.dumps(task._function)))
+
+
 def test_partition_copies_reuse_their_buffers_until_told_not_to():
     copies = PartitionCopies()
     embs, sums = np.arange(12, dtype=np.float32).reshape(4, 3), np.ones(4, np.float32)
