@@ -23,7 +23,10 @@ fault point of the engine (pbg_ray.engine.faults) and a hit of it drawn from --s
 
 Prints faults injected, runs finished, checkpoints found corrupt (must be 0), edges lost
 or doubled (must be 0), crashed processes found in the logs of the Ray sessions it
-started (must be 0), bad inputs tried and bad inputs refused cleanly; then one JSON line.
+started (must be 0), processes left running (must be 0: after each part and at the end,
+every process its runs started, found by PBG_RAY_FAULTS_DIR in its environment or its
+Ray session directory on its command line, each printed and then killed), bad inputs
+tried and bad inputs refused cleanly; then one JSON line.
 
     python benchmarks/fault_bench.py                      # 30 driver kills, 500 damaged files
     python benchmarks/fault_bench.py --driver-kills 2 --worker-kills 1 --store-kills 1 \
@@ -39,7 +42,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import ray
@@ -58,7 +61,7 @@ from tests.bad_input import (  # noqa: E402
 from tests.fault_injection import (  # noqa: E402
     ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, crash_reports, crashed_processes,
     driver_kill_trials, edges_lost_or_doubled, epoch_losses, hits_per_pass, intact,
-    limit_file_size, lose_nodes, random_fault, ray_sessions)
+    left_behind, limit_file_size, lose_nodes, random_fault, ray_sessions)
 from tests.util import config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
@@ -82,6 +85,10 @@ def driver_kills(root: Path, trials: int, seed: int, address: str, figures: Coun
         out = driver_kill_trials(data, workdir, trials, seed, address)
         for problem in out["corrupt"]:
             print(f"  corrupt: {problem}")
+        for process in out["left_running"]:
+            print(f"  left running after a driver kill trial: {process}")
+        left = details.setdefault("left_running", {})
+        left["driver kills"] = left.get("driver kills", 0) + len(out["left_running"])
         second = out["second_run"]
         refused = second["rc"] == 2 and "in use by another training run" in second["log"]
         figures["faults"] += out["faults"]
@@ -90,7 +97,7 @@ def driver_kills(root: Path, trials: int, seed: int, address: str, figures: Coun
         figures["lost_or_doubled"] += out.get("lost_or_doubled", 0)
         details[f"driver_{placement}"] = {
             "kills": out["faults"], "during_write": out["during_write"],
-            "ended_before_kill": out["ended_before_kill"], "orphans": out["orphans"],
+            "ended_before_kill": out["ended_before_kill"], "left_running": len(out["left_running"]),
             "second_run_refused": refused, "finished": out["finished"]}
         print(f"driver kills ({placement}): {out['faults']} ({out['during_write']} during a "
               f"checkpoint write), finished: {out['finished']}, second run refused: {refused}")
@@ -146,7 +153,7 @@ def store_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
 
 
 def node_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
-               details: Dict[str, Any]) -> None:
+               details: Dict[str, Any], sessions: List[Path]) -> None:
     entities = {"user": {"num_partitions": 4}, "item": {"num_partitions": 4},
                 "tag": {"num_partitions": 1}}
     reference = config_at(root, "node-reference", entities=entities, ray={"num_trainers": 2})
@@ -159,6 +166,7 @@ def node_kills(root: Path, runs: int, rng: random.Random, figures: Counter,
     hits = [rng.randint(1, hits_per_pass(config, "train_task.after_read") * EPOCHS - 2)
             for config in configs]
     results = lose_nodes([(config.to_dict(), hit) for config, hit in zip(configs, hits)])
+    sessions += {Path(result["session_dir"]) for result in results}
     for config, result in zip(configs, results):
         figures["faults"] += result["node_removed"]
         figures["finished"] += result["version"] == EPOCHS
@@ -235,6 +243,16 @@ def bad_inputs(root: Path, damaged: int, rng: random.Random, figures: Counter,
     details["bad_inputs"] = {"corpus": len(cases), "damaged_files": damaged, **outcome}
 
 
+def count_left(after: str, sessions: List[Path], details: Dict[str, Any]) -> None:
+    """Count the processes that the runs of the part `after` left running (and kill
+    them: tests/fault_injection.left_behind), printing each."""
+    left = left_behind(sessions=sessions)
+    for process in left:
+        print(f"  left running after {after}: {process}")
+    counts = details.setdefault("left_running", {})
+    counts[after] = counts.get(after, 0) + len(left)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--driver-kills", type=int, default=30,
@@ -252,6 +270,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     sessions_before = set(ray_sessions())
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    sessions = [Path(ray._private.worker._global_node.get_session_dir_path())]
     figures: Counter = Counter()
     details: Dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="fault_bench-") as tmp:
@@ -259,12 +278,18 @@ def main() -> None:
         if args.driver_kills:
             driver_kills(root, max(1, args.driver_kills // 2), args.seed,
                          ray.get_runtime_context().gcs_address, figures, details)
+            count_left("driver kills", sessions, details)
         worker_kills(root, args.worker_kills, rng, figures, details)
+        count_left("train task kills", sessions, details)
         store_kills(root, args.store_kills, rng, figures, details)
-        node_kills(root, args.node_kills, rng, figures, details)
+        count_left("store kills", sessions, details)
+        node_kills(root, args.node_kills, rng, figures, details, sessions)
+        count_left("node removals", sessions, details)
         failing_writes(root, figures, details)
+        count_left("failing writes", sessions, details)
         bad_inputs(root, args.damaged, rng, figures, details)
-    ray.shutdown()
+    ray.shutdown(wait_for_processes=True)  # its raylet reaped: no zombie keeps workers going
+    count_left("the end", sessions, details)
     reports = crash_reports(sorted(set(ray_sessions()) - sessions_before))
     for report in reports:
         print(f"  crash: {report}")
@@ -277,19 +302,24 @@ def main() -> None:
         figures["corrupt"] += soaked["checkpoints_corrupt"]
         figures["lost_or_doubled"] += soaked["edges_lost_or_doubled"]
         crashes += soaked["crashes"]
+        count_left("the soak", sessions, details)
     readable = details["bad_inputs"].get("still_readable", 0)
     print(f"faults injected: {figures['faults']}")
     print(f"runs finished: {figures['finished']}")
     print(f"checkpoints found corrupt: {figures['corrupt']}")
     print(f"edges lost or doubled: {figures['lost_or_doubled']}")
     print(f"crashed processes: {crashes} (soak: {soaked['soak_hours']:.2f} hours)")
+    left = details["left_running"]
+    print(f"processes left running: {sum(left.values())} ("
+          + ", ".join(f"after {part}: {n}" for part, n in left.items()) + ")")
     print(f"bad inputs tried: {figures['tried']}")
     print(f"bad inputs refused cleanly: {figures['refused']} (the other {readable} damaged "
           f"files stayed readable; {details['bad_inputs'].get('escaped', 0)} errors escaped)")
     print(json.dumps({
         "faults_injected": figures["faults"], "runs_finished": figures["finished"],
         "checkpoints_corrupt": figures["corrupt"], "edges_lost_or_doubled": figures["lost_or_doubled"],
-        "crashes": crashes, "soak_hours": soaked["soak_hours"],
+        "crashes": crashes, "processes_left_running": sum(left.values()),
+        "soak_hours": soaked["soak_hours"],
         "node_kills": details["node"]["kills"],
         "bad_inputs_tried": figures["tried"], "bad_inputs_refused_cleanly": figures["refused"],
         **details, "soak": soaked}))

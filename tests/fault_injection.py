@@ -18,9 +18,11 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (
+    Any, Callable, Collection, Dict, Iterator, List, Optional, Sequence, Set, Tuple)
 
 import numpy as np
 import psutil
@@ -153,24 +155,81 @@ def random_fault(rng: random.Random, config: ConfigSchema, points: Sequence[str]
     return point, rng.randint(1, hits_per_pass(config, point) * passes)
 
 
-def session_processes(title: str) -> List[psutil.Process]:
-    """The processes of the Ray this process started (children of its raylet, so never
-    another session's) whose title begins with `title`."""
-    node = ray._private.worker._global_node
-    raylet = psutil.Process(node.all_processes["raylet"][0].process.pid)
-    found = []
-    for proc in raylet.children(recursive=True):
+def _session_services() -> Set[int]:
+    """The pids of the Ray this process started (none when it joined one or started
+    none) that no run owns: its raylet, GCS and agents, and the workers that run no
+    actor or task of a run now (ray::IDLE, Ray's own actors)."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    started = [info.process.pid for infos in getattr(node, "all_processes", {}).values()
+               for info in infos]
+    services = set()
+    for pid in started:
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.cmdline()[0].startswith(title):
+            root = psutil.Process(pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in tree:
+            try:
+                if not proc.cmdline()[0].startswith(RUN_PROCESSES):
+                    services.add(proc.pid)
+            except (psutil.Error, IndexError):
+                pass
+    return services
+
+
+def _describe(proc: psutil.Process) -> str:
+    """'pid title (parent pid, how long it has run, its raylet's state or gone)' of a
+    process (a Ray worker's raylet is RAY_RAYLET_PID in its environment)."""
+    try:
+        with proc.oneshot():
+            title = " ".join(proc.cmdline())[:120]
+            about = f"parent {proc.ppid()}, up {time.time() - proc.create_time():.0f} s"
+            raylet = proc.environ().get("RAY_RAYLET_PID")
+    except psutil.Error:
+        return f"{proc.pid} (gone)"
+    if raylet is not None:
+        try:
+            about += f", raylet {raylet} {psutil.Process(int(raylet)).status()}"
+        except psutil.Error:
+            about += f", raylet {raylet} gone"
+    return f"{proc.pid} {title} ({about})"
+
+
+def own_processes(sessions: Sequence[Path] = ()) -> List[psutil.Process]:
+    """The processes alive now that this process's runs started, itself, its ancestors
+    and the services of its own Ray (see _session_services) left out: those whose
+    environment holds FAULTS_DIR (every driver, Ray process and Ray worker started after
+    this module was imported inherits it) or whose command line names one of `sessions`
+    (Ray session directories)."""
+    mine = {os.getpid(), *(proc.pid for proc in psutil.Process().parents()),
+            *_session_services()}
+    names = [str(session) for session in sessions]
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in mine:
+            continue
+        try:
+            if proc.environ().get(FAULTS_DIR_ENV) == str(FAULTS_DIR) or any(
+                    name in arg for arg in proc.cmdline() for name in names):
                 found.append(proc)
-        except (psutil.Error, IndexError):
-            pass  # gone meanwhile, or not started yet
+        except psutil.Error:
+            pass  # gone meanwhile, or a zombie
     return found
 
 
-def run_processes() -> List[psutil.Process]:
-    """The processes that runs start (actors, train tasks), alive now."""
-    return [proc for title in RUN_PROCESSES for proc in session_processes(title)]
+def left_behind(before: Collection[int] = (), sessions: Sequence[Path] = ()) -> List[str]:
+    """The own_processes (not in `before`, a set of pids taken before a run) still alive
+    once they had PROCESSES_GONE_TIMEOUT_S to end, described: a run that ended, or whose
+    driver or node was killed, leaves none. They are killed, so none outlives the caller."""
+    procs = [proc for proc in own_processes(sessions) if proc.pid not in before]
+    _, alive = psutil.wait_procs(procs, timeout=PROCESSES_GONE_TIMEOUT_S)
+    described = [_describe(proc) for proc in alive]
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=PROCESSES_GONE_TIMEOUT_S)
+    return described
 
 
 def actor_pid(actor: ray.actor.ActorHandle) -> int:
@@ -258,9 +317,9 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
     resuming the last), then run to the end. The points cycle through DRIVER_POINTS, each
     armed at a hit drawn from `seed` within the run's first two passes; num_epochs above
     2 x trials leaves every trial a pass to be killed in. First, a run started while
-    this process holds checkpoint_path's lock must be refused. After each kill every
-    process of the run must be gone and checkpoint_path must load at a version no older
-    than before."""
+    this process holds checkpoint_path's lock must be refused. After each kill
+    checkpoint_path must load at a version no older than before; after each run no
+    process of it may be left running ("left_running": left_behind's, of all runs)."""
     config = ConfigSchema.from_dict(data)
     storage = CheckpointStorage(config.checkpoint_path)
     module = workdir / "pbg_config.py"
@@ -268,7 +327,8 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
     command = [sys.executable, "-m", "pbg_ray.train", str(module), f"ray.address={address}"]
     rng = random.Random(seed)
     out: Dict[str, Any] = {"faults": 0, "during_write": 0, "ended_before_kill": 0,
-                           "orphans": 0, "corrupt": [], "points": []}
+                           "left_running": [], "corrupt": [], "points": []}
+    before = {proc.pid for proc in own_processes()}
 
     def start(name: str) -> subprocess.Popen:
         """The command, its stdout in {name}.out and its stderr in {name}.log."""
@@ -284,11 +344,11 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
         point = DRIVER_POINTS[trial % len(DRIVER_POINTS)]
         hits = rng.randint(1, 2 * hits_per_pass(config, point))
         out["points"].append((point, hits))
-        before = storage.load_version()
-        alive_before = {proc.pid for proc in run_processes()}
+        version_before = storage.load_version()
         with armed(point, hits) as did_fire:
             rc = finish(start(f"trial{trial}"), TRIAL_TIMEOUT_S)
             killed = did_fire()
+        out["left_running"] += left_behind(before)
         if not killed:
             if rc == 0:
                 out["ended_before_kill"] += 1
@@ -298,13 +358,10 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
             continue
         out["faults"] += 1
         out["during_write"] += next_version_written(storage, storage.load_version())
-        left = [proc for proc in run_processes() if proc.pid not in alive_before]
-        _, alive = psutil.wait_procs(left, timeout=PROCESSES_GONE_TIMEOUT_S)
-        out["orphans"] += bool(alive)
         try:
             after = storage.load_version()
-            if after < before:
-                raise AssertionError(f"version went back from {before} to {after}")
+            if after < version_before:
+                raise AssertionError(f"version went back from {version_before} to {after}")
             if after > 0:
                 assert_valid_checkpoint(config, after, clean=False)
         except Exception as err:  # noqa: BLE001  any way of failing counts as corrupt
@@ -312,6 +369,7 @@ def driver_kill_trials(data: Dict[str, Any], workdir: Path, trials: int, seed: i
                                   f"{type(err).__name__}: {err}")
     final = start("final")
     out["final_rc"] = finish(final, TRIAL_TIMEOUT_S * 2)
+    out["left_running"] += left_behind(before)
     out["final_log"] = (workdir / "final.log").read_text()[-3000:]
     total = config.num_epochs * len(config.edge_paths)
     out["finished"] = out["final_rc"] == 0 and storage.load_version() == total

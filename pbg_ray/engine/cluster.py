@@ -1,10 +1,11 @@
-"""Connecting the driver to Ray, and getting task results with the project's errors."""
+"""Connecting the driver to Ray, getting task results with the project's errors, and
+ending actors."""
 
 from __future__ import annotations
 
 import logging
 import os
-
+import time
 from typing import Any, List, Optional
 
 import psutil
@@ -34,6 +35,8 @@ RAY_EXIT_WAIT_S = 10.0
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
+# How often stop_actors asks the GCS whether an actor it killed is dead yet.
+ACTOR_DEATH_POLL_S = 0.002
 
 
 def not_token_notice(record: logging.LogRecord) -> bool:
@@ -155,3 +158,22 @@ def discard(refs: List[ray.ObjectRef], timeout: Optional[float] = CANCEL_WAIT_S)
             ray.get(ref)
         except Exception:  # noqa: BLE001  the error that counts was raised already
             pass
+
+
+def stop_actors(actors: List[ray.actor.ActorHandle], timeout: float = CANCEL_WAIT_S) -> None:
+    """End `actors` at once and forget them: ray.kill ends each process without its
+    teardown, and the handles go only once the GCS has each actor dead (or `timeout`
+    passed). An actor whose handles are all gone gets Ray's graceful exit instead, which
+    runs Ray's and Python's teardown in its process, and a handle dropped before its kill
+    reached the GCS can have that exit win. A teardown that hangs leaves the process
+    running for good: Ray's check that ends a worker whose raylet died stops as the exit
+    begins."""
+    if ray.is_initialized():
+        for actor in actors:
+            ray.kill(actor)
+        deadline = time.monotonic() + timeout
+        for actor in actors:
+            while (time.monotonic() < deadline and ray._private.state.actors(
+                    actor._ray_actor_id.hex()).get("State") != "DEAD"):
+                time.sleep(ACTOR_DEATH_POLL_S)
+    actors.clear()

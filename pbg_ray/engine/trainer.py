@@ -16,6 +16,7 @@ import math
 import shutil
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -35,7 +36,7 @@ from pbg_ray.engine.actors import ParameterServer, PartitionStore, Source
 from pbg_ray.engine.bucket_task import (
     HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
 from pbg_ray.engine.cluster import (
-    check_cpus_per_trainer, check_task_fits, discard, largest_node)
+    check_cpus_per_trainer, check_task_fits, discard, largest_node, stop_actors)
 from pbg_ray.engine.evaluator import Evaluator
 from pbg_ray.engine.faults import fault_point
 from pbg_ray.engine.partitions import OnDisk, PartitionKey, SwapFile, WriterDied
@@ -126,10 +127,13 @@ class Trainer:
         self.known = known_rows(config)
         # The conversion of a pre-1.0 or bundle init_path, read until version 1 exists.
         self.init_scratch: Optional[Path] = None
-        # The run's actors; started on first use and again after one dies.
+        # The run's actors; started on first use and again after one dies. All of them
+        # (`actors`) are stopped when one dies and when this trainer goes (stop_actors).
         self.stores: List[Any] = []
         self.params: Optional[Any] = None
         self.scheduler: Optional[Any] = None
+        self.actors: List[Any] = []
+        weakref.finalize(self, stop_actors, self.actors)
         # Which buckets are warmed up: by the partitions trained since the actors loaded them.
         self.warm_up = HogwildWarmUp(config, self.num_chunks)
         self.actor_restarts = 0
@@ -202,6 +206,7 @@ class Trainer:
             self.nparts_lhs, self.nparts_rhs, self.config.bucket_order,
             partitioned("lhs"), partitioned("rhs"), self.config.seed,
             self.config.ray.partition_buffer)
+        self.actors[:] = [*self.stores, self.params, self.scheduler]
         started = [start_trainer_worker.options(num_cpus=self.config.ray.cpus_per_trainer,
                                                 num_gpus=gpus_per_trainer(self.config)).remote()
                    for _ in range(trainers)]
@@ -330,9 +335,7 @@ class Trainer:
                 logger.warning("%s in epoch %d; restarting the actors from checkpoint version "
                                "%d and training the pass again", what, epoch_idx + 1, self.version)
                 self.actor_restarts += 1
-                for actor in [*self.stores, self.params, self.scheduler]:
-                    if actor is not None:
-                        ray.kill(actor)
+                stop_actors(self.actors)
                 self.stores, self.params, self.scheduler = [], None, None
                 self.checkpoints.rollback()
 

@@ -88,6 +88,7 @@ def train(config: ConfigSchema, hit: int) -> dict:
     return {"version": result.version, "actor_restarts": result.actor_restarts,
             "node_removed": False, **removed,
             "nodes_alive": len([n for n in ray.nodes() if n["Alive"]]),
+            "session_dir": ray._private.worker._global_node.get_session_dir_path(),
             "epoch_losses": epoch_losses(result.bucket_stats, config.num_epochs)}
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import psutil
 import pytest
 
 from pbg_ray.checkpoints.storage import CheckpointStorage
@@ -17,7 +18,8 @@ from pbg_ray.engine.faults import EXIT_STATUS, FAULTS_DIR_ENV, FaultInjected, fa
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from tests.fault_injection import (
-    armed, driver_kill_trials, edges_lost_or_doubled, hits_per_pass, limit_file_size)
+    PROCESSES_GONE_TIMEOUT_S, armed, driver_kill_trials, edges_lost_or_doubled, hits_per_pass,
+    limit_file_size)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 pytestmark = pytest.mark.faults
@@ -58,12 +60,12 @@ def test_driver_killed_at_each_driver_point_resumes_and_finishes(ray_session, tm
     write_random_graph(ConfigSchema.from_dict(data), num_edges=1000)
     out = driver_kill_trials(data, tmp_path, trials=trials, seed=0,
                              address=ray_session.get_runtime_context().gcs_address)
-    counts = {k: out[k] for k in ("faults", "ended_before_kill", "during_write", "orphans",
-                                  "points")}
+    counts = {k: out[k] for k in ("faults", "ended_before_kill", "during_write", "points")}
     assert out["corrupt"] == []
     assert out["faults"] == trials, counts
     assert out["during_write"] >= 1, counts  # the driver.version_written trial, at least
-    assert out["orphans"] == 0, "a killed driver's actors or tasks lived on"
+    # Nothing of a killed driver's run lives on: its actors, tasks, nor processes.
+    assert out["left_running"] == []
     # A run on a checkpoint_path that another process holds is refused; the lock of a
     # killed run never blocked the next one.
     second = out["second_run"]
@@ -87,6 +89,31 @@ def test_a_driver_failing_between_writing_a_version_and_naming_it_keeps_the_last
     assert Trainer(config).run().version == 2
     assert_valid_checkpoint(config, 2)
     assert edges_lost_or_doubled(config) == 0
+
+
+def test_a_trainer_ends_its_actors_even_where_their_exit_would_hang(ray_session, tmp_path):
+    config = ConfigSchema.from_dict(config_dict(tmp_path, num_epochs=1, **SETTINGS))
+    write_random_graph(config)
+    trainer = Trainer(config)
+    trainer.run()
+
+    def hang_the_exit(actor):
+        # A thread that never ends: Python's exit waits for it, so an actor left to
+        # Ray's exit for an actor whose handles are gone would never end (and, its
+        # core worker shut down, never see its raylet die).
+        import os
+        import threading
+        threading.Thread(target=threading.Event().wait).start()
+        return os.getpid()
+
+    processes = [psutil.Process(pid) for pid in ray_session.get(
+        [actor.__ray_call__.remote(hang_the_exit) for actor in trainer.actors])]
+    assert len(processes) == 3  # a partition store (one node), parameter server, scheduler
+    del trainer
+    _, alive = psutil.wait_procs(processes, timeout=PROCESSES_GONE_TIMEOUT_S)
+    for process in alive:
+        process.kill()
+    assert alive == []
 
 
 def mean_loss(stats, epoch):

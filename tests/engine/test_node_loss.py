@@ -4,13 +4,16 @@ trained once in the checkpoint's stats, the checkpoints are complete, and the fi
 and filtered MRR are within the run-to-run spread of undisturbed runs, in memory and in
 disk placement."""
 
+from pathlib import Path
+
 import pytest
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.engine.evaluator import evaluate_checkpoint
 from pbg_ray.engine.trainer import Trainer
 from pbg_ray.evaluation.metrics import ALL
-from tests.fault_injection import edges_lost_or_doubled, epoch_losses, lose_nodes
+from tests.fault_injection import (
+    edges_lost_or_doubled, epoch_losses, left_behind, lose_nodes, own_processes)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
 pytestmark = [pytest.mark.multinode, pytest.mark.faults, pytest.mark.slow]
@@ -58,14 +61,18 @@ def graph(tmp_path_factory, ray_session):
 def lost(graph):
     """Placement -> (config dict, summary) of a run on a three-node cluster that lost a
     worker node at the 6th of the first pass's 16 buckets (some applied, some in flight);
-    both placements on one cluster, one after the other."""
+    both placements on one cluster, one after the other. "left running": the processes
+    of the cluster (the lost nodes' too) alive once its driver ended (left_behind)."""
     root, _ = graph
     runs = {placement: graph_config(root, placement,
                                     ray={"num_trainers": 2, "placement": placement})
             for placement in PLACEMENTS}
+    before = {proc.pid for proc in own_processes()}
     summaries = lose_nodes([(data, 6) for data in runs.values()])
-    return {placement: (runs[placement], summary)
+    lost = {placement: (runs[placement], summary)
             for placement, summary in zip(runs, summaries)}
+    lost["left running"] = left_behind(before, [Path(s["session_dir"]) for s in summaries])
+    return lost
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
@@ -86,3 +93,9 @@ def test_a_node_lost_mid_epoch_costs_nothing_of_the_result(graph, lost, placemen
         runs = [run[i] for run in undisturbed[placement]]
         spread = max(runs) - min(runs)
         assert min(runs) - spread <= got <= max(runs) + spread, (name, got, runs)
+
+
+def test_a_lost_node_leaves_no_process_running(lost):
+    # The lost nodes' actors and tasks went with them, and the cluster's other processes
+    # with its end.
+    assert lost["left running"] == []
