@@ -579,7 +579,9 @@ def stop_service(end_serve: bool = True) -> None:
     retried" as the controller ends; asked here without retries, serve.shutdown() then only
     drops Serve's handle of it.) Without end_serve, Serve's controller and proxies are left
     to the end of the Ray they run on: a driver that holds a handle (version_changes) would
-    have Ray print the same of its handle's calls to the ended controller."""
+    have Ray print the same of its handle's calls to the ended controller. Serve's notices
+    of replicas ending (in this process's handles) are what was asked for: left out."""
+    logging.getLogger(SERVE_LOGGER_NAME).setLevel(logging.ERROR)
     serve.delete(APPLICATION)
     if not end_serve:
         return

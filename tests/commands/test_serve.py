@@ -283,6 +283,8 @@ def test_the_help_examples_work_as_printed(tmp_path, monkeypatch):
         try:
             started = service.started()
             if example == demo:
+                assert service.line("stderr").startswith(
+                    "pbg_ray: no config file given: pbg_ray.serve uses the built-in demo graph")
                 answer = run_curl(curl, port)
                 assert answer["errors"] == 0 and len(answer["results"][0]) == 5, answer
             else:
