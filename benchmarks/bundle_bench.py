@@ -39,9 +39,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
 from pbg_ray.checkpoints import bundle  # noqa: E402
-from pbg_ray.checkpoints.storage import CheckpointStorage  # noqa: E402
+from pbg_ray.checkpoints.directory import CheckpointStorage  # noqa: E402
 from pbg_ray.config.eval import EvalConfig  # noqa: E402
-from pbg_ray.engine.evaluator import evaluate_checkpoint  # noqa: E402
+from pbg_ray.evaluation.distributed import evaluate_checkpoint  # noqa: E402
 from pbg_ray.importer.demo import cache_dir  # noqa: E402
 from tests.util import partitioned_checkpoint  # noqa: E402
 
@@ -59,7 +59,7 @@ def pbg_ray(command: str, *overrides: str) -> str:
 EXPORT_RUN = """
 import json, os, re, sys, threading, time
 import psutil
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 how, path, fmt, output, warm, cpus = sys.argv[1:7]
 peak = [0]
 def sample():  # the whole tree: this process and, under it, Ray and its workers
@@ -85,10 +85,10 @@ def export(checkpoint_path, out):
     config.export.format, config.export.output = fmt, out
     if fmt == "bundle":
         config.export.variants = ["fp32", "int8"]
-    from pbg_ray.checkpoints.export import export_checkpoint
+    from pbg_ray.checkpoints.exporter import export_checkpoint
     if how == "ray":
         import ray
-        from pbg_ray.engine.partition_map import RayPartitionMap
+        from pbg_ray.runtime.partition_jobs import RayPartitionMap
         if not ray.is_initialized():
             ray.init(address="local", num_cpus=int(cpus), include_dashboard=False,
                      log_to_driver=False)

@@ -24,9 +24,9 @@ import numpy as np
 import ray
 import torch
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import evaluate_checkpoint
+from pbg_ray.evaluation.distributed import evaluate_checkpoint
 from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import save_entity_count
 from pbg_ray.types import Bucket, EdgeList

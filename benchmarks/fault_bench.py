@@ -1,8 +1,8 @@
 """Real faults injected into real runs, and bad input fed to the readers, at a larger
-count than the tests (tests/engine/test_faults.py, tests/io/test_bad_inputs.py) use.
+count than the tests (tests/training/test_faults.py, tests/io/test_bad_inputs.py) use.
 
 On a local Ray of 2 CPUs and the tests' small graph (tests/util.py), each fault at a named
-fault point of the engine (pbg_ray.engine.faults) and a hit of it drawn from --seed:
+fault point of the engine (pbg_ray.runtime.faults) and a hit of it drawn from --seed:
 - the driver (`python -m pbg_ray.train`) SIGKILLed at each driver point in turn (a bucket
   applied or not yet, before a version is written, between writing it and making it
   current, after), each time resumed by the same command, in memory and in disk
@@ -49,9 +49,9 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
-from pbg_ray.checkpoints.storage import CheckpointStorage  # noqa: E402
+from pbg_ray.checkpoints.directory import CheckpointStorage  # noqa: E402
 from pbg_ray.config import ConfigSchema  # noqa: E402
-from pbg_ray.engine.trainer import Trainer  # noqa: E402
+from pbg_ray.training.trainer import Trainer  # noqa: E402
 from pbg_ray.errors import PbgRayError  # noqa: E402
 from pbg_ray.io.edges import edges_file  # noqa: E402
 from pbg_ray.types import Bucket  # noqa: E402

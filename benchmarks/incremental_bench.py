@@ -31,7 +31,7 @@ from pathlib import Path
 import ray
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.importer.demo import grown_graph
 from pbg_ray.importer.graph_import import import_graph
 

@@ -32,7 +32,7 @@ from train_bench import (
 def filtered_mrr(config: dict, test_path: str) -> float:
     """Filtered MRR of the newest version of config's checkpoint on test_path's edges."""
     from pbg_ray.config import ConfigSchema
-    from pbg_ray.engine.evaluator import evaluate_checkpoint
+    from pbg_ray.evaluation.distributed import evaluate_checkpoint
     from pbg_ray.evaluation.metrics import ALL
 
     config = ConfigSchema.from_dict(dict(

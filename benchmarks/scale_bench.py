@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pbg_ray.engine.scheduler import bucket_order, partition_reads, reads_lower_bound
+from pbg_ray.training.scheduler import bucket_order, partition_reads, reads_lower_bound
 from pbg_ray.io.edges import read_edges, write_edges
 from pbg_ray.types import Bucket
 from train_bench import (RUN_PBG_RAY, as_pbg_ray, bench_env, config_dict, generate, run_script,
@@ -45,7 +45,7 @@ NPARTS = 16
 RUN_EVAL = """
 import json, sys
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import evaluate_checkpoint
+from pbg_ray.evaluation.distributed import evaluate_checkpoint
 report = evaluate_checkpoint(ConfigSchema.from_dict(json.loads(sys.argv[1])))
 print("EVAL", json.dumps(report))
 """

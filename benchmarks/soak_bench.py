@@ -46,7 +46,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
 from pbg_ray.config import ConfigSchema  # noqa: E402
-from pbg_ray.engine.trainer import Trainer  # noqa: E402
+from pbg_ray.training.trainer import Trainer  # noqa: E402
 from pbg_ray.model.native import C_KERNELS_ENV  # noqa: E402
 from tests.fault_injection import (  # noqa: E402
     ACTOR_POINTS, TRAIN_TASK_POINTS, armed, crash_reports, crashed_processes,

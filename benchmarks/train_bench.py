@@ -206,8 +206,8 @@ print("TRAIN_SECONDS", time.perf_counter() - t)
 RUN_PBG_RAY = """
 import json, sys, time
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.cluster import connect_ray
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.runtime.cluster import connect_ray
+from pbg_ray.training.trainer import Trainer
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
 connect_ray(config.ray)  # the local Ray `python -m pbg_ray.train` starts
 t = time.perf_counter()
@@ -297,7 +297,7 @@ def local_ray() -> Iterator[None]:
 def mrr(config: dict, version: int, test_path: str) -> float:
     """Sampled MRR (PBG's, 1000 batch + 1000 uniform negatives) of a checkpoint on test/."""
     from pbg_ray.config import ConfigSchema
-    from pbg_ray.engine.trainer import Trainer
+    from pbg_ray.training.trainer import Trainer
 
     config = ConfigSchema.from_dict(dict(config, num_epochs=version, num_edge_chunks=1))
     with local_ray():

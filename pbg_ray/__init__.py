@@ -36,11 +36,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "ConfigSchema": ("pbg_ray.config", "ConfigSchema"),
     "load_pbg_config_file": ("pbg_ray.config", "load_pbg_config_file"),
-    "import_graph": ("pbg_ray.engine.importer", "import_graph"),
+    "import_graph": ("pbg_ray.importer.ray_data", "import_graph"),
     # The command module itself: calling it trains (pbg_ray/train.py).
     "train": ("pbg_ray", "train"),
-    "evaluate": ("pbg_ray.engine.evaluator", "evaluate_checkpoint"),
-    "export_checkpoint": ("pbg_ray.checkpoints.export", "export_checkpoint"),
+    "evaluate": ("pbg_ray.evaluation.distributed", "evaluate_checkpoint"),
+    "export_checkpoint": ("pbg_ray.checkpoints.exporter", "export_checkpoint"),
     "migrate_run": ("pbg_ray.checkpoints.legacy", "migrate_run"),
     "Predictor": ("pbg_ray.evaluation.predictor", "Predictor"),
 }

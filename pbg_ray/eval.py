@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import evaluate_checkpoint, print_report
+from pbg_ray.evaluation.distributed import evaluate_checkpoint, print_report
 
 EXAMPLES = (
     "python -m pbg_ray.eval                                # the demo's checkpoint",

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 
-from pbg_ray.checkpoints.export import export_checkpoint, print_sizes
+from pbg_ray.checkpoints.exporter import export_checkpoint, print_sizes
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.partition_map import partition_map
+from pbg_ray.runtime.partition_jobs import partition_map
 
 EXAMPLES = (
     "python -m pbg_ray.export                                 # the demo's checkpoint, as TSV",

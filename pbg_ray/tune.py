@@ -17,8 +17,8 @@ import json
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.cluster import connect_ray
-from pbg_ray.engine.tuner import run_tune
+from pbg_ray.runtime.cluster import connect_ray
+from pbg_ray.tuning.tuner import run_tune
 
 EXAMPLES = (
     "python -m pbg_ray.tune config.py 'eval_edge_paths=[data/valid]'   # the default search space",

@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 import numpy as np
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema, load_pbg_config_file
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.graph_import import import_graph

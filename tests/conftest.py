@@ -53,7 +53,7 @@ def trained_config(tmp_path_factory, ray_session) -> ConfigSchema:
     """The config of a small run the engine trained once for the session (2 epochs, held-out
     stats), for the tests that read a real checkpoint and its training_stats.json (they add
     files beside them at most, never a version)."""
-    from pbg_ray.engine.trainer import Trainer
+    from pbg_ray.training.trainer import Trainer
 
     root = tmp_path_factory.mktemp("trained")
     config = ConfigSchema.from_dict(config_dict(root, num_epochs=2, eval_fraction=0.2,

@@ -1,6 +1,6 @@
 """Real faults in real processes, shared by the fault tests and benchmarks/fault_bench.py:
 a training driver, a train task's worker or an actor made to fail at a named fault point of
-the engine (pbg_ray.engine.faults: SIGKILL, exit or an exception, at the n-th time the point
+the engine (pbg_ray.runtime.faults: SIGKILL, exit or an exception, at the n-th time the point
 is reached), and a file size limit that makes an actor's writes fail as on a full disk.
 
 Importing this module arms nothing: it only sets PBG_RAY_FAULTS_DIR (unless set) to a fresh
@@ -28,10 +28,10 @@ import numpy as np
 import psutil
 import ray
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.bucket_task import partition_keys
-from pbg_ray.engine.faults import FAULTS_DIR_ENV
+from pbg_ray.training.bucket_task import partition_keys
+from pbg_ray.runtime.faults import FAULTS_DIR_ENV
 from pbg_ray.io.edges import chunk_bounds, count_edges
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.types import Bucket
@@ -118,7 +118,7 @@ def release(point: str) -> None:
 
 @contextlib.contextmanager
 def armed(point: str, hits: int = 1, action: str = "kill") -> Iterator[Callable[[], bool]]:
-    """Arm fault point `point` (pbg_ray.engine.faults) for the block: the `hits`-th time a
+    """Arm fault point `point` (pbg_ray.runtime.faults) for the block: the `hits`-th time a
     process reaches it, that process fails by `action` ("kill", "exit" or "raise") or
     waits there until released ("hold"). Yields `fired`; after the block the fault is
     disarmed if it did not fire, and a held process released."""
@@ -393,7 +393,7 @@ def epoch_losses(bucket_stats: List[Dict[str, Any]], num_epochs: int) -> List[fl
 
 def lose_nodes(runs: List[Tuple[Dict[str, Any], int]]) -> List[Dict[str, Any]]:
     """Train each (config dict, hit) of `runs` in turn on one three-node cluster of its
-    own (tests/engine/node_loss_run.py), losing a worker node that holds a partition store
+    own (tests/training/node_loss_run.py), losing a worker node that holds a partition store
     at the `hit`-th bucket read (0: none; a new node joins before the next run); the
     runs' summaries."""
     script = Path(__file__).with_name("engine") / "node_loss_run.py"

@@ -28,16 +28,22 @@ BASE = {"types", "errors"}
 ALLOWED: Dict[str, Set[str]] = {"base": {"base"}, "config": {"base", "config"}}
 ALLOWED["model"] = ALLOWED["config"] | {"model"}
 ALLOWED["io"] = ALLOWED["config"] | {"io"}
+ALLOWED["runtime"] = ALLOWED["config"] | {"runtime", "model", "io", "checkpoints", "training"}
 ALLOWED["checkpoints"] = ALLOWED["model"] | ALLOWED["io"] | {"checkpoints"}
-for _layer in ("importer", "evaluation", "incremental"):
-    ALLOWED[_layer] = ALLOWED["checkpoints"] | {_layer}
-ALLOWED["engine"] = ALLOWED["importer"] | ALLOWED["evaluation"] | ALLOWED["incremental"] | {"engine"}
-ALLOWED["commands"] = ALLOWED["engine"] | {"commands"}
+ALLOWED["incremental"] = ALLOWED["checkpoints"] | {"incremental"}
+ALLOWED["importer"] = ALLOWED["checkpoints"] | ALLOWED["runtime"] | {"importer"}
+ALLOWED["training"] = (ALLOWED["incremental"] | ALLOWED["runtime"]
+                       | {"training", "evaluation"})
+ALLOWED["evaluation"] = ALLOWED["training"]
+ALLOWED["serving"] = ALLOWED["evaluation"] | {"serving"}
+ALLOWED["tuning"] = ALLOWED["training"] | {"tuning"}
+ALLOWED["commands"] = (ALLOWED["importer"] | ALLOWED["serving"] | ALLOWED["tuning"]
+                       | {"commands"})
 
 # Third-party packages a layer may not import at all.
 FORBIDDEN_PACKAGES = {"base": {"torch", "ray", "pyarrow"}, "config": {"torch", "ray", "pyarrow"},
                       "model": {"ray", "pyarrow"}, "io": {"torch", "ray"}}
-RAY_LAYERS = {"engine", "commands"}
+RAY_LAYERS = {"runtime", "importer", "training", "evaluation", "serving", "tuning", "commands"}
 
 
 def layer_of(module: str) -> str:

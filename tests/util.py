@@ -10,7 +10,7 @@ from typing import Any, Dict, Sequence, Tuple
 import numpy as np
 import torch
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_sums
+from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import (

@@ -1,6 +1,6 @@
 """CheckpointManager: the one way to a checkpoint directory, as PBG's CheckpointManager is.
 
-It owns the directory's CheckpointStorage (the v1 files, pbg_ray.checkpoints.storage) and
+It owns the directory's CheckpointStorage (the v1 files, pbg_ray.checkpoints.directory) and
 speaks in versions:
 
 - a training run: `resume` (the current version, checked against the run's config),
@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import PathLike

@@ -6,6 +6,6 @@ scoring.py   query and candidate vectors of one side, for ranking against a whol
 predictor.py Predictor: scores, top-k heads and tails, nearest neighbours by name
 training_stats.py  training_stats.json lines turned into figures per bucket and epoch
 serving.py   the HTTP service's math: faiss indexes of candidate sets, a shard's top-k,
-             answers by names (pbg_ray.engine.serving puts it on Ray Serve)
-The Ray driver that spreads this over buckets is pbg_ray.engine.evaluator.
+             answers by names (pbg_ray.serving.service puts it on Ray Serve)
+The Ray driver that spreads this over buckets is pbg_ray.evaluation.distributed.
 """

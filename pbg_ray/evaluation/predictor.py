@@ -19,7 +19,7 @@ names) are read when a query needs them, one candidate partition at a time: each
 partition's k best per query are merged into the answer, so memory holds a few
 partitions whatever the table's size (`cache_partitions` of them are kept between
 calls). The per-partition work goes through a `MapPartitions` (in this process by
-default; engine/partition_map.py runs it as Ray tasks that read their partitions themselves).
+default; runtime/partition_jobs.py runs it as Ray tasks that read their partitions themselves).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.partition_jobs import MapPartitions, in_process
+from pbg_ray.checkpoints.per_partition import MapPartitions, in_process
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean

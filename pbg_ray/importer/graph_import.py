@@ -12,7 +12,7 @@ splits its work):
 One parse per input. The first input (for edge_paths[0]) fixes the dictionaries; later
 inputs (eval_edge_paths) look their names up in them. `run_import` is what every engine
 shares (checks, the manifest, staging, commit, stats); `local_phases` runs the phases in
-this process, pbg_ray/engine/importer.py on Ray Data.
+this process, pbg_ray/importer/ray_data.py on Ray Data.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.export import export_checkpoint
+from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.checkpoints.legacy import resolve_init_path
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state
+from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import evaluate_checkpoint
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.evaluation.distributed import evaluate_checkpoint
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.export import run as export_run

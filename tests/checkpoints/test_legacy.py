@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from pbg_ray.checkpoints.legacy import migrate_run, resolve_init_path
-from pbg_ray.checkpoints.storage import CheckpointStorage, state_dict_key
+from pbg_ray.checkpoints.directory import CheckpointStorage, state_dict_key
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_count, num_relation_ids
 from pbg_ray.migrate import main as migrate_main

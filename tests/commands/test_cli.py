@@ -122,7 +122,7 @@ def test_a_truncated_embeddings_file_is_one_line_saying_how_to_go_on(tmp_path, w
                                                                       ray_session):
     """eval and export name the file and the versions kept to go on from, with no Ray
     traces; the failed export leaves no output directory behind."""
-    from pbg_ray.engine.trainer import Trainer
+    from pbg_ray.training.trainer import Trainer
 
     data = tiny_graph(tmp_path, num_epochs=2, checkpoint_preservation_interval=1)
     Trainer(ConfigSchema.from_dict(data)).run()

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.io.edges import count_edges
 from pbg_ray.types import Bucket

@@ -10,7 +10,7 @@ import numpy as np
 from hydra import compose, initialize_config_module
 
 import pbg_ray
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.config.hydra import to_config
 

@@ -24,7 +24,7 @@ import psutil
 import pytest
 from hydra import compose, initialize_config_module
 
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema, load_pbg_config_file
 from pbg_ray.config.hydra import to_config
 from pbg_ray.io.entities import save_entity_count, save_entity_names

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from pbg_ray.checkpoints.manager import CheckpointManager
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.bucket_task import evaluate_bucket_task, partition_keys
-from pbg_ray.engine.evaluator import (
+from pbg_ray.training.bucket_task import evaluate_bucket_task, partition_keys
+from pbg_ray.evaluation.distributed import (
     checkpoint_partitions, evaluate_checkpoint, filtered_rank_task, print_report)
-from pbg_ray.engine.partitions import OnDisk
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.training.sources import OnDisk
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts

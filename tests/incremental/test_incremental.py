@@ -9,8 +9,8 @@ import pytest
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.partitions import load_partition
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.training.sources import load_partition
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import grown_graph
 from pbg_ray.importer.dictionaries import fill_smallest

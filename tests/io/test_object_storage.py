@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
-from pbg_ray.checkpoints.export import export_checkpoint
-from pbg_ray.checkpoints.storage import CheckpointStorage
+from pbg_ray.checkpoints.exporter import export_checkpoint
+from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.cli import check_overrides
 from pbg_ray.config import ConfigSchema
-from pbg_ray.engine.evaluator import evaluate_checkpoint
-from pbg_ray.engine.trainer import Trainer
+from pbg_ray.evaluation.distributed import evaluate_checkpoint
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.importer.graph_import import import_graph

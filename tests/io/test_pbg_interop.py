@@ -13,7 +13,7 @@ from torchbiggraph.graph_storages import FileEdgeStorage, FileEntityStorage
 from torchbiggraph.model import make_model
 from torchbiggraph.row_adagrad import RowAdagrad
 
-from pbg_ray.checkpoints.storage import CheckpointStorage, row_adagrad_state, row_adagrad_sums
+from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import count_edges, read_edges
 from pbg_ray.io.entities import load_entity_count, load_entity_names

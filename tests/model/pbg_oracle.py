@@ -21,7 +21,7 @@ with warnings.catch_warnings():
     from torchbiggraph.tensorlist import TensorList
     from torchbiggraph.types import Side
 
-from pbg_ray.checkpoints.storage import state_dict_key
+from pbg_ray.checkpoints.directory import state_dict_key
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.embedder import Batch
 from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pbg_ray.checkpoints.storage import state_dict_key
+from pbg_ray.checkpoints.directory import state_dict_key
 from tests.model.pbg_oracle import dense_row_grads, make_case, oracle, ours
 from tests.model.test_oracle import assert_close
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pbg_ray.checkpoints.storage import state_dict_key
+from pbg_ray.checkpoints.directory import state_dict_key
 from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 from pbg_ray.model.params import (
     APPROX_RAND_BLOCK, init_params, init_partition, params_from_checkpoint, params_to_checkpoint)

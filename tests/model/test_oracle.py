@@ -12,7 +12,7 @@ from typing import Any, Dict
 import pytest
 import torch
 
-from pbg_ray.checkpoints.storage import state_dict_key
+from pbg_ray.checkpoints.directory import state_dict_key
 from pbg_ray.model.comparators import COMPARATORS as COMPARATORS_REGISTRY
 from pbg_ray.model.kernel import train_batch
 from pbg_ray.model.losses import LOSS_FUNCTIONS as LOSSES_REGISTRY

@@ -1,0 +1,275 @@
+"""Evaluation on Ray: PBG's sampled metrics with one task per bucket, filtered full ranking
+with one task per (bucket, candidate partition, query chunk); the driver adds them up.
+
+Partitions reach the tasks as ObjectRefs (zero-copy numpy): the trainer's partition
+stores during training, or load tasks reading any checkpoint version
+(`checkpoint_partitions`) for `python -m pbg_ray.eval`. In disk placement each task reads
+the partitions it needs from the checkpoint itself, so that no table is ever whole in memory.
+The driver imports no torch: the tasks import the scoring code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+import warnings
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import ray
+
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.config import ConfigSchema
+from pbg_ray.training.bucket_task import (
+    TASK_RUNTIME_ENV, evaluate_bucket_task, on_task_threads, partition_counts, partition_keys)
+from pbg_ray.runtime.cluster import check_cpus_per_trainer, connect_ray, get_results
+from pbg_ray.training.sources import OnDisk, Partition, resolved
+from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.filtered import (
+    QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
+from pbg_ray.evaluation.metrics import (
+    ALL, SampledNegatives, add_stats, format_table, rank_stats, stats_mean)
+from pbg_ray.io.edges import check_edges, count_edges, read_edges
+from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
+from pbg_ray.model.native import release_free_heap
+from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_key
+from pbg_ray.types import SIDES, Bucket
+
+PartitionKey = Tuple[str, int]
+logger = logging.getLogger("pbg_ray")
+
+
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
+@release_free_heap
+@on_task_threads
+def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
+                       num_chunks: int, cand_part: int, filter_paths: List[str],
+                       num_rel: int, keys: List[PartitionKey], params: ModelParams,
+                       *partitions: Partition) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+    """(relation ids [E], per side the counts [E] of candidate partition cand_part) of
+    edge chunk chunk_idx of `bucket` (see evaluation.filtered)."""
+    import torch
+
+    from pbg_ray.evaluation.scoring import Scorer
+
+    partitions = resolved(config, keys, partitions)
+    counts = partition_counts(keys, partitions)
+    edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
+    check_edges(edges, bucket, config, counts, num_rel,
+                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
+    known: Dict[str, Optional[KnownEdges]] = {}
+    if filter_paths:
+        entity_counts = load_entity_counts(config)
+        for side, other_part in (("rhs", bucket.lhs), ("lhs", bucket.rhs)):
+            # Partitions past 0 only rank partitioned types: a side without any has no
+            # bucket file there.
+            if cand_part == 0 or _partitioned(config, side):
+                known[side] = read_known(config, filter_paths,
+                                         filter_buckets(config, side, other_part, cand_part),
+                                         entity_counts, num_rel)
+    with warnings.catch_warnings():  # the arrays are read-only and nothing writes them
+        warnings.simplefilter("ignore", UserWarning)
+        tables = {k: torch.from_numpy(e) for k, (e, _) in zip(keys, partitions)}
+    return edges.rel, rank_counts(Scorer(config, params.arrays), bucket, edges, cand_part,
+                                  tables, known)
+
+
+def _partitioned(config: ConfigSchema, side: str) -> bool:
+    return any(config.entities[getattr(r, side)].num_partitions > 1 for r in config.relations)
+
+
+class Evaluator:
+    """Evaluates edge paths with the model held in Ray's object store.
+
+    partitions: (entity type, partition) -> ref to (embeddings [N, D], sums), or in disk
+    placement the OnDisk that a task reads it from;
+    params: ref to the ModelParams."""
+
+    def __init__(self, config: ConfigSchema, partitions: Mapping[PartitionKey, ray.ObjectRef],
+                 params: ray.ObjectRef, num_rel: int) -> None:
+        self.config = config
+        self.partitions = partitions
+        self.params = params
+        self.num_rel = num_rel
+        self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
+        self.nparts_rhs = max(config.entities[r.rhs].num_partitions for r in config.relations)
+
+    def _buckets(self, edge_path: str) -> List[Tuple[Bucket, int]]:
+        """(bucket, edge count) of the non-empty buckets of edge_path."""
+        buckets = [Bucket(l, r) for l in range(self.nparts_lhs) for r in range(self.nparts_rhs)]
+        return [(b, n) for b in buckets for n in [count_edges(edge_path, b)] if n]
+
+    def _options(self) -> Dict[str, Any]:
+        return {"num_cpus": self.config.ray.cpus_per_trainer}
+
+    def sampled(self, edge_path: str, negatives: SampledNegatives, per_relation: bool,
+                seed: int = 0) -> Dict[Any, Dict]:
+        """PBG's sampled metrics against `negatives` as summed stats: {ALL: stats,
+        relation id: stats, ...}."""
+        tasks = []
+        for bucket, _ in self._buckets(edge_path):
+            keys = partition_keys(self.config, bucket)
+            tasks.append(evaluate_bucket_task.options(**self._options()).remote(
+                self.config, bucket, edge_path, self.num_rel, keys, self.params,
+                *[self.partitions[k] for k in keys], negatives=negatives,
+                per_relation=per_relation, seed=seed))
+        total: Dict[Any, Dict] = {}
+        for stats in get_results(tasks):
+            for key, value in stats.items():
+                total[key] = add_stats(total.get(key), value)
+        return total
+
+    def filtered_ranks(self, edge_path: str, filter_paths: Sequence[str]
+                       ) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """(relation ids [E], per side the filtered ranks [E]) of every edge of edge_path."""
+        config = self.config
+        buckets = self._buckets(edge_path)
+        cand_parts = range(config.num_partitions())
+        # Enough query chunks that every CPU has a task even with a single bucket.
+        cpus = ray.cluster_resources().get("CPU", 1) / config.ray.cpus_per_trainer
+        per_bucket = max(1, math.ceil(cpus / max(1, len(buckets) * len(cand_parts))))
+        jobs = []
+        for bucket, num_edges in buckets:
+            num_chunks = max(1, min(per_bucket, num_edges // QUERY_BLOCK))
+            for cand_part in cand_parts:
+                keys = list(dict.fromkeys(partition_keys(config, bucket) + [
+                    partition_key(config, getattr(r, side), cand_part)
+                    for side in SIDES for r in config.relations]))
+                for chunk in range(num_chunks):
+                    jobs.append(((bucket, chunk), filtered_rank_task.options(**self._options()).remote(
+                        config, bucket, edge_path, chunk, num_chunks, cand_part, list(filter_paths),
+                        self.num_rel, keys, self.params, *[self.partitions[k] for k in keys])))
+        results = get_results([ref for _, ref in jobs])
+        rels: Dict[Any, np.ndarray] = {}
+        ranks: Dict[Any, Dict[str, np.ndarray]] = {}
+        for (where, _), (rel, counts) in zip(jobs, results):
+            rels[where] = rel
+            acc = ranks.setdefault(where, {side: np.ones(len(rel), np.int64) for side in SIDES})
+            for side in SIDES:
+                acc[side] += counts[side]
+        order = list(rels)
+        if not order:
+            return np.empty(0, np.int64), {side: np.empty(0, np.int64) for side in SIDES}
+        return (np.concatenate([rels[w] for w in order]),
+                {side: np.concatenate([ranks[w][side] for w in order]) for side in SIDES})
+
+
+def filtered_stats(rel: np.ndarray, ranks: Mapping[str, np.ndarray], hits_at: Sequence[int],
+                   per_relation: bool) -> Dict[Any, Dict]:
+    """Filtered metrics of both sides' ranks as summed stats: {ALL: ..., relation id: ...}."""
+    both = np.concatenate([ranks["lhs"], ranks["rhs"]])
+    rel2 = np.concatenate([rel, rel])
+    result = {ALL: rank_stats(both, hits_at)}
+    if per_relation:
+        for r in np.unique(rel):
+            result[int(r)] = rank_stats(both[rel2 == r], hits_at)
+    return result
+
+
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
+def load_partition_task(path: str, version: int, entity: str, part: int
+                        ) -> Tuple[np.ndarray, np.ndarray]:
+    """(embeddings [N, D], empty sums) of a checkpoint partition: evaluation never updates,
+    so the optimizer state stays on disk."""
+    embs, _ = CheckpointManager(path).read_partition(version, entity, part)
+    return embs, np.zeros(0, np.float32)
+
+
+def checkpoint_partitions(config: ConfigSchema, checkpoint: CheckpointManager, version: int,
+                          num_rel: int) -> Tuple[Dict[PartitionKey, Any], ray.ObjectRef]:
+    """(what each task gets per partition, params ref) of checkpoint `version` in
+    `checkpoint`. Memory placement: refs of partitions that load tasks put in the object
+    store (never through the driver). Disk placement: OnDisk, so that each task reads
+    the partitions it needs itself and memory holds only those of the tasks in flight."""
+    arrays, optim_state = checkpoint.read_model(version)
+    params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state,
+                                            where=str(checkpoint.model_file(version))))
+    keys = [(e, p) for e, c in config.entities.items() for p in range(c.num_partitions)]
+    if config.ray.placement == "disk":
+        return {key: OnDisk(("checkpoint", str(checkpoint.path), version)) for key in keys}, params
+    refs = {key: load_partition_task.remote(str(checkpoint.path), version, *key) for key in keys}
+    return refs, params
+
+
+def _unique(paths: Sequence[str]) -> List[str]:
+    return list(dict.fromkeys(paths))
+
+
+def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
+    """Evaluate `config.eval` (see EvalConfig) on its checkpoint version; returns the report
+    (also appended to <checkpoint_path>/eval_stats.json) with metric means."""
+    config = config.checked()
+    settings = config.eval
+    checkpoints = CheckpointManager(config.checkpoint_path)
+    located, version = checkpoints.locate(config, settings.version, "eval.version")
+    edge_paths = _unique(settings.edge_paths or config.eval_edge_paths or config.edge_paths)
+    trained = [path for path in edge_paths if path in config.edge_paths]
+    if trained:
+        logger.warning("eval scores edges the model was trained on (edge_paths %s)%s: their "
+                       "metrics say how well it fits them, not how it generalizes. Set "
+                       "eval.edge_paths=[<held-out edges>] to evaluate held-out edges.",
+                       ", ".join(trained), "" if settings.edge_paths or config.eval_edge_paths
+                       else ", as neither eval.edge_paths nor eval_edge_paths is set")
+    filter_paths = (_unique(config.edge_paths + config.eval_edge_paths + settings.edge_paths)
+                    if settings.filter_paths is None else _unique(settings.filter_paths))
+    if not (settings.sampled or settings.filtered):
+        raise PbgRayError("eval.sampled and eval.filtered are both false: nothing to compute. "
+                          "Set at least one of them to true.")
+    if settings.filtered:
+        check_rankable(config)
+    num_rel = num_relation_ids(config)
+    start = time.perf_counter()
+    connect_ray(config.ray)
+    check_cpus_per_trainer(config.ray)
+    sampled: Dict[Any, Dict] = {}
+    filtered: Dict[Any, Dict] = {}
+    counts: Dict[Any, int] = {}
+    evaluator = Evaluator(config, *checkpoint_partitions(config, located, version, num_rel),
+                          num_rel)
+    negatives = SampledNegatives.of_edge_paths(config)
+    for path in edge_paths:
+        if settings.sampled:
+            for key, stats in evaluator.sampled(path, negatives, settings.per_relation,
+                                                settings.seed).items():
+                sampled[key] = add_stats(sampled.get(key), stats)
+        if settings.filtered:
+            rel, ranks = evaluator.filtered_ranks(path, filter_paths)
+            per_path = filtered_stats(rel, ranks, settings.hits_at, settings.per_relation)
+            for key, stats in per_path.items():
+                filtered[key] = add_stats(filtered.get(key), stats)
+    for key in set(sampled) | set(filtered):  # edges: filtered ranks two queries per edge
+        counts[key] = filtered[key]["count"] // 2 if key in filtered else sampled[key]["count"]
+    names = (load_relation_names(config.entity_path) if config.dynamic_relations
+             else [r.name for r in config.relations])
+    metrics = {}
+    for key in sorted(set(sampled) | set(filtered), key=lambda k: (k != ALL, k if k != ALL else -1)):
+        row: Dict[str, Any] = {"count": counts.get(key, 0)}
+        if key in sampled:
+            row["sampled"] = stats_mean([sampled[key]])
+        if key in filtered:
+            row["filtered"] = stats_mean([filtered[key]])
+        metrics[ALL if key == ALL else names[key]] = row
+    report = {"checkpoint_path": str(located.path), "version": version, "edge_paths": edge_paths,
+              "training_edge_paths": trained,
+              "sampled_negatives": (dataclasses.asdict(negatives) if settings.sampled else None),
+              "filter_paths": filter_paths if settings.filtered else None,
+              "metrics": metrics, "time_s": round(time.perf_counter() - start, 3)}
+    checkpoints.append_eval_stats(json.dumps(report) + "\n")
+    return report
+
+
+def print_report(report: Mapping[str, Any]) -> None:
+    """The table, then the report as one JSON line."""
+    trained = ", ".join(report["training_edge_paths"])
+    print(f"checkpoint {report['checkpoint_path']} version {report['version']}, edge paths "
+          f"{', '.join(report['edge_paths'])}{f' (trained on: {trained})' if trained else ''}")
+    negatives = report["sampled_negatives"]
+    if negatives is not None:
+        print("s. = PBG's sampled metrics, as torchbiggraph_eval's: each edge against "
+              f"{SampledNegatives(**negatives).describe()} (num_batch_negs, num_uniform_negs)")
+    print("f. = filtered full ranking against every entity of the type")
+    print(format_table(report["metrics"]))
+    print(json.dumps(report))

@@ -1,0 +1,225 @@
+"""The Ray actors that hold the model: partition stores and the parameter server
+(the bucket scheduler's is in engine.scheduler, so that its process loads no more than it).
+
+Both only hold state, so they ask for no CPU (`num_cpus=0`) and never keep a train task
+from being placed.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import ray
+
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.directory import row_adagrad_state
+from pbg_ray.config import ConfigSchema
+from pbg_ray.runtime.faults import fault_point
+from pbg_ray.training.sources import (
+    PartitionKey, Source, SwapFile, asked_marker, load_partition, written_marker, writes_behind)
+from pbg_ray.io.files import sync_file
+from pbg_ray.io.storage import ObjectPath, replace, storage_path
+from pbg_ray.model.params import (
+    ModelParams, init_params, params_from_checkpoint, params_to_checkpoint)
+
+
+@ray.remote(num_cpus=0)
+class PartitionStore:
+    """Owns some entity partitions: embeddings float32 [N, dim] + row-Adagrad sums [N].
+
+    The store keeps an ObjectRef to each partition's newest (embeddings, sums)
+    pair in Ray's object store and hands it out, with no copy through this
+    process. A bucket's trained copy simply replaces it: partitions of
+    partitioned types are trained by one bucket at a time (the scheduler's
+    locks), and so is everything when only one trainer runs. Unpartitioned
+    types trained by concurrent buckets send deltas instead, added here to a
+    writable copy that is put in the object store again when next asked for.
+
+    placement="disk": a partitioned type's partitions stay on disk, as PBG swaps
+    them on one machine, so the tables can be larger than RAM. A bucket's train
+    task reads its partitions from checkpoint storage and writes each to a swap
+    file (see SwapFile) that holds no partition's newest values, overwritten in
+    place, so files' blocks and cached pages are neither allocated nor freed for
+    every bucket: the store keeps one swap file per partition trained since the
+    last checkpoint plus those written over next. `save` renames each partition's
+    newest to its file of the new version, and `recycle` takes the files of the
+    version it superseded as swap files.
+    """
+
+    def __init__(self, config: ConfigSchema, next_version: int) -> None:
+        self.config = config
+        self.disk = config.ray.placement == "disk"
+        self.checkpoints = CheckpointManager(config.checkpoint_path)
+        self.next_version = next_version
+        self.refs: Dict[PartitionKey, ray.ObjectRef] = {}
+        # Writable copies that deltas are added to; a ref is put when next asked for.
+        self.summed: Dict[PartitionKey, List[np.ndarray]] = {}
+        self.sources: Dict[PartitionKey, Source] = {}
+        # Disk placement: the swap file holding a partition trained since its last
+        # checkpoint, and those holding nothing needed. Swap files are named after this
+        # store (a task of a replaced one may still be writing its own).
+        self.newest: Dict[PartitionKey, SwapFile] = {}
+        self.spare: List[str] = []
+        self.owner = uuid.uuid4().hex[:12]
+        self.num_swap_files = 0
+
+    def swaps(self, key: PartitionKey) -> bool:
+        return self.disk and self.config.entities[key[0]].num_partitions > 1
+
+    def add(self, key: PartitionKey, source: Source) -> None:
+        self.sources[key] = source
+        if not self.swaps(key):
+            self.refs[key] = ray.put(load_partition(self.config, key, source))
+
+    def _source(self, key: PartitionKey) -> Source:
+        """Where a swapped partition's newest values are."""
+        return self.newest[key].written if key in self.newest else self.sources[key]
+
+    def source(self, key: PartitionKey) -> Optional[Source]:
+        """Where a swapped partition's newest values are (None if it is not swapped): a
+        trainer reads them ahead of its next bucket, whose lease will name this source."""
+        return self._source(key) if self.swaps(key) else None
+
+    def get(self, key: PartitionKey) -> List[ray.ObjectRef]:
+        """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the
+        value). Disk placement reads a swapped partition for this caller only."""
+        if self.swaps(key):
+            return [ray.put(load_partition(self.config, key, self._source(key)))]
+        if key in self.summed and key not in self.refs:
+            self.refs[key] = ray.put(tuple(self.summed[key]))
+        return [self.refs[key]]
+
+    def lease(self, key: PartitionKey, after: Optional[SwapFile] = None
+              ) -> Union[List[ray.ObjectRef], SwapFile]:
+        """What the train task of a bucket gets for `key`: `get`'s, or in disk placement
+        the SwapFile it reads and writes (its result goes back to `update`). `after`: the
+        lease of a task in flight, whose result has not come back yet, that the task of
+        this lease follows on its trainer: it reads what that one writes."""
+        if self.swaps(key):
+            if not self.spare:
+                self.spare.append(str(self.checkpoints.swap_file(self.owner, self.num_swap_files)))
+                self.num_swap_files += 1
+            source = after.written if after is not None else self._source(key)
+            return SwapFile(source, self.spare.pop(), uuid.uuid4().hex)
+        return self.get(key)
+
+    def update(self, key: PartitionKey, value: List[ray.ObjectRef], is_delta: bool) -> None:
+        """Take back a bucket's result: the new (embeddings, sums), their deltas, or the
+        SwapFile the task wrote, from now on the partition's newest values."""
+        fault_point("partition_store.update")
+        if self.swaps(key):
+            if key in self.newest:
+                self.spare.append(self.newest[key].staged)
+            self.newest[key] = ray.get(value[0])
+            return
+        if not is_delta:
+            self.refs[key] = value[0]
+            self.summed.pop(key, None)
+            return
+        if key not in self.summed:
+            self.summed[key] = [np.array(a) for a in ray.get(self.refs[key])]
+        for total, delta in zip(self.summed[key], ray.get(value[0])):
+            total += delta
+        self.refs.pop(key, None)
+
+    def _write(self, key: PartitionKey, value: Tuple[np.ndarray, np.ndarray], version: int,
+               metadata: Dict[str, Any] = {}) -> None:
+        embs, sums = value
+        self.checkpoints.write_partition(version, key[0], key[1], embs,
+                                         row_adagrad_state(sums, self.config.lr), metadata)
+
+    def save(self, version: int, metadata: Dict[str, Any]) -> None:
+        """Write every partition of this store as checkpoint version `version`."""
+        assert version == self.next_version
+        for key in self.sources:
+            if key in self.newest:  # written (behind its task): made durable and renamed
+                newest = self.newest[key]
+                newest.wait_written()
+                sync_file(newest.staged)
+                replace(storage_path(newest.staged), self.checkpoints.partition_file(version, *key))
+                if writes_behind(newest.staged):
+                    written_marker(newest.staged).unlink(missing_ok=True)
+                    asked_marker(newest.staged).unlink(missing_ok=True)
+            elif key in self.summed:
+                self._write(key, tuple(self.summed[key]), version, metadata)
+            elif key in self.refs:
+                self._write(key, ray.get(self.refs[key]), version, metadata)
+            else:  # disk placement: not trained since its last checkpoint
+                self._write(key, load_partition(self.config, key, self.sources[key]), version, metadata)
+            fault_point("partition_store.save")
+        # The rest are written over in the next pass (a dead task's too); the trainer
+        # removes them at the end of the run.
+        self.spare = [str(path) for path in self.checkpoints.swap_files(self.owner)]
+        # From now on the partitions load from this version.
+        for key in self.sources:
+            self.sources[key] = ("checkpoint", str(self.checkpoints.path), version)
+        self.newest.clear()
+        self.next_version = version + 1
+
+    def recycle(self, version: int) -> None:
+        """Disk placement: take this store's partition files of `version`, superseded by
+        the version just made current, as spare swap files instead of letting the trainer
+        delete them. Writing over a file's cached pages costs far less than writing a new
+        file, whose page-cache pages must be allocated first (and, on VMs whose host backs
+        fresh pages lazily, backed by the host too). A file another name links to (an epoch
+        snapshot) is left alone, as writing over it would change that one too."""
+        for key in self.sources:
+            path = self.checkpoints.partition_file(version, *key)
+            if not self.swaps(key) or isinstance(path, ObjectPath):
+                continue
+            try:
+                if os.stat(path).st_nlink != 1:
+                    continue
+            except FileNotFoundError:
+                continue
+            spare = self.checkpoints.swap_file(self.owner, self.num_swap_files)
+            self.num_swap_files += 1
+            os.replace(path, spare)
+            self.spare.append(str(spare))
+
+    def keys(self) -> List[PartitionKey]:
+        return sorted(self.sources)
+
+
+@ray.remote(num_cpus=0)
+class ParameterServer:
+    """The shared, non-entity parameters (relation operators, global embeddings)
+    with their Adagrad sums. Concurrent train tasks pull a copy and push the
+    change they made, which is added here."""
+
+    def __init__(self, config: ConfigSchema, num_relation_ids: int) -> None:
+        self.config = config
+        self.num_relation_ids = num_relation_ids
+        self.params: Optional[ModelParams] = None
+
+    def load(self, source: Optional[Source]) -> None:
+        """The first values: PBG's initial ones (source None) or those of a ("checkpoint"
+        or "init", path, version) model file. (A method, not the constructor, so that a
+        bad file's error reaches the driver as this call's, like PartitionStore.add's.)"""
+        if source is None:
+            self.params = init_params(self.config, self.num_relation_ids)
+            return
+        _, path, version = source
+        checkpoint = CheckpointManager(path)
+        arrays, optim_state = checkpoint.read_model(version)
+        self.params = params_from_checkpoint(self.config, self.num_relation_ids, arrays,
+                                             optim_state, grow=source[0] == "init",
+                                             where=str(checkpoint.model_file(version)))
+
+    def get(self) -> ModelParams:
+        return self.params
+
+    def apply_delta(self, delta: ModelParams) -> None:
+        fault_point("parameter_server.update")
+        for name, value in delta.arrays.items():
+            self.params.arrays[name] += value
+        for name, value in delta.sums.items():
+            self.params.sums[name] += value
+
+    def save(self, version: int, metadata: Dict[str, Any]) -> None:
+        arrays, optim_state = params_to_checkpoint(self.config, self.params)
+        CheckpointManager(self.config.checkpoint_path).write_model(version, arrays, optim_state,
+                                                                   metadata)

@@ -1,0 +1,195 @@
+"""The importer on Ray Data gives what the local importer gives: the same entity files and
+the same edges in every bucket, on one node, on object storage and on two nodes."""
+
+import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.importer import ray_data
+from pbg_ray.importer.ray_data import choose_engine, import_graph
+from pbg_ray.io import raw
+from pbg_ray.io.edges import read_edges
+from pbg_ray.io.storage import storage_path
+from pbg_ray.types import Bucket
+from tests.importer.util import error_of, make, random_rows, write_parquet, write_text
+
+TYPED = dict(entities={"node": {"num_partitions": 2}, "tag": {}},
+             relations=[{"name": "follows", "lhs": "node", "rhs": "node"},
+                        {"name": "likes", "lhs": "node", "rhs": "tag"}])
+
+
+def buckets(config: ConfigSchema, edge_path: str) -> dict:
+    """Each bucket's edges as a multiset of (lhs, rhs, rel[, weight])."""
+    parts = config.num_partitions()
+    out = {}
+    for lhs in range(parts):
+        for rhs in range(parts):
+            edges = read_edges(edge_path, Bucket(lhs, rhs))
+            columns = [edges.lhs, edges.rhs, edges.rel] + (
+                [edges.weight] if edges.weight is not None else [])
+            out[lhs, rhs] = collections.Counter(zip(*(c.tolist() for c in columns)))
+    return out
+
+
+def entity_files(config: ConfigSchema) -> dict:
+    root = storage_path(config.entity_path)
+    return {p.name: p.read_bytes() for p in root.iterdir()
+            if p.name.startswith(("entity_", "dynamic_rel"))}
+
+
+def assert_same_import(local: ConfigSchema, other: ConfigSchema, local_stats: dict,
+                       other_stats: dict) -> None:
+    assert entity_files(local) == entity_files(other)
+    for mine, theirs in zip(local.edge_paths + local.eval_edge_paths,
+                            other.edge_paths + other.eval_edge_paths):
+        assert buckets(local, mine) == buckets(other, theirs)
+    drop = ("output", "input")
+    assert ([{k: v for k, v in s.items() if k not in drop} for s in local_stats["inputs"]]
+            == [{k: v for k, v in s.items() if k not in drop} for s in other_stats["inputs"]])
+    assert local_stats["entities"] == other_stats["entities"]
+
+
+def typed_rows(n, seed):
+    """Rows over two relations, `likes` pointing at an unpartitioned tag type, with weights."""
+    rows = random_rows(n, seed)
+    return [(l, r, f"tag{hash(h) % 5}" if r == "likes" else h, str(i % 7 + 0.5))
+            for i, (l, r, h) in enumerate(rows)]
+
+
+def test_ray_data_engine_matches_the_local_engine(ray_session, tmp_path):
+    rows = typed_rows(600, 0) + [(f"rare{i}", "follows", "n1", "2") for i in range(3)]
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(3):
+        write_text(shards / (f"part-{i}.tsv" + (".gz" if i == 1 else "")),
+                   rows[i * 201:(i + 1) * 201])
+    (shards / "part-2.tsv").write_text((shards / "part-2.tsv").read_text() + "bad\trow\n")
+    test = write_text(tmp_path / "test.tsv", typed_rows(80, 1) + [("new", "follows", "n1", "1")])
+    settings = dict(entity_min_count=3, weight_col=3, skip_bad_rows=True, seed=5)
+    local = make(tmp_path / "local", [str(shards), test], **TYPED, engine="local", **settings)
+    on_ray = make(tmp_path / "ray", [str(shards), test], **TYPED, engine="ray", **settings)
+    local_stats, ray_stats = import_graph(local), import_graph(on_ray)
+    assert ray_stats["inputs"][0]["dropped_rare"] > 0 and ray_stats["inputs"][1]["dropped_unseen"]
+    assert "part-2.tsv', line 202" in ray_stats["inputs"][0]["bad_row_examples"][0]
+    assert_same_import(local, on_ray, local_stats, ray_stats)
+    assert all(buckets(on_ray, on_ray.edge_paths[0])[0, r] for r in range(2))  # tags spread
+    assert import_graph(on_ray) == ray_stats  # the same import again: nothing to do
+
+
+@pytest.mark.slow
+def test_ray_data_engine_grows_a_previous_import_with_dynamic_relations(ray_session, tmp_path):
+    old = write_text(tmp_path / "old.tsv", random_rows(200, 0, num_names=30))
+    new = write_text(tmp_path / "new.tsv", random_rows(300, 1, num_names=50))
+    one = [{"name": "any", "lhs": "node", "rhs": "node"}]
+    first = make(tmp_path / "first", [old], relations=one, dynamic_relations=True,
+                 engine="local")
+    import_graph(first)
+    grown = {}
+    for engine in ("local", "ray"):
+        config = make(tmp_path / engine, [new], relations=one, dynamic_relations=True,
+                      engine=engine,
+                      entity_min_count=2, previous_entity_path=first.entity_path,
+                      previous_edge_paths=first.edge_paths)
+        grown[engine] = config, import_graph(config)
+    assert grown["ray"][1]["new_entities"] == grown["local"][1]["new_entities"]
+    assert grown["ray"][1]["inputs"][0]["previous_edges"] == 200
+    assert_same_import(*grown["local"][:1], *grown["ray"][:1], grown["local"][1], grown["ray"][1])
+
+
+def test_a_bad_row_stops_the_ray_data_engine_naming_shard_and_line(ray_session, tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_text(shards / "part-0.tsv", random_rows(20))
+    (shards / "part-1.tsv").write_text("a\tfollows\tb\n\tfollows\tc\n")
+    config = make(tmp_path, [str(shards)], engine="ray")
+    message = error_of(config)
+    assert message.startswith("input file ") and "part-1.tsv', line 2: empty lhs name" in message
+    assert "\n" not in message and "Traceback" not in message
+    assert not any(p.name.startswith(".import") for p in tmp_path.rglob("*"))  # nothing staged
+    assert not (tmp_path / "train").exists() or not list((tmp_path / "train").iterdir())
+
+
+def test_auto_picks_ray_data_for_large_inputs_only(tmp_path):
+    source = write_text(tmp_path / "e.tsv", random_rows(10))
+    assert choose_engine(make(tmp_path, [source])) == "local"
+    assert choose_engine(make(tmp_path, [source], ray_min_bytes=10)) == "ray"
+    assert choose_engine(make(tmp_path, [source], engine="ray")) == "ray"
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_parquet_shards_on_object_storage_with_ray_data(ray_session, s3_root, tmp_path):
+    rows = random_rows(400, 3)
+    local_shards = tmp_path / "shards"
+    local_shards.mkdir()
+    fs, _ = pafs.FileSystem.from_uri(s3_root)
+    base, query = s3_root.split("?")
+    for i in range(4):
+        path = write_parquet(local_shards / f"part-{i}.parquet", rows[i * 100:(i + 1) * 100])
+        with fs.open_output_stream(f"{base[5:]}/raw/part-{i}.parquet") as out:
+            out.write(Path(path).read_bytes())
+    columns = dict(lhs_col="src", rel_col="rel", rhs_col="dst")
+    local = make(tmp_path / "local", [str(local_shards)], engine="local", **columns)
+    on_ray = make(tmp_path / "ray", [f"{base}/raw?{query}"], engine="ray", **columns)
+    on_ray.entity_path = f"{base}/graph/entities?{query}"
+    on_ray.edge_paths = [f"{base}/graph/train?{query}"]
+    local_stats, ray_stats = import_graph(local), import_graph(on_ray)
+    assert ray_stats["inputs"][0]["shards"] == 4 and ray_stats["inputs"][0]["format"] == "parquet"
+    assert_same_import(local, on_ray, local_stats, ray_stats)
+    listed = fs.get_file_info(pafs.FileSelector(f"{base[5:]}/graph", recursive=True))
+    assert not [i.path for i in listed if ".import-" in i.path]  # staging removed
+
+
+@pytest.mark.multinode
+@pytest.mark.slow
+def test_two_nodes_import_what_one_process_imports(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    rows = typed_rows(800, 2)
+    for i in range(4):
+        write_text(shards / f"part-{i}.tsv", rows[i * 200:(i + 1) * 200])
+    local = make(tmp_path / "local", [str(shards)], **TYPED, engine="local", weight_col=3)
+    # auto: the inputs are far below importer.ray_min_bytes, so only the cluster's second
+    # node makes it choose Ray Data.
+    on_ray = make(tmp_path / "ray", [str(shards)], **TYPED, engine="auto", weight_col=3)
+    local_stats = import_graph(local)
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_import.py")),
+                           json.dumps(on_ray.to_dict())], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["engine"] == "ray"
+    assert summary["nodes"] == 2 and len(summary["task_nodes"]) == 2
+    assert_same_import(local, on_ray, local_stats, summary["stats"])
+
+
+def test_indexed_blocks_merged_by_ray_data_count_and_route_as_apart(tmp_path, monkeypatch):
+    """A shard longer than a block is indexed as several blocks, which Ray Data may hand
+    on as rows of one of its blocks: counting and routing give the same either way."""
+    monkeypatch.setattr(raw, "PARQUET_BATCH_ROWS", 50)
+    path = write_parquet(tmp_path / "edges.parquet", random_rows(500, 0, num_names=200))
+    config = make(tmp_path / "out", [path], entity_min_count=5)
+    items = {"input": np.array([0]), "shard": np.array([path])}
+    apart = list(ray_data._read_blocks(items, config, parts=2, block_rows=120))
+    assert [len(ray_data._values(b, "lhs")) for b in apart] == [150, 150, 150, 50]
+    assert [b["stats"][0].as_py() is None for b in apart] == [True, True, True, False]
+    merged = pa.concat_tables(apart)
+    counted = [ray_data._count_part._function(config, p, *apart) for p in range(2)]
+    assert counted == [ray_data._count_part._function(config, p, merged) for p in range(2)]
+    tables, _ = ray_data._build_dictionaries._function(config, tmp_path / "entities", *counted)
+    each = [ray_data._route_block._function(config, 2, tables, block) for block in apart]
+    routed = ray_data._route_block._function(config, 2, tables, merged)
+    assert routed[0] == [figures for block in each for figures in block[0]]
+    assert sum(figures["dropped"] for figures in routed[0]) > 0
+    for writer in (1, 2):
+        for mine, theirs in zip(routed[writer], [edges for block in each for edges in block[writer]]):
+            assert mine.keys() == theirs.keys()
+            assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
