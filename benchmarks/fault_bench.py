@@ -51,17 +51,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: 
 
 from pbg_ray.checkpoints.directory import CheckpointStorage  # noqa: E402
 from pbg_ray.config import ConfigSchema  # noqa: E402
-from pbg_ray.training.trainer import Trainer  # noqa: E402
 from pbg_ray.errors import PbgRayError  # noqa: E402
 from pbg_ray.io.edges import edges_file  # noqa: E402
+from pbg_ray.training.trainer import Trainer  # noqa: E402
 from pbg_ray.types import Bucket  # noqa: E402
 from soak_bench import soak  # noqa: E402  (beside this script)
 from tests.bad_input import (  # noqa: E402
     DAMAGE, damage, good_graph, load_cases, read_checkpoint, read_edges_as_training, refusal)
 from tests.fault_injection import (  # noqa: E402
     ACTOR_POINTS, TRAIN_TASK_POINTS, armed, checkpoint_arrays, crash_reports, crashed_processes,
-    driver_kill_trials, edges_lost_or_doubled, epoch_losses, hits_per_pass, intact,
-    left_behind, limit_file_size, lose_nodes, random_fault, ray_sessions)
+    driver_kill_trials, edges_lost_or_doubled, epoch_losses, hits_per_pass, intact, left_behind,
+    limit_file_size, lose_nodes, random_fault, ray_sessions)
 from tests.util import config_dict, write_random_graph  # noqa: E402
 
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)

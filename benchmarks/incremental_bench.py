@@ -31,9 +31,9 @@ from pathlib import Path
 import ray
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.importer.demo import grown_graph
 from pbg_ray.importer.graph_import import import_graph
+from pbg_ray.training.trainer import Trainer
 
 NPARTS = 2
 COMMUNITY_SIZE = 10  # nodes per planted community

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pbg_ray.training.scheduler import bucket_order, partition_reads, reads_lower_bound
 from pbg_ray.io.edges import read_edges, write_edges
+from pbg_ray.training.scheduler import bucket_order, partition_reads, reads_lower_bound
 from pbg_ray.types import Bucket
 from train_bench import (RUN_PBG_RAY, as_pbg_ray, bench_env, config_dict, generate, run_script,
                          train)

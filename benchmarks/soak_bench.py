@@ -46,12 +46,11 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.*
 
 from pbg_ray.config import ConfigSchema  # noqa: E402
-from pbg_ray.training.trainer import Trainer  # noqa: E402
 from pbg_ray.model.native import C_KERNELS_ENV  # noqa: E402
+from pbg_ray.training.trainer import Trainer  # noqa: E402
 from tests.fault_injection import (  # noqa: E402
-    ACTOR_POINTS, TRAIN_TASK_POINTS, armed, crash_reports, crashed_processes,
-    driver_kill_trials, edges_lost_or_doubled, hits_per_pass, intact, lose_nodes, random_fault,
-    ray_sessions)
+    ACTOR_POINTS, TRAIN_TASK_POINTS, armed, crash_reports, crashed_processes, driver_kill_trials,
+    edges_lost_or_doubled, hits_per_pass, intact, lose_nodes, random_fault, ray_sessions)
 from tests.util import config_dict, write_random_graph  # noqa: E402
 
 EPOCHS = 2

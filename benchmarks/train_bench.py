@@ -206,7 +206,7 @@ print("TRAIN_SECONDS", time.perf_counter() - t)
 RUN_PBG_RAY = """
 import json, sys, time
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.cluster import connect_ray
+from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.training.trainer import Trainer
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
 connect_ray(config.ray)  # the local Ray `python -m pbg_ray.train` starts

@@ -14,9 +14,9 @@ from typing import Any, Dict, List, Optional
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.errors import PbgRayError
-from pbg_ray.training.stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 from pbg_ray.importer.demo import demo_checkpoint_path
 from pbg_ray.io.files import atomic_path
+from pbg_ray.training.stats import HELD_OUT, TRAIN, bucket_means, epoch_means
 
 RANK_METRICS = ("mrr", "r1", "r10", "r50")  # held-out, all in [0, 1]: one axis
 EXAMPLES = (

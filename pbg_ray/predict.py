@@ -27,12 +27,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.config import load_pbg_config_file
-from pbg_ray.runtime.partition_jobs import predictor_map
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.importer.demo import demo_checkpoint_path
 from pbg_ray.io.files import write_text_atomic
 from pbg_ray.io.storage import storage_path
+from pbg_ray.runtime.partition_jobs import predictor_map
 from pbg_ray.types import SIDES
 
 COMMANDS = ("score", "top-rhs", "top-lhs", "neighbors")

@@ -17,7 +17,7 @@ import sys
 
 from pbg_ray.cli import hydra_entry, stop_on_sigterm
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.cluster import connect_ray, local_ray, shutdown_ray
+from pbg_ray.runtime.connect import connect_ray, local_ray, shutdown_ray
 from pbg_ray.serving.service import start_service, stop_service, version_changes
 
 EXAMPLES = (

@@ -17,10 +17,10 @@ import types
 
 from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.cluster import connect_ray
-from pbg_ray.training.trainer import Trainer, TrainResult
 from pbg_ray.evaluation.metrics import SampledNegatives
+from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.training.stats import HELD_OUT, TRAIN, epoch_means
+from pbg_ray.training.trainer import Trainer, TrainResult
 
 EXAMPLES = (
     "python -m pbg_ray.train                                   # the built-in demo graph",

@@ -17,7 +17,7 @@ import json
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.cluster import connect_ray
+from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.tuning.tuner import run_tune
 
 EXAMPLES = (

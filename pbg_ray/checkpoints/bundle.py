@@ -35,9 +35,9 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 
+from pbg_ray.checkpoints.directory import row_adagrad_state, row_adagrad_sums
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.per_partition import MapPartitions, in_process
-from pbg_ray.checkpoints.directory import row_adagrad_state, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.io.entities import num_relation_ids

@@ -31,8 +31,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.directory import public_name, row_adagrad_sums
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import num_relation_ids, save_dynamic_rel_count, save_entity_count

@@ -23,10 +23,6 @@ import ray
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.bucket_task import (
-    TASK_RUNTIME_ENV, evaluate_bucket_task, on_task_threads, partition_counts, partition_keys)
-from pbg_ray.runtime.cluster import check_cpus_per_trainer, connect_ray, get_results
-from pbg_ray.training.sources import OnDisk, Partition, resolved
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
@@ -36,6 +32,10 @@ from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.model.native import release_free_heap
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_key
+from pbg_ray.runtime.connect import check_cpus_per_trainer, connect_ray
+from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, get_results, on_task_threads
+from pbg_ray.training.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
+from pbg_ray.training.sources import OnDisk, Partition, resolved
 from pbg_ray.types import SIDES, Bucket
 
 PartitionKey = Tuple[str, int]

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from pbg_ray.checkpoints import bundle
-from pbg_ray.checkpoints.per_partition import MapPartitions, in_process
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.per_partition import MapPartitions, in_process
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.evaluation.filtered import QUERY_BLOCK, KnownEdges, check_rankable

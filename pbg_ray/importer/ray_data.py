@@ -51,7 +51,6 @@ import ray
 import ray.data
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.cluster import connect_ray
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.dictionaries import build_dictionaries, load_previous
 from pbg_ray.importer.graph_import import local_phases, run_import
@@ -61,6 +60,7 @@ from pbg_ray.importer.routing import BucketRouter
 from pbg_ray.importer.staging import Staging
 from pbg_ray.io.raw import RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path
+from pbg_ray.runtime.connect import connect_ray
 
 logger = logging.getLogger("pbg_ray")
 

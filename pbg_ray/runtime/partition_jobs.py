@@ -19,8 +19,8 @@ import ray
 
 from pbg_ray.checkpoints.per_partition import MapPartitions
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.bucket_task import TASK_RUNTIME_ENV
-from pbg_ray.runtime.cluster import check_cpus_per_trainer, connect_ray, discard, get_results
+from pbg_ray.runtime.connect import check_cpus_per_trainer, connect_ray
+from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, discard, get_results
 
 
 def run_job(threads: int, fn: Callable[..., Any], *job: Any) -> Any:

@@ -40,9 +40,9 @@ from ray.serve.exceptions import (
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.serve import ServeConfig
-from pbg_ray.runtime.cluster import connect_ray
-from pbg_ray.runtime.faults import fault_point, faults_dir
 from pbg_ray.errors import PbgRayError
+from pbg_ray.runtime.connect import connect_ray
+from pbg_ray.runtime.faults import fault_point, faults_dir
 from pbg_ray.serving.shards import (
     Answer, ServingModel, ShardTables, build_set_index, drop_old_indexes, index_keys)
 

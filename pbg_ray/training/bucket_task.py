@@ -29,15 +29,16 @@ import ray
 
 from pbg_ray.checkpoints.directory import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.sources import (
-    OnDisk, Partition, PartitionKey, Source, SwapFile, resolved, writes_behind)
-from pbg_ray.training.scheduler import partitions_to_keep
 from pbg_ray.evaluation.metrics import SampledNegatives, sampled_stats
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges, read_edges
-from pbg_ray.model.native import KERNEL_ENV, release_free_heap
+from pbg_ray.model.native import release_free_heap
 from pbg_ray.model.params import KnownRows, ModelParams, partition_key
+from pbg_ray.runtime.faults import fault_point
+from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads
+from pbg_ray.training.scheduler import partitions_to_keep
+from pbg_ray.training.sources import (
+    OnDisk, Partition, PartitionKey, Source, SwapFile, resolved, writes_behind)
 from pbg_ray.types import Bucket, EdgeList
 
 
@@ -76,27 +77,6 @@ def gpus_per_trainer(config: ConfigSchema) -> float:
     if config.ray.gpus_per_trainer > 0:
         return config.ray.gpus_per_trainer
     return 1.0 if config.num_gpus > 0 else 0.0
-
-
-def task_threads(config: ConfigSchema) -> int:
-    """The torch and BLAS threads of a task that asks for ray.cpus_per_trainer CPUs."""
-    return max(1, int(config.ray.cpus_per_trainer))
-
-
-def on_task_threads(task: Callable[..., Any]) -> Callable[..., Any]:
-    """`task(config, ...)` run on task_threads(config) torch and BLAS threads. A worker
-    process keeps the thread counts that its last task set, and the rounding of scores
-    follows them (which decides a tie between a positive and a negative of the same
-    entity): each task sets its own, so that its results depend on its config alone,
-    not on what its worker ran before."""
-
-    @functools.wraps(task)
-    def run(config: ConfigSchema, *args: Any, **kwargs: Any) -> Any:
-        from pbg_ray.model.blas import cpu_threads
-
-        with cpu_threads(task_threads(config)):
-            return task(config, *args, **kwargs)
-    return run
 
 
 def task_seed(config: ConfigSchema, iteration: int, bucket: Bucket) -> int:
@@ -572,11 +552,6 @@ def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: 
     return (stats, delta, *results)
 
 
-# Every task that reads partitions or runs the kernel (train, eval, export, predict) starts
-# in one kind of worker, with the kernel's malloc settings (glibc reads them at start). Ray
-# keeps an idle pool per runtime_env, at most a worker per CPU in all: tasks of a second
-# kind would push these workers out, and each new worker imports torch again.
-TASK_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)

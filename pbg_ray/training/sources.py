@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 
-from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.directory import row_adagrad_state, row_adagrad_sums
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.incremental.growth import grow_partition

@@ -14,16 +14,16 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import ray
 
-from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.directory import row_adagrad_state
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.sources import (
-    PartitionKey, Source, SwapFile, asked_marker, load_partition, written_marker, writes_behind)
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model.params import (
     ModelParams, init_params, params_from_checkpoint, params_to_checkpoint)
+from pbg_ray.runtime.faults import fault_point
+from pbg_ray.training.sources import (
+    PartitionKey, Source, SwapFile, asked_marker, load_partition, writes_behind, written_marker)
 
 
 @ray.remote(num_cpus=0)

@@ -28,25 +28,25 @@ from ray.exceptions import (
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
+from pbg_ray.checkpoints.directory import checkpoint_metadata
 from pbg_ray.checkpoints.legacy import check_init_path, resolve_init_path
 from pbg_ray.checkpoints.manager import CheckpointManager
-from pbg_ray.checkpoints.directory import checkpoint_metadata
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.stores import ParameterServer, PartitionStore, Source
-from pbg_ray.training.bucket_task import (
-    HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
-from pbg_ray.runtime.cluster import (
-    check_cpus_per_trainer, check_task_fits, discard, largest_node, stop_actors)
-from pbg_ray.evaluation.distributed import Evaluator
-from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.sources import OnDisk, PartitionKey, SwapFile, WriterDied
-from pbg_ray.training.scheduler import BucketSchedulerActor, parts_by_next_use
-from pbg_ray.training.tensorboard import TensorBoardLog
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.distributed import Evaluator
 from pbg_ray.evaluation.metrics import ALL, SampledNegatives, add_stats, average, stats_mean
 from pbg_ray.incremental.growth import known_rows, neighbor_means
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
+from pbg_ray.runtime.connect import check_cpus_per_trainer, check_task_fits, largest_node
+from pbg_ray.runtime.faults import fault_point
+from pbg_ray.runtime.tasks import discard, stop_actors
+from pbg_ray.training.bucket_task import (
+    HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
+from pbg_ray.training.scheduler import BucketSchedulerActor, parts_by_next_use
+from pbg_ray.training.sources import OnDisk, PartitionKey, SwapFile, WriterDied
+from pbg_ray.training.stores import ParameterServer, PartitionStore, Source
+from pbg_ray.training.tensorboard import TensorBoardLog
 from pbg_ray.types import Bucket
 
 logger = logging.getLogger("pbg_ray")

@@ -27,14 +27,14 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import TRIAL_METRICS, flat_search_space, idle_keys, is_spec
-from pbg_ray.training.bucket_task import gpus_per_trainer
-from pbg_ray.runtime.cluster import check_cpus_per_trainer
-from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
-from pbg_ray.training.stats import TRAIN, as_sums, epoch_means
 from pbg_ray.io.storage import join, sibling
+from pbg_ray.runtime.connect import check_cpus_per_trainer
+from pbg_ray.runtime.faults import fault_point
+from pbg_ray.training.bucket_task import gpus_per_trainer
+from pbg_ray.training.stats import TRAIN, as_sums, epoch_means
+from pbg_ray.training.trainer import Trainer
 
 logger = logging.getLogger("pbg_ray")
 

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state, serialize_optim_state
+from pbg_ray.checkpoints.directory import (
+    CheckpointStorage, row_adagrad_state, serialize_optim_state)
 
 HERE = Path(__file__).parent
 

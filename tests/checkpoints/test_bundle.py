@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from pbg_ray.checkpoints import bundle
+from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state
 from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.checkpoints.legacy import resolve_init_path
-from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state
 from pbg_ray.config import ConfigSchema
-from pbg_ray.evaluation.distributed import evaluate_checkpoint
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.distributed import evaluate_checkpoint
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.export import run as export_run
 from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.model.params import ModelParams, params_from_checkpoint, params_to_checkpoint
 from pbg_ray.predict import main as predict_main
+from pbg_ray.training.trainer import Trainer
 from tests.util import config_dict, random_checkpoint, write_random_graph
 
 

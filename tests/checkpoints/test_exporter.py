@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.checkpoints.directory import CheckpointStorage
+from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_names, save_dynamic_rel_count, save_relation_names
 from tests.util import assert_streams_partitions, peak_growth, random_checkpoint, write_random_graph

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from pbg_ray.checkpoints.legacy import migrate_run, resolve_init_path
 from pbg_ray.checkpoints.directory import CheckpointStorage, state_dict_key
+from pbg_ray.checkpoints.legacy import migrate_run, resolve_init_path
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_count, num_relation_ids
 from pbg_ray.migrate import main as migrate_main
 from pbg_ray.model.params import ModelParams, param_layout, params_to_checkpoint
+from pbg_ray.training.trainer import Trainer
 from tests.util import (
     as_torch, assert_streams_partitions, assert_valid_checkpoint, config_dict, peak_growth,
     write_random_graph)

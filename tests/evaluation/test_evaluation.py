@@ -9,22 +9,22 @@ import psutil
 import pytest
 import torch
 
-from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.directory import CheckpointStorage
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.bucket_task import evaluate_bucket_task, partition_keys
-from pbg_ray.evaluation.distributed import (
-    checkpoint_partitions, evaluate_checkpoint, filtered_rank_task, print_report)
-from pbg_ray.training.sources import OnDisk
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
+from pbg_ray.evaluation.distributed import (
+    checkpoint_partitions, evaluate_checkpoint, filtered_rank_task, print_report)
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.model.params import global_emb_key, operator_key, params_from_checkpoint
+from pbg_ray.training.bucket_task import evaluate_bucket_task, partition_keys
+from pbg_ray.training.sources import OnDisk
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import (
     assert_streams_partitions, config_dict, peak_growth, random_checkpoint, write_random_graph)

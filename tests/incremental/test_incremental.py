@@ -9,8 +9,6 @@ import pytest
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.sources import load_partition
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import grown_graph
 from pbg_ray.importer.dictionaries import fill_smallest
@@ -19,10 +17,13 @@ from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_counts, load_entity_names, load_relation_names
 from pbg_ray.model.params import init_params, params_from_checkpoint, params_to_checkpoint
+from pbg_ray.training.sources import load_partition
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.types import Bucket
 from tests.importer.util import decoded, random_rows, write_text
 from tests.util import (
-    assert_streams_partitions, assert_valid_checkpoint, config_dict, peak_growth, write_random_graph)
+    assert_streams_partitions, assert_valid_checkpoint, config_dict, peak_growth,
+    write_random_graph)
 
 NPARTS = 2
 

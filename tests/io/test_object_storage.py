@@ -11,18 +11,18 @@ import numpy as np
 import pyarrow.fs as pafs
 import pytest
 
-from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.checkpoints.directory import CheckpointStorage
+from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.cli import check_overrides
 from pbg_ray.config import ConfigSchema
-from pbg_ray.evaluation.distributed import evaluate_checkpoint
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.distributed import evaluate_checkpoint
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
 from pbg_ray.plot import main as plot_main
+from pbg_ray.training.trainer import Trainer
 from tests.util import assert_valid_checkpoint, config_dict
 
 NAMES = [f"n{i}" for i in range(40)]

@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.directory import CheckpointStorage
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io import storage
 from pbg_ray.io.edges import EdgeAppender, read_edges, write_edges

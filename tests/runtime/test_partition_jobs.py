@@ -12,13 +12,13 @@ import pyarrow.fs as pafs
 import pytest
 
 from pbg_ray.checkpoints.exporter import export_checkpoint
-from pbg_ray.runtime.partition_jobs import RayPartitionMap, partition_map
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.embedding_tables import SUCCESS_FILE
 from pbg_ray.io.entities import save_entity_names
 from pbg_ray.io.storage import join, storage_path
 from pbg_ray.predict import main as predict_main
+from pbg_ray.runtime.partition_jobs import RayPartitionMap, partition_map
 from tests.util import partitioned_checkpoint
 
 FORMATS = ["tsv", "parquet", "bundle"]

@@ -12,14 +12,14 @@ import pytest
 import ray.cloudpickle
 
 from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_state
+from pbg_ray.errors import PbgRayError
+from pbg_ray.io.edges import edges_file, read_edges
+from pbg_ray.model.params import init_params
 from pbg_ray.training import bucket_task
 from pbg_ray.training.bucket_task import (
     PartitionCopies, partition_keys, run_bucket, split_held_out, start_trainer_worker, writable)
 from pbg_ray.training.sources import (
     OnDisk, SwapFile, WriterDied, load_partition, wait_written, written_marker)
-from pbg_ray.errors import PbgRayError
-from pbg_ray.io.edges import edges_file, read_edges
-from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import ManualClock, write_random_graph
 

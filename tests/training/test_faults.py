@@ -14,9 +14,9 @@ import pytest
 
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
 from pbg_ray.runtime.faults import EXIT_STATUS, FAULTS_DIR_ENV, FaultInjected, fault_point
 from pbg_ray.training.trainer import Trainer
-from pbg_ray.errors import PbgRayError
 from tests.fault_injection import (
     PROCESSES_GONE_TIMEOUT_S, armed, driver_kill_trials, edges_lost_or_doubled, hits_per_pass,
     limit_file_size)

@@ -10,8 +10,8 @@ import pytest
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.distributed import evaluate_checkpoint
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.evaluation.metrics import ALL
+from pbg_ray.training.trainer import Trainer
 from tests.fault_injection import (
     edges_lost_or_doubled, epoch_losses, left_behind, lose_nodes, own_processes)
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph

@@ -14,10 +14,10 @@ import ray
 
 from pbg_ray.checkpoints.directory import CheckpointStorage, checkpoint_metadata
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.scheduler import (bucket_order, partition_reads, partitions_to_keep,
-                                      parts_by_next_use, reads_lower_bound)
-from pbg_ray.training.trainer import Trainer
 from pbg_ray.errors import PbgRayError
+from pbg_ray.training.scheduler import (
+    bucket_order, partition_reads, partitions_to_keep, parts_by_next_use, reads_lower_bound)
+from pbg_ray.training.trainer import Trainer
 from pbg_ray.types import Bucket
 from tests.fault_injection import (
     FAULTS_DIR, armed, checkpoint_arrays, edges_lost_or_doubled, fired, release)

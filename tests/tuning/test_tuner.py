@@ -8,8 +8,8 @@ import pytest
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import idle_keys
-from pbg_ray.tuning.tuner import run_tune, search_space, trial_config, trial_resources
 from pbg_ray.errors import PbgRayError
+from pbg_ray.tuning.tuner import run_tune, search_space, trial_config, trial_resources
 from tests.fault_injection import armed, edges_lost_or_doubled
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 

@@ -1,11 +1,11 @@
-"""runtime/cluster.py: the local Ray that pbg_ray starts, and tasks that no node can run."""
+"""runtime/connect.py: the local Ray that pbg_ray starts, and tasks that no node can run."""
 
 import logging
 import subprocess
 import sys
 
 from pbg_ray.config import RayConfig
-from pbg_ray.runtime.cluster import check_cpus_per_trainer, check_task_fits
+from pbg_ray.runtime.connect import check_cpus_per_trainer, check_task_fits
 
 # In a process of its own: the settings apply only to a Ray that connect_ray starts. One
 # task in the train tasks' kind of worker (which starts after any worker Ray starts as the
@@ -14,8 +14,8 @@ from pbg_ray.runtime.cluster import check_cpus_per_trainer, check_task_fits
 START_LOCAL_RAY = """
 import psutil, ray
 from pbg_ray.config import RayConfig
-from pbg_ray.training.bucket_task import TASK_RUNTIME_ENV
-from pbg_ray.runtime.cluster import connect_ray
+from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV
+from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.model.native import KERNEL_ENV
 
 connect_ray(RayConfig(num_cpus=2))

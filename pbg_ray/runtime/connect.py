@@ -1,16 +1,14 @@
-"""Connecting the driver to Ray, getting task results with the project's errors, and
-ending actors."""
+"""Connecting the driver to Ray: a local Ray started and shut down whole, or a cluster
+joined; and whether a task's CPUs or GPUs fit a node of it."""
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Any, List, Optional
+from typing import Optional
 
 import psutil
 import ray
-from ray.exceptions import RayTaskError
 
 from pbg_ray.config import RayConfig
 from pbg_ray.errors import PbgRayError
@@ -24,7 +22,7 @@ TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
 TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 # A local Ray started here starts no plain workers ahead of need: Ray would start one per
 # CPU as the driver connects, for tasks without a runtime_env, and pbg_ray's tasks run in
-# their own (bucket_task.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
+# their own (runtime.tasks.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
 # them; the actors start in workers of their own when created.
 LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 # The address of the local Ray that connect_ray started, on this machine: no autoscaler
@@ -32,11 +30,6 @@ LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 _local_gcs_address: Optional[str] = None
 # How long shutdown_ray waits for the processes of the local Ray to end before it kills them.
 RAY_EXIT_WAIT_S = 10.0
-# How long a failed run waits for the tasks it stopped (or the other returns of a failed
-# task) to finish, so that none writes after the caller cleaned up.
-CANCEL_WAIT_S = 60.0
-# How often stop_actors asks the GCS whether an actor it killed is dead yet.
-ACTOR_DEATH_POLL_S = 0.002
 
 
 def not_token_notice(record: logging.LogRecord) -> bool:
@@ -130,50 +123,3 @@ def check_cpus_per_trainer(ray_config: RayConfig) -> None:
     """check_task_fits for the tasks that ask for ray.cpus_per_trainer CPUs (training,
     evaluation, predict and export)."""
     check_task_fits("ray.cpus_per_trainer", "CPU", ray_config.cpus_per_trainer)
-
-
-def get_results(refs: Any) -> Any:
-    """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user).
-    When one of a list of tasks failed, the others are waited for and their results
-    dropped first (see discard): none is left going on, nor reported again by Ray."""
-    try:
-        return ray.get(refs)
-    except RayTaskError as err:
-        if isinstance(refs, list):
-            discard(refs)
-        if isinstance(err.cause, PbgRayError):
-            raise err.cause from None
-        raise
-
-
-def discard(refs: List[ray.ObjectRef], timeout: Optional[float] = CANCEL_WAIT_S) -> None:
-    """Wait up to `timeout` (None: as long as they take) for `refs`, then read and drop
-    their results, which nobody will use: Ray would log a traceback ("Unhandled error")
-    for each failed one once its refs are gone (after a failed run, beside the one error
-    the user already got). All the returns of a failed task are waited for, as they
-    reach the driver one after another."""
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout)
-    for ref in ready:
-        try:
-            ray.get(ref)
-        except Exception:  # noqa: BLE001  the error that counts was raised already
-            pass
-
-
-def stop_actors(actors: List[ray.actor.ActorHandle], timeout: float = CANCEL_WAIT_S) -> None:
-    """End `actors` at once and forget them: ray.kill ends each process without its
-    teardown, and the handles go only once the GCS has each actor dead (or `timeout`
-    passed). An actor whose handles are all gone gets Ray's graceful exit instead, which
-    runs Ray's and Python's teardown in its process, and a handle dropped before its kill
-    reached the GCS can have that exit win. A teardown that hangs leaves the process
-    running for good: Ray's check that ends a worker whose raylet died stops as the exit
-    begins."""
-    if ray.is_initialized():
-        for actor in actors:
-            ray.kill(actor)
-        deadline = time.monotonic() + timeout
-        for actor in actors:
-            while (time.monotonic() < deadline and ray._private.state.actors(
-                    actor._ray_actor_id.hex()).get("State") != "DEAD"):
-                time.sleep(ACTOR_DEATH_POLL_S)
-    actors.clear()
