@@ -32,8 +32,8 @@ from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import chunk_bounds, count_edges
 from pbg_ray.io.entities import load_entity_counts
+from pbg_ray.model.params import partition_keys
 from pbg_ray.runtime.faults import FAULTS_DIR_ENV
-from pbg_ray.training.bucket_task import partition_keys
 from pbg_ray.types import Bucket
 from tests.util import assert_valid_checkpoint
 

@@ -22,20 +22,20 @@ import numpy as np
 import ray
 
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.sources import CheckpointSource, Partition, resolved
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
 from pbg_ray.evaluation.metrics import (
-    ALL, SampledNegatives, add_stats, format_table, rank_stats, stats_mean)
+    ALL, SampledNegatives, add_stats, format_table, rank_stats, sampled_stats, stats_mean)
 from pbg_ray.io.edges import check_edges, count_edges, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.model.native import release_free_heap
-from pbg_ray.model.params import ModelParams, params_from_checkpoint, partition_key
+from pbg_ray.model.params import (
+    ModelParams, params_from_checkpoint, partition_counts, partition_key, partition_keys)
 from pbg_ray.runtime.connect import check_cpus_per_trainer, connect_ray
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, get_results, on_task_threads
-from pbg_ray.training.bucket_task import evaluate_bucket_task, partition_counts, partition_keys
-from pbg_ray.training.sources import OnDisk, Partition, resolved
 from pbg_ray.types import SIDES, Bucket
 
 PartitionKey = Tuple[str, int]
@@ -77,6 +77,26 @@ def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chu
                                   tables, known)
 
 
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
+@release_free_heap
+@on_task_threads
+def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
+                         num_relation_ids: int, keys: List[PartitionKey], params: ModelParams,
+                         *partitions: Partition, negatives: SampledNegatives,
+                         per_relation: bool = False, seed: int = 0
+                         ) -> Dict[Any, Dict[str, Any]]:
+    """PBG's sampled metrics of every edge of one bucket of `edge_path` against
+    `negatives` (no update): {ALL: stats} and, with per_relation, {relation id: stats}
+    (evaluation.metrics)."""
+    edges = read_edges(edge_path, bucket)
+    partitions = resolved(config, keys, partitions)
+    counts = partition_counts(keys, partitions)
+    check_edges(edges, bucket, config, counts, num_relation_ids,
+                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
+    return sampled_stats(config, bucket, edges, dict(zip(keys, partitions)), params,
+                         negatives=negatives, per_relation=per_relation, seed=seed)
+
+
 def _partitioned(config: ConfigSchema, side: str) -> bool:
     return any(config.entities[getattr(r, side)].num_partitions > 1 for r in config.relations)
 
@@ -85,7 +105,7 @@ class Evaluator:
     """Evaluates edge paths with the model held in Ray's object store.
 
     partitions: (entity type, partition) -> ref to (embeddings [N, D], sums), or in disk
-    placement the OnDisk that a task reads it from;
+    placement the source that a task reads it from;
     params: ref to the ModelParams."""
 
     def __init__(self, config: ConfigSchema, partitions: Mapping[PartitionKey, ray.ObjectRef],
@@ -182,14 +202,14 @@ def checkpoint_partitions(config: ConfigSchema, checkpoint: CheckpointManager, v
                           num_rel: int) -> Tuple[Dict[PartitionKey, Any], ray.ObjectRef]:
     """(what each task gets per partition, params ref) of checkpoint `version` in
     `checkpoint`. Memory placement: refs of partitions that load tasks put in the object
-    store (never through the driver). Disk placement: OnDisk, so that each task reads
+    store (never through the driver). Disk placement: their sources, so that each task reads
     the partitions it needs itself and memory holds only those of the tasks in flight."""
     arrays, optim_state = checkpoint.read_model(version)
     params = ray.put(params_from_checkpoint(config, num_rel, arrays, optim_state,
                                             where=str(checkpoint.model_file(version))))
     keys = [(e, p) for e, c in config.entities.items() for p in range(c.num_partitions)]
     if config.ray.placement == "disk":
-        return {key: OnDisk(("checkpoint", str(checkpoint.path), version)) for key in keys}, params
+        return {key: CheckpointSource(str(checkpoint.path), version) for key in keys}, params
     refs = {key: load_partition_task.remote(str(checkpoint.path), version, *key) for key in keys}
     return refs, params
 

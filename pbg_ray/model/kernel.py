@@ -172,7 +172,7 @@ class BatchQueue:
     sleep that many seconds at each bucket of the first epoch, so the first one trains
     alone meanwhile. Here the other threads wait up to `warmup_s` seconds before their
     first batch, and join at once when the batches run out sooner; the driver decides
-    which buckets have one (engine.bucket_task.HogwildWarmUp)."""
+    which buckets have one (training.warm_up.HogwildWarmUp)."""
 
     def __init__(self, count: int, warmup_s: float = 0.0) -> None:
         self.count = count

@@ -11,6 +11,7 @@ import numpy as np
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.model.operators import OPERATORS
+from pbg_ray.types import Bucket
 
 PartitionKey = Tuple[str, int]  # (entity type, partition)
 
@@ -18,6 +19,26 @@ PartitionKey = Tuple[str, int]  # (entity type, partition)
 def partition_key(config: ConfigSchema, entity: str, part: int) -> PartitionKey:
     """The partition of `entity` a bucket side uses (0 for unpartitioned types)."""
     return entity, (part if config.entities[entity].num_partitions > 1 else 0)
+
+
+def partition_keys(config: ConfigSchema, bucket: Bucket) -> List[PartitionKey]:
+    """The (entity type, partition) pairs a bucket touches, lhs types first."""
+    keys: List[PartitionKey] = []
+    for side, part in (("lhs", bucket.lhs), ("rhs", bucket.rhs)):
+        for rel in config.relations:
+            key = partition_key(config, getattr(rel, side), part)
+            if key not in keys:
+                keys.append(key)
+    return keys
+
+
+def partition_counts(keys: List[PartitionKey], partitions: List[Tuple[np.ndarray, np.ndarray]]
+                     ) -> Dict[str, Dict[int, int]]:
+    """{entity: {part: number of entities}} of the partitions a task received."""
+    counts: Dict[str, Dict[int, int]] = {}
+    for (entity, part), (embs, _) in zip(keys, partitions):
+        counts.setdefault(entity, {})[part] = len(embs)
+    return counts
 
 
 @dataclasses.dataclass

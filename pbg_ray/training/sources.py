@@ -1,7 +1,8 @@
-"""Where an entity partition's values come from, and in disk placement how a task reads
-them itself (OnDisk) and where a train task writes them back (SwapFile), in the
-background after the task has returned (write-behind, with a marker file saying when
-the write is done)."""
+"""Where an entity partition's values come from in training, besides a checkpoint version
+(checkpoints/sources.py): a random start, a grown init_path checkpoint, a swap file; the
+model's parameters' first values; and in disk placement the lease by which a train task
+reads a partition and writes it back (SwapFile), behind the task after it has returned
+(write-behind, with a marker file saying when the write is done)."""
 
 from __future__ import annotations
 
@@ -12,26 +13,84 @@ import threading
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, Optional
 
 import numpy as np
 
-from pbg_ray.checkpoints.directory import row_adagrad_state, row_adagrad_sums
+from pbg_ray.checkpoints.directory import row_adagrad_state
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.sources import Arrays, Empty, PartitionSource, read_partition_file
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.incremental.growth import grow_partition
 from pbg_ray.io.storage import ObjectPath, storage_path
-from pbg_ray.model.params import init_partition
+from pbg_ray.model.params import (
+    ModelParams, PartitionKey, init_partition, params_from_checkpoint)
 
-PartitionKey = Tuple[str, int]
-# Where a partition's values come from: ("checkpoint", path, version), ("init", path,
-# version, count, new rows [count - init's rows, dim] or None: the partition grown to
-# count rows, see incremental.growth), ("random", count, seed) or ("swap", file, token):
-# a SwapFile's file as the task of that lease wrote it.
-Source = Tuple[Any, ...]
 # How long a reader waits for a swap file's write-behind to finish.
 WRITE_WAIT_S = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomSource(PartitionSource):
+    """A new partition of `count` rows, drawn from `seed` (and its key)."""
+
+    count: int
+    seed: int
+
+    def load(self, config: ConfigSchema, key: PartitionKey, empty: Empty = np.empty) -> Arrays:
+        entity, part = key
+        rng = np.random.default_rng([self.seed, part, zlib.crc32(entity.encode())])
+        return init_partition(config, entity, self.count, rng, empty)
+
+
+@dataclasses.dataclass(frozen=True)
+class InitSource(PartitionSource):
+    """Version `version` of init_path's checkpoint in `path`, grown to `count` rows: its
+    rows first, then `new_rows` [count - its rows, dim] (None: drawn anew), see
+    incremental.growth."""
+
+    holdable: ClassVar[bool] = False  # it names arrays
+    path: str
+    version: int
+    count: int
+    new_rows: Optional[np.ndarray] = None
+
+    def load(self, config: ConfigSchema, key: PartitionKey, empty: Empty = np.empty) -> Arrays:
+        where = str(CheckpointManager(self.path).partition_file(self.version, *key))
+        embs, sums = read_partition_file(where, empty)
+        return grow_partition(config, key, embs, sums, self.count, self.new_rows, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapSource(PartitionSource):
+    """The swap file `file` as the task of lease `token` wrote it (waited for while its
+    write goes on behind that task)."""
+
+    file: str
+    token: str
+
+    def load(self, config: ConfigSchema, key: PartitionKey, empty: Empty = np.empty) -> Arrays:
+        if writes_behind(self.file):
+            wait_written(self.file, self.token)
+        return read_partition_file(self.file, empty)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """The model file (relation operators, global embeddings) of version `version` of the
+    checkpoint in `path`; with `grow`, init_path's, grown to this run's relations."""
+
+    path: str
+    version: int
+    grow: bool = False
+
+    def load(self, config: ConfigSchema, num_relation_ids: int) -> ModelParams:
+        checkpoint = CheckpointManager(self.path)
+        arrays, optim_state = checkpoint.read_model(self.version)
+        return params_from_checkpoint(config, num_relation_ids, arrays, optim_state,
+                                      grow=self.grow,
+                                      where=str(checkpoint.model_file(self.version)))
 
 
 class WriterDied(RuntimeError):
@@ -50,7 +109,7 @@ def written_marker(staged: str) -> Path:
 
 def asked_marker(staged: str) -> Path:
     """The file by which a reader waiting for a local swap file asks the process that
-    holds the values of its lease unwritten (bucket_task.HandOver: held for a task that
+    holds the values of its lease unwritten (hand_over.HandOver: held for a task that
     Ray ran on another worker) to write them now: the lease's token. (A leftover's
     name: '.', then '.tmp-'.)"""
     path = Path(staged)
@@ -113,70 +172,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def load_partition(config: ConfigSchema, key: PartitionKey, source: Source,
-                   empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
-    """(embeddings float32 [N, dim], row-Adagrad sums [N]) of `source`; the embeddings
-    of a checkpoint or a random start land in `empty(shape, dtype)`."""
-    entity, part = key
-    if source[0] == "random":
-        _, count, seed = source
-        rng = np.random.default_rng([seed, part, zlib.crc32(entity.encode())])
-        return init_partition(config, entity, count, rng, empty)
-    if source[0] == "swap":
-        where = source[1]
-        if writes_behind(where):
-            wait_written(where, source[2])
-    else:
-        _, path, version = source[:3]
-        where = str(CheckpointManager(path).partition_file(version, entity, part))
-    embs, state = CheckpointManager.read_partition_file(where, empty)
-    sums = row_adagrad_sums(state, len(embs), where)
-    sums = np.zeros(len(embs), np.float32) if sums is None else sums
-    if source[0] == "init":
-        count, new_rows = source[3:]
-        return grow_partition(config, key, embs, sums, count, new_rows, where)
-    return embs, sums
-
-
 @dataclasses.dataclass(frozen=True)
-class OnDisk:
-    """Disk placement: a partition that a task reads itself, from `source`, instead of
-    receiving it through Ray's object store (whose shared memory stays resident at its
-    high-water mark), so memory holds only the partitions of the tasks in flight."""
+class SwapFile:
+    """The lease by which a bucket's train task reads a partition from `source` and writes
+    it to `staged`, a swap file that holds no partition's newest values. The partition
+    store takes `staged` as the partition's newest values only once the task succeeded: a
+    task that dies changed nothing. `token` is unique to the lease, so `written` names
+    what this task writes."""
 
-    source: Source
-
-    def load(self, config: ConfigSchema, key: PartitionKey,
-             empty: Callable[..., np.ndarray] = np.empty) -> Tuple[np.ndarray, np.ndarray]:
-        return load_partition(config, key, self.source, empty)
-
-
-Partition = Union[Tuple[np.ndarray, np.ndarray], OnDisk]  # what a task receives per key
-
-
-def resolved(config: ConfigSchema, keys: List[PartitionKey], partitions: Sequence[Partition]
-             ) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """The (embeddings, sums) of each partition a read-only task received: as they came
-    through the object store, or read here from disk."""
-    return [p.load(config, key) if isinstance(p, OnDisk) else p
-            for key, p in zip(keys, partitions)]
-
-
-@dataclasses.dataclass(frozen=True)
-class SwapFile(OnDisk):
-    """A partition that its bucket's train task reads itself and writes to `staged`, a
-    swap file that holds no partition's newest values. The partition store takes
-    `staged` as the partition's newest values only once the task succeeded: a task that
-    dies changed nothing. `token` is unique to the lease, so `written` names what this
-    task writes."""
-
+    source: PartitionSource
     staged: str
     token: str
 
     @property
-    def written(self) -> Source:
+    def written(self) -> SwapSource:
         """Where the values this task writes are, once written."""
-        return ("swap", self.staged, self.token)
+        return SwapSource(self.staged, self.token)
+
+    def load(self, config: ConfigSchema, key: PartitionKey, empty: Empty = np.empty) -> Arrays:
+        return self.source.load(config, key, empty)
 
     def begin_write(self) -> None:
         """Mark the swap file as being written by this process, before its task returns

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from pbg_ray.checkpoints.directory import checkpoint_metadata
 from pbg_ray.checkpoints.legacy import check_init_path, resolve_init_path
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.sources import CheckpointSource, PartitionSource
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.distributed import Evaluator
@@ -38,15 +39,17 @@ from pbg_ray.evaluation.metrics import ALL, SampledNegatives, add_stats, average
 from pbg_ray.incremental.growth import known_rows, neighbor_means
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
+from pbg_ray.model.params import PartitionKey, partition_keys
 from pbg_ray.runtime.connect import check_cpus_per_trainer, check_task_fits, largest_node
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import discard, stop_actors
-from pbg_ray.training.bucket_task import (
-    HogwildWarmUp, gpus_per_trainer, partition_keys, start_trainer_worker, train_bucket_task)
+from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker, train_bucket_task
+from pbg_ray.training.parameter_server import ParameterServer
+from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.scheduler import BucketSchedulerActor, parts_by_next_use
-from pbg_ray.training.sources import OnDisk, PartitionKey, SwapFile, WriterDied
-from pbg_ray.training.stores import ParameterServer, PartitionStore, Source
+from pbg_ray.training.sources import InitSource, ModelSource, RandomSource, SwapFile, WriterDied
 from pbg_ray.training.tensorboard import TensorBoardLog
+from pbg_ray.training.warm_up import HogwildWarmUp
 from pbg_ray.types import Bucket
 
 logger = logging.getLogger("pbg_ray")
@@ -143,7 +146,7 @@ class Trainer:
 
     # --- where the first values come from --------------------------------
 
-    def _sources(self) -> Tuple[Dict[Tuple[str, int], Source], Optional[Source]]:
+    def _sources(self) -> Tuple[Dict[PartitionKey, PartitionSource], Optional[ModelSource]]:
         config = self.config
         init: Optional[CheckpointManager] = None
         init_version = 0
@@ -161,20 +164,21 @@ class Trainer:
         for entity, econf in config.entities.items():
             for part in range(econf.num_partitions):
                 if self.version > 0:
-                    sources[entity, part] = ("checkpoint", str(self.checkpoints.path), self.version)
+                    sources[entity, part] = CheckpointSource(str(self.checkpoints.path),
+                                                             self.version)
                 elif init is not None and init.has_partition(init_version, entity, part):
                     # A grown graph keeps init's rows first; the new rows start fresh.
-                    sources[entity, part] = ("init", str(init.path), init_version,
-                                             self.entity_counts[entity][part],
-                                             new_rows.get((entity, part)))
+                    sources[entity, part] = InitSource(str(init.path), init_version,
+                                                       self.entity_counts[entity][part],
+                                                       new_rows.get((entity, part)))
                 else:
-                    sources[entity, part] = ("random", self.entity_counts[entity][part],
-                                             config.seed)
+                    sources[entity, part] = RandomSource(self.entity_counts[entity][part],
+                                                         config.seed)
         if self.version > 0:
-            model_source: Optional[Source] = ("checkpoint", str(self.checkpoints.path),
-                                              self.version)
+            model_source: Optional[ModelSource] = ModelSource(str(self.checkpoints.path),
+                                                              self.version)
         elif init is not None and init.has_model(init_version):
-            model_source = ("init", str(init.path), init_version)
+            model_source = ModelSource(str(init.path), init_version, grow=True)
         else:
             model_source = None
         return sources, model_source
@@ -345,7 +349,7 @@ class Trainer:
         edge_path = config.edge_paths[path_idx]
         plan = ray.get(self.scheduler.new_pass.remote(iteration))
         # Disk placement: a trainer takes its next bucket when it starts one, and reads
-        # the partitions it lacks while the current one trains (see PartitionCopies); the
+        # the partitions it lacks while the current one trains (see PartitionBuffer); the
         # next bucket's task is submitted then too, to start on the same worker the moment
         # the current one ends (see follow).
         read_ahead = config.ray.placement == "disk" and config.num_partitions() > 1
@@ -520,7 +524,7 @@ class Trainer:
         start once that one has succeeded, on the same worker as Ray reuses it): the
         partitions and parameters are then what the tasks in flight leave behind them, and
         the partitions both train pass from one to the other in the worker's buffer
-        (bucket_task.HandOver)."""
+        (hand_over.HandOver)."""
         config = self.config
         t_start = time.perf_counter()
         # What each task in flight before this one leaves a partition as (in_flight):
@@ -540,7 +544,7 @@ class Trainer:
                     and self.edge_counts[edge_path][following] > 0)
         next_use = self._next_use(plan, launched, following) if read_ahead else []
         # Held for a later task of the trainer on its worker instead of written (see
-        # bucket_task.HandOver): what the following bucket trains, when its task follows
+        # hand_over.HandOver): what the following bucket trains, when its task follows
         # this one; with one trainer, whose next buckets all run on that worker, also what
         # else the worker's buffer keeps for them (written once the buffer drops it).
         following_keys = partition_keys(config, following) if following is not None else []
@@ -560,7 +564,7 @@ class Trainer:
         leases = [behind[k].result(k) if k not in lease_refs
                   else replies[k][0] if isinstance(replies[k], list) else replies[k]
                   for k in keys]
-        read_ahead_parts = [(k, OnDisk(written[k] if k in written else replies[k])) for k in ahead
+        read_ahead_parts = [(k, written[k] if k in written else replies[k]) for k in ahead
                             if k in written or replies[k] is not None]
         refs = train_bucket_task.options(
             num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,

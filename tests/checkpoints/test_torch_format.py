@@ -86,7 +86,7 @@ def _zip_without_pickle():
     return out.getvalue()
 
 
-@pytest.mark.parametrize("module", ["pbg_ray.training.stores", "pbg_ray.checkpoints.manager",
+@pytest.mark.parametrize("module", ["pbg_ray.training.partition_store", "pbg_ray.checkpoints.manager",
                                     "pbg_ray.model.params"])
 def test_partition_holders_load_without_torch(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"

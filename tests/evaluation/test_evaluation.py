@@ -11,19 +11,20 @@ import torch
 
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.sources import CheckpointSource
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.distributed import (
-    checkpoint_partitions, evaluate_checkpoint, filtered_rank_task, print_report)
+    checkpoint_partitions, evaluate_bucket_task, evaluate_checkpoint, filtered_rank_task,
+    print_report)
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import num_relation_ids
-from pbg_ray.model.params import global_emb_key, operator_key, params_from_checkpoint
-from pbg_ray.training.bucket_task import evaluate_bucket_task, partition_keys
-from pbg_ray.training.sources import OnDisk
+from pbg_ray.model.params import (
+    global_emb_key, operator_key, params_from_checkpoint, partition_keys)
 from pbg_ray.training.trainer import Trainer
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import (
@@ -171,7 +172,7 @@ def test_disk_placement_evaluates_out_of_core_to_the_same_metrics(ray_session, t
     checkpoint = CheckpointManager(config.checkpoint_path)
     given, _ = checkpoint_partitions(config, checkpoint, 1, num_relation_ids(config))
     # No partition goes through the driver or the object store: each task reads its own.
-    assert given and all(isinstance(p, OnDisk) for p in given.values())
+    assert given and all(isinstance(p, CheckpointSource) for p in given.values())
     assert evaluate_checkpoint(config)["metrics"] == in_memory
 
 
@@ -192,7 +193,7 @@ def test_an_eval_task_scores_alike_whatever_threads_its_worker_kept(tmp_path):
     params = params_from_checkpoint(config, num_rel, *checkpoint.read_model(1))
     bucket = Bucket(0, 0)
     keys = partition_keys(config, bucket)
-    on_disk = OnDisk(("checkpoint", config.checkpoint_path, 1))
+    on_disk = CheckpointSource(config.checkpoint_path, 1)
     kept = torch.get_num_threads()
     results = []
     try:
@@ -298,7 +299,7 @@ def eval_tasks_in_process(checkpoint_path):
     last = config.entities["node"].num_partitions - 1
     bucket, path = Bucket(0, last), config.edge_paths[0]
     keys = partition_keys(config, bucket)
-    on_disk = OnDisk(("checkpoint", checkpoint_path, 1))
+    on_disk = CheckpointSource(checkpoint_path, 1)
     assert evaluate_bucket_task._function(config, bucket, path, num_rel, keys, params,
                                           *[on_disk] * len(keys),
                                           negatives=SampledNegatives.of_edge_paths(config))

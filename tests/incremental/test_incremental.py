@@ -17,7 +17,6 @@ from pbg_ray.incremental.growth import grow_partition, init_rows, neighbor_means
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import load_entity_counts, load_entity_names, load_relation_names
 from pbg_ray.model.params import init_params, params_from_checkpoint, params_to_checkpoint
-from pbg_ray.training.sources import load_partition
 from pbg_ray.training.trainer import Trainer
 from pbg_ray.types import Bucket
 from tests.importer.util import decoded, random_rows, write_text
@@ -291,7 +290,7 @@ def test_neighbor_init_starts_new_rows_at_their_neighbours_mean(day0):
     # The trainer's sources carry the means as files, which the partitions' loader reads.
     sources, _ = Trainer(config)._sources()
     for p in range(NPARTS):
-        embs, _ = load_partition(config, ("node", p), sources["node", p])
+        embs, _ = sources["node", p].load(config, ("node", p))
         rows, new = means["node", p], embs[known["node", p]:]
         given = np.isfinite(rows).all(axis=1)
         assert given.any() and np.array_equal(new[given], rows[given])

@@ -22,6 +22,7 @@ from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
 from pbg_ray.plot import main as plot_main
+from pbg_ray.training.sources import InitSource, ModelSource
 from pbg_ray.training.trainer import Trainer
 from tests.util import assert_valid_checkpoint, config_dict
 
@@ -125,8 +126,9 @@ def test_import_train_resume_eval_export_predict(ray_session, root, tmp_path):
     fresh = Trainer(dataclasses.replace(config, checkpoint_path=join(root, "model2"),
                                         init_path=config.checkpoint_path))
     sources, model_source = fresh._sources()
-    assert {source[:3] for source in sources.values()} == {("init", str(storage.path), 2)}
-    assert model_source[:3] == ("init", str(storage.path), 2)
+    assert {(type(s), s.path, s.version) for s in sources.values()} == {
+        (InitSource, str(storage.path), 2)}
+    assert model_source == ModelSource(str(storage.path), 2, grow=True)
 
 
 @pytest.mark.s3

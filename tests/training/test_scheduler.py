@@ -148,7 +148,7 @@ def test_the_scheduler_actor_loads_neither_checkpoints_nor_config(ray_session):
         runtime_env={"env_vars": {"PBG_RAY_TEST_WORKER": uuid.uuid4().hex}}
     ).remote(2, 2, "inside_out", True, True, 0)
     assert len(ray_session.get(actor.new_pass.remote(0))) == 4
-    heavy = ("h5py", "pbg_ray.config", "pbg_ray.checkpoints", "pbg_ray.training.stores", "torch")
+    heavy = ("h5py", "pbg_ray.config", "pbg_ray.checkpoints", "pbg_ray.training.partition_store", "torch")
     loaded = ray_session.get(actor.__ray_call__.remote(
         lambda _: [m for m in heavy if m in sys.modules]))
     assert loaded == []

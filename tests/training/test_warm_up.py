@@ -1,13 +1,14 @@
 """PBG's Hogwild warm-up (hogwild_delay): in the first epoch, only the buckets that bring a
-partition in are warmed up (engine.bucket_task.HogwildWarmUp), on a real local Ray."""
+partition in are warmed up (training.warm_up.HogwildWarmUp), on a real local Ray."""
 
 from typing import Any, Dict, List, Set
 
 import pytest
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.bucket_task import HogwildWarmUp, partition_keys
+from pbg_ray.model.params import partition_keys
 from pbg_ray.training.trainer import Trainer
+from pbg_ray.training.warm_up import HogwildWarmUp
 from pbg_ray.types import Bucket
 from tests.fault_injection import armed
 from tests.util import config_dict, write_random_graph

@@ -7,8 +7,8 @@ import ray
 
 from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
-from pbg_ray.training.sources import SwapFile, written_marker
-from pbg_ray.training.stores import PartitionStore
+from pbg_ray.training.partition_store import PartitionStore
+from pbg_ray.training.sources import RandomSource, SwapFile, written_marker
 from tests.util import config_dict
 
 KEYS = [("user", 0), ("user", 1), ("tag", 0)]  # user is partitioned, tag is not
@@ -24,13 +24,13 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     storage = CheckpointStorage(config.checkpoint_path)
     storage.prepare()
     store = PartitionStore.remote(config, 1)
-    ray.get([store.add.remote(key, ("random", 10, 0)) for key in KEYS])
+    ray.get([store.add.remote(key, RandomSource(10, 0)) for key in KEYS])
     initial = {key: stored(store, key) for key in KEYS}
     trained = {key: (embs + 1, sums + 1) for key, (embs, sums) in initial.items()}
 
     # The partitioned type's partitions are leased as swap files, read from their source.
     swap = ray.get(store.lease.remote(("user", 0)))
-    assert isinstance(swap, SwapFile) and swap.source == ("random", 10, 0)
+    assert isinstance(swap, SwapFile) and swap.source == RandomSource(10, 0)
     np.testing.assert_array_equal(swap.load(config, ("user", 0))[0], initial["user", 0][0])
     assert isinstance(ray.get(store.lease.remote(("tag", 0))), list)  # an object-store ref
     # A task that died after writing its swap file: its file is never taken.
@@ -48,7 +48,7 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     # The dead task's bucket again: from the partition's source, into the swap file that
     # no longer holds anything needed.
     retry = ray.get(store.lease.remote(("user", 1)))
-    assert retry.source == ("random", 10, 0) and retry.staged == swap.staged
+    assert retry.source == RandomSource(10, 0) and retry.staged == swap.staged
     retry.write(config, *trained["user", 1], {})
     ray.get(store.update.remote(("user", 1), [ray.put(retry)], False))
     expected = {**initial, ("user", 0): tuple(a + 1 for a in trained["user", 0]),

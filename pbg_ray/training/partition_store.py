@@ -1,7 +1,7 @@
-"""The Ray actors that hold the model: partition stores and the parameter server
-(the bucket scheduler's is in engine.scheduler, so that its process loads no more than it).
+"""The actors that own the entity partitions: each a share of the (entity type, partition)
+pairs, their newest values in Ray's object store or, in disk placement, on disk.
 
-Both only hold state, so they ask for no CPU (`num_cpus=0`) and never keep a train task
+It only holds state, so it asks for no CPU (`num_cpus=0`) and never keeps a train task
 from being placed.
 """
 
@@ -16,14 +16,13 @@ import ray
 
 from pbg_ray.checkpoints.directory import row_adagrad_state
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.sources import CheckpointSource, PartitionSource
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
-from pbg_ray.model.params import (
-    ModelParams, init_params, params_from_checkpoint, params_to_checkpoint)
+from pbg_ray.model.params import PartitionKey
 from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.sources import (
-    PartitionKey, Source, SwapFile, asked_marker, load_partition, writes_behind, written_marker)
+from pbg_ray.training.sources import SwapFile, asked_marker, writes_behind, written_marker
 
 
 @ray.remote(num_cpus=0)
@@ -57,7 +56,7 @@ class PartitionStore:
         self.refs: Dict[PartitionKey, ray.ObjectRef] = {}
         # Writable copies that deltas are added to; a ref is put when next asked for.
         self.summed: Dict[PartitionKey, List[np.ndarray]] = {}
-        self.sources: Dict[PartitionKey, Source] = {}
+        self.sources: Dict[PartitionKey, PartitionSource] = {}
         # Disk placement: the swap file holding a partition trained since its last
         # checkpoint, and those holding nothing needed. Swap files are named after this
         # store (a task of a replaced one may still be writing its own).
@@ -69,16 +68,16 @@ class PartitionStore:
     def swaps(self, key: PartitionKey) -> bool:
         return self.disk and self.config.entities[key[0]].num_partitions > 1
 
-    def add(self, key: PartitionKey, source: Source) -> None:
+    def add(self, key: PartitionKey, source: PartitionSource) -> None:
         self.sources[key] = source
         if not self.swaps(key):
-            self.refs[key] = ray.put(load_partition(self.config, key, source))
+            self.refs[key] = ray.put(source.load(self.config, key))
 
-    def _source(self, key: PartitionKey) -> Source:
+    def _source(self, key: PartitionKey) -> PartitionSource:
         """Where a swapped partition's newest values are."""
         return self.newest[key].written if key in self.newest else self.sources[key]
 
-    def source(self, key: PartitionKey) -> Optional[Source]:
+    def source(self, key: PartitionKey) -> Optional[PartitionSource]:
         """Where a swapped partition's newest values are (None if it is not swapped): a
         trainer reads them ahead of its next bucket, whose lease will name this source."""
         return self._source(key) if self.swaps(key) else None
@@ -87,7 +86,7 @@ class PartitionStore:
         """[ref to (embeddings, sums)] (wrapped in a list so Ray passes the ref, not the
         value). Disk placement reads a swapped partition for this caller only."""
         if self.swaps(key):
-            return [ray.put(load_partition(self.config, key, self._source(key)))]
+            return [ray.put(self._source(key).load(self.config, key))]
         if key in self.summed and key not in self.refs:
             self.refs[key] = ray.put(tuple(self.summed[key]))
         return [self.refs[key]]
@@ -148,14 +147,14 @@ class PartitionStore:
             elif key in self.refs:
                 self._write(key, ray.get(self.refs[key]), version, metadata)
             else:  # disk placement: not trained since its last checkpoint
-                self._write(key, load_partition(self.config, key, self.sources[key]), version, metadata)
+                self._write(key, self.sources[key].load(self.config, key), version, metadata)
             fault_point("partition_store.save")
         # The rest are written over in the next pass (a dead task's too); the trainer
         # removes them at the end of the run.
         self.spare = [str(path) for path in self.checkpoints.swap_files(self.owner)]
         # From now on the partitions load from this version.
         for key in self.sources:
-            self.sources[key] = ("checkpoint", str(self.checkpoints.path), version)
+            self.sources[key] = CheckpointSource(str(self.checkpoints.path), version)
         self.newest.clear()
         self.next_version = version + 1
 
@@ -182,44 +181,3 @@ class PartitionStore:
 
     def keys(self) -> List[PartitionKey]:
         return sorted(self.sources)
-
-
-@ray.remote(num_cpus=0)
-class ParameterServer:
-    """The shared, non-entity parameters (relation operators, global embeddings)
-    with their Adagrad sums. Concurrent train tasks pull a copy and push the
-    change they made, which is added here."""
-
-    def __init__(self, config: ConfigSchema, num_relation_ids: int) -> None:
-        self.config = config
-        self.num_relation_ids = num_relation_ids
-        self.params: Optional[ModelParams] = None
-
-    def load(self, source: Optional[Source]) -> None:
-        """The first values: PBG's initial ones (source None) or those of a ("checkpoint"
-        or "init", path, version) model file. (A method, not the constructor, so that a
-        bad file's error reaches the driver as this call's, like PartitionStore.add's.)"""
-        if source is None:
-            self.params = init_params(self.config, self.num_relation_ids)
-            return
-        _, path, version = source
-        checkpoint = CheckpointManager(path)
-        arrays, optim_state = checkpoint.read_model(version)
-        self.params = params_from_checkpoint(self.config, self.num_relation_ids, arrays,
-                                             optim_state, grow=source[0] == "init",
-                                             where=str(checkpoint.model_file(version)))
-
-    def get(self) -> ModelParams:
-        return self.params
-
-    def apply_delta(self, delta: ModelParams) -> None:
-        fault_point("parameter_server.update")
-        for name, value in delta.arrays.items():
-            self.params.arrays[name] += value
-        for name, value in delta.sums.items():
-            self.params.sums[name] += value
-
-    def save(self, version: int, metadata: Dict[str, Any]) -> None:
-        arrays, optim_state = params_to_checkpoint(self.config, self.params)
-        CheckpointManager(self.config.checkpoint_path).write_model(version, arrays, optim_state,
-                                                                   metadata)
