@@ -157,7 +157,8 @@ def in_process(config: Any, items: List[str], requests: int) -> Dict[str, Dict[s
     """The same top_lhs queries answered by the service's own code (ServingModel over
     ShardTables) in this process, one at a time, without Ray Serve or HTTP: per mode the
     mean and p99 ms of the computation a request costs."""
-    from pbg_ray.serving.shards import ServingModel, in_process_shards
+    from pbg_ray.serving.names import ServingModel
+    from pbg_ray.serving.shards import in_process_shards
 
     model = ServingModel(config, 1)
     rows, search = in_process_shards(config, 1)
@@ -212,7 +213,7 @@ def main() -> None:
     import ray
 
     from pbg_ray.config import ConfigSchema
-    from pbg_ray.serving.service import start_service, stop_service
+    from pbg_ray.serving.launch import start_service, stop_service
 
     with contextlib.ExitStack() as stack:
         root = Path(args.workdir or stack.enter_context(tempfile.TemporaryDirectory()))

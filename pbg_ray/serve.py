@@ -18,7 +18,7 @@ import sys
 from pbg_ray.cli import hydra_entry, stop_on_sigterm
 from pbg_ray.config import ConfigSchema
 from pbg_ray.runtime.connect import connect_ray, local_ray, shutdown_ray
-from pbg_ray.serving.service import start_service, stop_service, version_changes
+from pbg_ray.serving.launch import start_service, stop_service, version_changes
 
 EXAMPLES = (
     "python -m pbg_ray.serve                                # the demo's checkpoint on :8000",

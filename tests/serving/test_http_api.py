@@ -23,8 +23,8 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import rank_counts
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.edges import read_edges
-from pbg_ray.serving.service import start_service, stop_service
-from pbg_ray.serving.shards import INDEX_DIRECTORY
+from pbg_ray.serving.index import INDEX_DIRECTORY
+from pbg_ray.serving.launch import start_service, stop_service
 from pbg_ray.types import Bucket
 from tests.fault_injection import FAULTS_DIR, armed
 from tests.util import config_dict, write_random_graph

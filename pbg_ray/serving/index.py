@@ -1,0 +1,228 @@
+"""A checkpoint version's candidate sets (what one side of a relation ranks in one partition of
+an entity type) and their faiss indexes: which sets need one, which share one through the
+adjoint query, which kind (exact, HNSW, IVF), built by Ray tasks and saved beside the version.
+
+A candidate set is the Scorer's prepared candidate vectors. Sets are shared across relations
+(key relation None: entity vectors prepared by the comparator; also the neighbour search's)
+except where the relation operator applies to the candidates (rhs side in per-relation mode,
+operator other than none: key the relation's index). An index is searched with the
+comparator's metric: inner product for dot and cos (cos's prepared vectors have unit norm),
+L2 for l2 and squared_l2. A relation's set needs no index of its own where the query can
+carry the operator instead: for dot, <q, op(x)> = <op*(q), x> + <q, t> (op* the adjoint of
+the operator's linear part, t its translation, the same for every candidate); for L2,
+|q - (x + t)| = |(q - t) - x|. Such sets are searched in the relation-free set's index with
+the transformed query."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import ray
+import torch
+from torch import Tensor
+
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.config import ConfigSchema, ServeConfig
+from pbg_ray.evaluation.scoring import Scorer
+from pbg_ray.io.files import write_bytes_atomic
+from pbg_ray.io.storage import StoragePath, is_uri, storage_path
+from pbg_ray.io.entities import num_relation_ids
+from pbg_ray.model.params import operator_key, params_from_checkpoint
+
+
+# (entity type, partition, relation index or None): one candidate set (module docstring).
+SetKey = Tuple[str, int, Optional[int]]
+
+
+INDEX_DIRECTORY = "serve_index"  # in checkpoint_path, one v{N}/ per checkpoint version
+
+
+IP_COMPARATORS = ("dot", "cos")
+
+
+def version_scorer(config: ConfigSchema, version: int) -> Scorer:
+    """The Scorer of checkpoint version `version`'s model."""
+    checkpoint = CheckpointManager(config.checkpoint_path)
+    arrays = checkpoint.read_model(version)[0]
+    return Scorer(config, params_from_checkpoint(config, num_relation_ids(config), arrays, None,
+                                                 where=f"version {version}").arrays)
+
+
+def shard_of(part: int, serve: ServeConfig) -> int:
+    """The shard group holding partition `part` of every entity type."""
+    return part % serve.shard_groups
+
+
+def set_keys(config: ConfigSchema, shard: Optional[int] = None) -> List[SetKey]:
+    """The candidate sets of the partitions of one shard group (None: all)."""
+    keys: List[SetKey] = []
+    for entity, econf in config.entities.items():
+        for part in range(econf.num_partitions):
+            if shard is not None and shard_of(part, config.serve) != shard:
+                continue
+            keys.append((entity, part, None))
+            if not config.dynamic_relations:
+                keys += [(entity, part, r) for r, rconf in enumerate(config.relations)
+                         if rconf.rhs == entity and rconf.operator != "none"]
+    return keys
+
+
+# Operators whose relation sets are searched in the relation-free index, per comparator.
+ADJOINT_OPERATORS = {
+    "dot": ("none", "translation", "diagonal", "linear", "affine", "complex_diagonal"),
+    "l2": ("none", "translation"), "squared_l2": ("none", "translation")}
+
+
+def shares_index(config: ConfigSchema, key: SetKey) -> bool:
+    """Whether a relation's set is searched in the relation-free set's index."""
+    relation = key[2]
+    return (relation is not None and not config.bias and config.relations[relation].operator
+            in ADJOINT_OPERATORS.get(config.comparator, ()))
+
+
+def index_keys(config: ConfigSchema) -> List[SetKey]:
+    """The sets with an index of their own (if their size asks for one)."""
+    return [key for key in set_keys(config) if not shares_index(config, key)]
+
+
+def adjoint_queries(scorer: Scorer, relation: int, queries: Tensor) -> Tensor:
+    """Queries [B, D] whose search among the relation-free set ranks candidates as
+    `queries` rank the relation's (module docstring); for sets that share_index."""
+    config = scorer.config
+    operator = config.relations[relation].operator
+    p = {name: scorer.params[operator_key(relation, "rhs", name)]
+         for name, _ in scorer.operators[relation].param_names}
+    if operator == "translation" and config.comparator != "dot":
+        return queries - p["translation"]
+    if operator == "diagonal":
+        return queries * p["diagonal"]
+    if operator in ("linear", "affine"):
+        return queries @ p["linear_transformation"]  # forward is x @ A^T
+    if operator == "complex_diagonal":  # the conjugate diagonal
+        return scorer.operators[relation].forward(queries, {"real": p["real"],
+                                                            "imag": -p["imag"]})
+    return queries
+
+
+def set_relation(scorer: Scorer, side: str, relation: int) -> Optional[int]:
+    """The relation part of the key of the set `side` of `relation` ranks in."""
+    specific = (scorer.relation_specific(side)
+                and scorer.config.relations[relation].operator != "none")
+    return relation if specific else None
+
+
+def candidate_vectors(scorer: Scorer, entity: str, rows: Tensor, relation: Optional[int]) -> Tensor:
+    """The prepared candidates [N, D] of a set from a partition's raw rows [N, D]."""
+    vectors = scorer.entity_vectors(entity, rows)
+    if relation is None:
+        return scorer.comparator.prepare(vectors)[0]
+    return scorer.candidates("rhs", relation, vectors)
+
+
+def index_kind(config: ConfigSchema, rows: int) -> str:
+    """exact, hnsw or ivf for a set of `rows` candidates (serve.index; auto: by size)."""
+    serve = config.serve
+    if serve.index != "auto":
+        return serve.index
+    if config.bias or rows < serve.index_min_rows:
+        return "exact"
+    return "hnsw" if rows < serve.ivf_min_rows else "ivf"
+
+
+def index_file(config: ConfigSchema, version: int, key: SetKey, kind: str) -> StoragePath:
+    """Where a set's index of `version` is saved: beside the version, named by its build
+    settings (so changed settings build a new one)."""
+    serve = config.serve
+    settings = (f"{kind} {serve.hnsw_m} {serve.hnsw_ef_construction}" if kind == "hnsw"
+                else f"{kind} {serve.ivf_lists}")
+    tag = hashlib.sha1(settings.encode()).hexdigest()[:8]
+    entity, part, relation = key
+    name = f"{entity}_{part}{'' if relation is None else f'_r{relation}'}.{kind}-{tag}.faiss"
+    return storage_path(config.checkpoint_path) / INDEX_DIRECTORY / f"v{version}" / name
+
+
+def build_index(vectors: np.ndarray, kind: str, comparator: str, serve: ServeConfig) -> Any:
+    """A faiss index (hnsw or ivf) of vectors float32 [N, D] with the comparator's metric."""
+    import faiss
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    n, dim = vectors.shape
+    metric = faiss.METRIC_INNER_PRODUCT if comparator in IP_COMPARATORS else faiss.METRIC_L2
+    if kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, serve.hnsw_m, metric)
+        index.hnsw.efConstruction = serve.hnsw_ef_construction
+    else:
+        lists = serve.ivf_lists or int(4 * np.sqrt(n))
+        lists = max(1, min(lists, n // 39 or 1))  # faiss wants 39 training points per list
+        quantizer = (faiss.IndexFlatIP if metric == faiss.METRIC_INNER_PRODUCT
+                     else faiss.IndexFlatL2)(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, lists, metric)
+        sample = vectors[np.random.default_rng(0).permutation(n)[:lists * 256]]
+        index.train(sample)
+    index.add(vectors)
+    return index
+
+
+def build_set_index(config: ConfigSchema, version: int, key: SetKey) -> Dict[str, Any]:
+    """Build and save the index of one set of `version` unless it is saved already (an
+    exact set has none). Returns its figures: key, kind, rows, seconds (0: found saved)."""
+    import faiss
+
+    entity, part, relation = key
+    checkpoint = CheckpointManager(config.checkpoint_path)
+    rows = checkpoint.read_partition(version, entity, part)[0]
+    kind = index_kind(config, len(rows))
+    figures = {"key": list(key), "kind": kind, "rows": len(rows), "seconds": 0.0}
+    path = index_file(config, version, key, kind)
+    if kind == "exact" or path.is_file():
+        return figures
+    start = time.perf_counter()
+    vectors = candidate_vectors(version_scorer(config, version), entity, torch.from_numpy(rows),
+                                relation)
+    index = build_index(vectors.numpy(), kind, config.comparator, config.serve)
+    write_bytes_atomic(path, faiss.serialize_index(index).tobytes())
+    figures["seconds"] = time.perf_counter() - start
+    return figures
+
+
+def drop_old_indexes(config: ConfigSchema, keep: Sequence[int]) -> None:
+    """Remove the saved indexes of versions other than `keep` (local checkpoints only)."""
+    if is_uri(config.checkpoint_path):
+        return
+    root = storage_path(config.checkpoint_path) / INDEX_DIRECTORY
+    if not root.is_dir():
+        return
+    for directory in root.iterdir():
+        if directory.name not in {f"v{v}" for v in keep}:
+            for file in directory.iterdir():
+                file.unlink(missing_ok=True)
+            directory.rmdir()
+
+
+@ray.remote
+def build_index_task(config: Dict[str, Any], version: int, key: List[Any]) -> Dict[str, Any]:
+    """Build (or find saved) one candidate set's index of `version`, on as many threads as
+    the task has CPUs (builds run side by side)."""
+    import faiss
+
+    config = ConfigSchema.from_dict(config)
+    faiss.omp_set_num_threads(max(1, int(config.serve.index_cpus)))
+    return build_set_index(config, version, tuple(key))
+
+
+async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
+    """Every set's index of `version`, built by parallel Ray tasks (saved ones reused);
+    older versions' saved indexes are removed. Returns the build's figures."""
+    start = time.perf_counter()
+    task = build_index_task.options(num_cpus=config.serve.index_cpus)
+    plain = config.to_dict()
+    figures = await asyncio.gather(*(task.remote(plain, version, list(key))
+                                     for key in index_keys(config)))
+    drop_old_indexes(config, [version - 1, version])
+    return {"version": version, "seconds": time.perf_counter() - start,
+            "built": [f for f in figures if f["seconds"] > 0],
+            "kinds": sorted({f["kind"] for f in figures})}

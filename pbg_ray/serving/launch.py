@@ -1,0 +1,154 @@
+"""Starting and stopping the service: Serve's environment and ports, the served version's
+indexes built, the deployments run, the versions taken up reported, and a stop that leaves
+nothing of the service running."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any, Dict, Iterator
+
+import ray
+from ray import serve
+from ray.serve._private.constants import (
+    SERVE_CONTROLLER_NAME, SERVE_LOGGER_NAME, SERVE_NAMESPACE)
+
+from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.config import ConfigSchema, ServeConfig
+from pbg_ray.errors import PbgRayError
+from pbg_ray.runtime.connect import connect_ray
+from pbg_ray.serving.http_api import UNAVAILABLE, Router, Shard
+from pbg_ray.serving.index import build_indexes
+
+
+APPLICATION = "pbg_ray"
+
+
+# Ray Serve's throughput-optimized mode switch by switch (what RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+# sets; that switch also has the controller print a banner of them on the terminal): calls
+# between deployments over gRPC instead of Ray actor calls, user code and the handles'
+# routing on the replica's event loop, Serve's own logs buffered and in its log files only,
+# the garbage collector frozen after start-up.
+THROUGHPUT_OPTIMIZED = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+                        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+                        "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+                        "RAY_SERVE_LOG_TO_STDERR": "0",
+                        "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+                        "RAY_SERVE_FREEZE_GC_ON_STARTUP": "1"}
+
+
+def serve_env(serve_config: ServeConfig) -> Dict[str, str]:
+    """Environment of Serve's controller and of the replicas: THROUGHPUT_OPTIMIZED.
+
+    serve.ingress=direct: the router replicas answer HTTP themselves (Serve's direct
+    ingress), on the node of the command that started the service, on serve.port and the
+    ports after it, one per router replica, not behind Serve's proxy; a replica Serve
+    replaces takes its port again at once (no quarantine, which exists for load balancers
+    in front of the replicas, and no drain period before a stopped replica closes).
+    serve.ingress=proxy: Serve's HTTP proxy listens on serve.port and forwards each request
+    to a router replica."""
+    if serve_config.ingress == "proxy":
+        return {**THROUGHPUT_OPTIMIZED, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+    return {**THROUGHPUT_OPTIMIZED, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(serve_config.port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(serve_config.port
+                                                          + serve_config.router_replicas),
+            "RAY_SERVE_PORT_QUARANTINE_S": "0",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
+
+
+def proxy_port(serve_config: ServeConfig) -> int:
+    """The port of Serve's HTTP proxy: serve.port behind serve.ingress=proxy; with direct
+    ingress, where Serve still starts its proxy, a free one that nobody is told of (Serve's
+    line "Application ... is ready at" that port is kept off the terminal: start_service)."""
+    if serve_config.ingress == "proxy":
+        return serve_config.port
+    with socket.socket() as probe:
+        probe.bind((serve_config.host, 0))
+        return probe.getsockname()[1]
+
+
+def start_service(config: ConfigSchema) -> Dict[str, Any]:
+    """Connect to Ray, build the served version's indexes and start the application on
+    serve.host:serve.port. Returns the URL, the version and the index build's figures.
+    Serve's INFO lines in this process (started, deploying, ready at its proxy's port,
+    deleting) are left out: the caller says what is served where."""
+    config = config.checked().with_absolute_paths()
+    logging.getLogger(SERVE_LOGGER_NAME).setLevel(logging.WARNING)
+    connect_ray(config.ray)
+    serve_config = config.serve
+    if serve_config.ingress == "direct" and serve_running():
+        raise PbgRayError(
+            "Ray Serve already runs on this Ray cluster, and serve.ingress=direct needs a Serve "
+            "started by pbg_ray (its controller assigns the router's port serve.port when it "
+            "starts). Stop the other Serve (`serve shutdown -y`) or set serve.ingress=proxy.")
+    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
+        config, config.serve.version, "serve.version")
+    built = asyncio.run(build_indexes(config, version))
+    env = {"env_vars": serve_env(serve_config)}
+    serve.start(http_options={"host": serve_config.host, "port": proxy_port(serve_config)},
+                controller_options={"runtime_env": env})
+    plain = config.to_dict()
+    shards = [Shard.options(name=f"Shard{g}", num_replicas=serve_config.shard_replicas,
+                            ray_actor_options={"num_cpus": serve_config.shard_cpus,
+                                               "runtime_env": env})
+              .bind(plain, g, version) for g in range(serve_config.shard_groups)]
+    router_options = {"num_cpus": 0, "runtime_env": env}
+    if serve_config.ingress == "direct":  # on this node, whose address serve.port is at
+        router_options["resources"] = {f"node:{ray.util.get_node_ip_address()}": 0.001}
+    router = Router.options(num_replicas=serve_config.router_replicas,
+                            ray_actor_options=router_options).bind(plain, version, shards)
+    serve.run(router, name=APPLICATION, route_prefix="/")
+    return {"url": f"http://{serve_config.host}:{serve_config.port}", "version": version,
+            "index": built}
+
+
+def serve_running() -> bool:
+    """Whether a Ray Serve controller runs on the connected Ray cluster."""
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def version_changes(version: int) -> Iterator[Dict[str, Any]]:
+    """Each change of what the service serves, as the router takes up (or fails to take up)
+    a version newer than `version` (Router.newer_version), for ever; {"version": the one
+    served, "failure": {"version", "error"} of the newest failure or None}."""
+    router = serve.get_app_handle(APPLICATION)
+    failure = None
+    while True:
+        response = router.newer_version.remote(version, failure)
+        try:
+            news = response.result()
+        except UNAVAILABLE:  # the router replica asked died; Serve starts another
+            continue
+        except BaseException:  # stopped (Ctrl-C, SIGTERM): no call left waiting, which
+            response.cancel()  # would hold up the router replica's stop
+            raise
+        yield news
+        version, failure = news["version"], news["failure"]
+
+
+def stop_service(end_serve: bool = True) -> None:
+    """Delete the application (its replicas finish the requests they hold), then, with
+    end_serve, end Serve: its controller stops the proxies and ends itself. (serve.shutdown()
+    asks it that with Ray's retries, and Ray prints that the call "failed" and "will be
+    retried" as the controller ends; asked here without retries, serve.shutdown() then only
+    drops Serve's handle of it.) Without end_serve, Serve's controller and proxies are left
+    to the end of the Ray they run on: a driver that holds a handle (version_changes) would
+    have Ray print the same of its handle's calls to the ended controller. Serve's notices
+    of replicas ending (in this process's handles) are what was asked for: left out."""
+    logging.getLogger(SERVE_LOGGER_NAME).setLevel(logging.ERROR)
+    serve.delete(APPLICATION)
+    if not end_serve:
+        return
+    if serve_running():
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        try:
+            ray.get(controller.graceful_shutdown.options(max_task_retries=0).remote())
+        except ray.exceptions.RayActorError:
+            pass  # it ended, as asked
+    serve.shutdown()
