@@ -57,9 +57,11 @@ def served(tmp_path_factory, ray_session):
     stop_service()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def predictor(served):
-    return Predictor.load(served[0].checkpoint_path, version=1)
+    """The Predictor of the version the service serves now (test_a_new_version_... adds one)."""
+    config, client = served
+    return Predictor.load(config.checkpoint_path, version=client.get("/health").json()["version"])
 
 
 def post(client, path, body):
@@ -79,7 +81,7 @@ def test_scores_are_the_predictors(served, predictor):
               [(u, "follows", v) for u in users[::5] for v in users[::4]]
     got = post(client, "/score", {"edges": [dict(zip(("lhs", "relation", "rhs"), t))
                                             for t in triples]})
-    assert got["version"] == 1
+    assert got["version"] == predictor.embedding_source.version
     np.testing.assert_allclose(got["scores"], predictor.score(triples), rtol=1e-5, atol=1e-5)
 
 
@@ -170,12 +172,12 @@ def test_a_batch_answers_as_single_requests(served, predictor):
 
 def test_metadata_health_and_openapi(served, predictor):
     config, client = served
-    meta = client.get("/metadata").json()
-    assert meta["version"] == 1 and meta["dimension"] == config.dimension
+    meta, version = client.get("/metadata").json(), predictor.embedding_source.version
+    assert meta["version"] == version and meta["dimension"] == config.dimension
     assert meta["entity_types"]["user"] == {"count": sum(map(len, predictor.names("user"))),
                                            "partitions": 2, "dimension": config.dimension}
     assert [r["name"] for r in meta["relations"]] == ["follows", "likes", "tagged"]
-    assert client.get("/health").json() == {"status": "ok", "version": 1}
+    assert client.get("/health").json() == {"status": "ok", "version": version}
     openapi = client.get("/openapi.json").json()
     paths = openapi["paths"]
     assert {"/score", "/top_rhs", "/top_lhs", "/neighbors", "/metadata", "/health"} <= set(paths)
@@ -287,10 +289,12 @@ def test_a_body_that_is_not_json_and_an_unknown_route_are_4xx(served):
 
 def test_a_new_version_is_taken_up_while_requests_succeed(served):
     """Train one more version while a client loop queries; every request succeeds and the
-    version the answers name goes from 1 to 2."""
+    version the answers name goes from the served one to the next."""
     from pbg_ray.training.trainer import Trainer
 
     config, client = served
+    served_version = client.get("/health").json()["version"]
+    new = served_version + 1
     statuses, versions = [], []
     done = threading.Event()
 
@@ -303,25 +307,25 @@ def test_a_new_version_is_taken_up_while_requests_succeed(served):
                 statuses.append(response.status_code)
                 if response.status_code == 200:
                     versions.append(response.json()["version"])
-                    if versions[-1] == 2 and done.is_set():
+                    if versions[-1] == new and done.is_set():
                         return
 
     loop = threading.Thread(target=load)
     loop.start()
-    Trainer(dataclasses.replace(config, num_epochs=2)).run()
+    Trainer(dataclasses.replace(config, num_epochs=new)).run()
     done.set()
     loop.join()
     assert statuses and set(statuses) == {200}
-    assert versions[0] == 1 and versions[-1] == 2
+    assert versions[0] == served_version and versions[-1] == new
     assert versions == sorted(versions)
-    assert client.get("/metadata").json()["version"] == 2
-    # The live service answers from version 2's own indexes, as version 2's Predictor does.
-    assert (Path(config.checkpoint_path) / INDEX_DIRECTORY / "v2").is_dir()
-    newer = Predictor.load(config.checkpoint_path, version=2)
+    assert client.get("/metadata").json()["version"] == new
+    # The live service answers from the new version's own indexes, as its Predictor does.
+    assert (Path(config.checkpoint_path) / INDEX_DIRECTORY / f"v{new}").is_dir()
+    newer = Predictor.load(config.checkpoint_path, version=new)
     users = everyone(newer, "user")[::13]
     got = post(client, "/top_rhs", {"queries": [{"lhs": u, "relation": "likes"} for u in users],
                                     "k": 5})
-    assert got["version"] == 2
+    assert got["version"] == new
     for user, answer in zip(users, got["results"]):
         want = newer.top_rhs(user, "likes", k=5)
         assert [a["name"] for a in answer] == [n for n, _ in want]
