@@ -1,13 +1,16 @@
-"""The package's layers, enforced: each module imports only the layers below its own.
+"""The package's rooms by domain, and what each may import, enforced.
 
-    types, errors  <-  config  <-  model, io  <-  checkpoints  <-  importer, evaluation,
-    incremental  <-  engine  <-  commands (pbg_ray/*.py at the top)
+    types, errors  <-  config  <-  model, io  <-  checkpoints  <-  runtime (Ray plumbing)
+    incremental (checkpoints)    importer (runtime)    evaluation (runtime)
+    training (evaluation, incremental)    serving (evaluation)    tuning (training)
+    commands (pbg_ray/*.py at the top: every room)
 
-`model` never imports io, `io` never imports model, Ray is imported only by the engine and
-the commands, and `import pbg_ray.config` loads neither torch, ray nor pyarrow. Imports
-inside functions count as much as those at the top of a module. The drivers of train, eval
-and export load no torch: only their tasks' workers run the kernel. docs/architecture.md
-says the same in prose; change both together.
+config, model, io and checkpoints never import Ray (nor incremental); `model` never imports
+io and `io` never imports model; `import pbg_ray.config` loads neither torch, ray nor
+pyarrow. Imports inside functions count as much as those at the top of a module, for the
+rooms and for the cycle check (those under `if TYPE_CHECKING:` never run and count for
+neither). The drivers of train, eval and export load no torch: only their tasks' workers
+run the kernel. docs/architecture.md says the same in prose; change both together.
 """
 
 from __future__ import annotations
@@ -23,34 +26,32 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pbg_ray"
 
-# Each layer and the layers its modules may import (their own included).
+# Each room and the rooms its modules may import (its own included).
 BASE = {"types", "errors"}
 ALLOWED: Dict[str, Set[str]] = {"base": {"base"}, "config": {"base", "config"}}
 ALLOWED["model"] = ALLOWED["config"] | {"model"}
 ALLOWED["io"] = ALLOWED["config"] | {"io"}
-ALLOWED["runtime"] = ALLOWED["config"] | {"runtime", "model", "io", "checkpoints", "training"}
 ALLOWED["checkpoints"] = ALLOWED["model"] | ALLOWED["io"] | {"checkpoints"}
+ALLOWED["runtime"] = ALLOWED["checkpoints"] | {"runtime"}
 ALLOWED["incremental"] = ALLOWED["checkpoints"] | {"incremental"}
-ALLOWED["importer"] = ALLOWED["checkpoints"] | ALLOWED["runtime"] | {"importer"}
-ALLOWED["training"] = (ALLOWED["incremental"] | ALLOWED["runtime"]
-                       | {"training", "evaluation"})
-ALLOWED["evaluation"] = ALLOWED["training"]
+ALLOWED["importer"] = ALLOWED["runtime"] | {"importer"}
+ALLOWED["evaluation"] = ALLOWED["runtime"] | {"evaluation"}
+ALLOWED["training"] = ALLOWED["evaluation"] | ALLOWED["incremental"] | {"training"}
 ALLOWED["serving"] = ALLOWED["evaluation"] | {"serving"}
 ALLOWED["tuning"] = ALLOWED["training"] | {"tuning"}
-ALLOWED["commands"] = (ALLOWED["importer"] | ALLOWED["serving"] | ALLOWED["tuning"]
-                       | {"commands"})
+ALLOWED["commands"] = set().union(*ALLOWED.values()) | {"commands"}
 
-# Third-party packages a layer may not import at all.
+# Third-party packages a room may not import at all.
 FORBIDDEN_PACKAGES = {"base": {"torch", "ray", "pyarrow"}, "config": {"torch", "ray", "pyarrow"},
-                      "model": {"ray", "pyarrow"}, "io": {"torch", "ray"}}
-RAY_LAYERS = {"runtime", "importer", "training", "evaluation", "serving", "tuning", "commands"}
+                      "model": {"ray", "pyarrow"}, "io": {"torch", "ray"},
+                      "checkpoints": {"ray"}, "incremental": {"ray"}}
 
 
-def layer_of(module: str) -> str:
-    """The layer of a dotted pbg_ray module name."""
+def room_of(module: str) -> str:
+    """The room of a dotted pbg_ray module name."""
     parts = module.split(".")
     if len(parts) == 1:
-        return "commands"  # pbg_ray/__init__.py: the API over every layer
+        return "commands"  # pbg_ray/__init__.py: the API over every room
     if parts[1] in BASE:
         return "base"
     if len(parts) == 2 and not (PACKAGE / parts[1]).is_dir():
@@ -69,12 +70,26 @@ def modules() -> Iterator[Tuple[str, Path]]:
         yield ".".join(parts), path
 
 
+def runtime_nodes(tree: ast.Module, top_level_only: bool) -> Iterator[ast.AST]:
+    """The statements that run: every node (or the module's own statements), those under
+    `if TYPE_CHECKING:` left out."""
+    todo: List[ast.AST] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING",
+                                                                   "typing.TYPE_CHECKING"):
+            todo += node.orelse
+            continue
+        yield node
+        if not top_level_only:
+            todo += ast.iter_child_nodes(node)
+
+
 def imports(module: str, path: Path, top_level_only: bool = False) -> List[Tuple[str, int]]:
-    """(imported module, line) for every import statement of the module."""
+    """(imported module, line) for every import statement of the module that runs."""
     tree = ast.parse(path.read_text(), str(path))
-    nodes = tree.body if top_level_only else ast.walk(tree)
     found = []
-    for node in nodes:
+    for node in runtime_nodes(tree, top_level_only):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -89,35 +104,36 @@ def imports(module: str, path: Path, top_level_only: bool = False) -> List[Tuple
             found += [(f"{name}.{alias.name}", node.lineno) for alias in node.names
                       if name.startswith("pbg_ray") and
                       (PACKAGE.parent / f"{name}.{alias.name}".replace(".", "/")).with_suffix(".py").exists()]
-    return found
+    return sorted(found, key=lambda item: item[1])
 
 
 ALL_MODULES = dict(modules())
 
 
-def test_the_layer_map_knows_every_subpackage():
+def test_the_room_map_knows_every_subpackage():
     subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"conf"}
     assert subpackages <= set(ALLOWED), f"add {subpackages - set(ALLOWED)} to tests/test_layers.py"
 
 
 @pytest.mark.parametrize("module", sorted(ALL_MODULES))
-def test_module_imports_only_layers_below(module):
-    layer = layer_of(module)
+def test_module_imports_only_the_rooms_it_may(module):
+    room = room_of(module)
     wrong = []
     for name, line in imports(module, ALL_MODULES[module]):
         top = name.split(".")[0]
         if top == "pbg_ray":
-            if layer_of(name) not in ALLOWED[layer]:
-                wrong.append(f"line {line}: {name} ({layer_of(name)})")
-        elif top in FORBIDDEN_PACKAGES.get(layer, ()) or (top == "ray" and layer not in RAY_LAYERS):
+            if room_of(name) not in ALLOWED[room]:
+                wrong.append(f"line {line}: {name} ({room_of(name)})")
+        elif top in FORBIDDEN_PACKAGES.get(room, ()):
             wrong.append(f"line {line}: {name}")
-    assert not wrong, (f"{module} is in layer {layer!r}, which may import only "
-                       f"{sorted(ALLOWED[layer])}; it imports: " + "; ".join(wrong))
+    assert not wrong, (f"{module} is in room {room!r}, which may import only "
+                       f"{sorted(ALLOWED[room])}; it imports: " + "; ".join(wrong))
 
 
 def test_no_import_cycles_between_modules():
-    """Module-level imports form no cycle, so every module imports on its own in any order."""
-    graph = {m: {name for name, _ in imports(m, p, top_level_only=True) if name in ALL_MODULES}
+    """Imports form no cycle, those inside functions included: every module imports on its
+    own in any order, and no two modules lean on each other."""
+    graph = {m: {name for name, _ in imports(m, p) if name in ALL_MODULES}
              for m, p in ALL_MODULES.items()}
     index: Dict[str, int] = {}
     low: Dict[str, int] = {}

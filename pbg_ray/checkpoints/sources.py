@@ -1,5 +1,5 @@
 """Where an entity partition's values come from, as typed sources that a task reads itself
-(`load`): here a checkpoint version's file; training adds its own (training/sources.py).
+(`load`): here a checkpoint version's file; training adds its own (training/bucket_sources.py).
 A task receives, per partition, its arrays through Ray's object store or a source to read
 them from, so that memory holds only the partitions of the tasks in flight."""
 

@@ -23,9 +23,9 @@ from pbg_ray.config.eval import EvalConfig
 from pbg_ray.config.export import ExportConfig
 from pbg_ray.config.importer import ImportConfig
 from pbg_ray.config.incremental import IncrementalConfig
-from pbg_ray.config.pbg_file import load_pbg_config_dict, load_pbg_config_file
+from pbg_ray.config.pbg_file import load_pbg_config_dict
 from pbg_ray.config.ray import RayConfig
-from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema
+from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema, load_pbg_config_file
 from pbg_ray.config.serve import ServeConfig
 from pbg_ray.config.tune import TuneConfig
 

@@ -9,12 +9,9 @@ import importlib.util
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Set, Union
+from typing import Any, Dict, Set, Union
 
 from pbg_ray.errors import PbgRayError
-
-if TYPE_CHECKING:
-    from pbg_ray.config.schema import ConfigSchema
 
 logger = logging.getLogger("pbg_ray")
 
@@ -72,10 +69,3 @@ def load_pbg_config_dict(path: Union[str, Path]) -> Dict[str, Any]:
                           f"a dict, got {type(data).__name__}.")
     return drop_pbg_only_keys(data, str(path))
 
-
-def load_pbg_config_file(path: Union[str, Path]) -> ConfigSchema:
-    """Load and validate a PBG config module, as torchbiggraph_train would."""
-    # Imported here: schema.py imports this module (ConfigSchema.from_dict drops PBG_ONLY_KEYS).
-    from pbg_ray.config.schema import ConfigSchema
-
-    return ConfigSchema.from_dict(load_pbg_config_dict(path), source=str(path))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
 
 from omegaconf import MISSING
 
@@ -23,7 +24,7 @@ from pbg_ray.config.export import ExportConfig
 from pbg_ray.config.importer import ImportConfig
 from pbg_ray.config.incremental import IncrementalConfig
 from pbg_ray.config.options import Fail, check_choice, check_positive, option
-from pbg_ray.config.pbg_file import drop_pbg_only_keys
+from pbg_ray.config.pbg_file import drop_pbg_only_keys, load_pbg_config_dict
 from pbg_ray.config.ray import RayConfig
 from pbg_ray.config.serve import ServeConfig
 from pbg_ray.config.tune import TuneConfig
@@ -258,3 +259,8 @@ class ConfigSchema:
             raise PbgRayError(f"{source}: {key}: {problem}. {fix}")
 
         validate_config(self, fail, source)
+
+
+def load_pbg_config_file(path: Union[str, Path]) -> ConfigSchema:
+    """Load and validate a PBG config module, as torchbiggraph_train would."""
+    return ConfigSchema.from_dict(load_pbg_config_dict(path), source=str(path))

@@ -33,7 +33,7 @@ from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads
 from pbg_ray.training.scheduler import partitions_to_keep
 from pbg_ray.training.partition_buffer import PartitionBuffer, writable
-from pbg_ray.training.sources import SwapFile
+from pbg_ray.training.bucket_sources import SwapFile
 from pbg_ray.types import Bucket, EdgeList
 
 

@@ -15,7 +15,7 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.params import ModelParams, init_params, params_to_checkpoint
 from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.sources import ModelSource
+from pbg_ray.training.bucket_sources import ModelSource
 
 
 @ray.remote(num_cpus=0)

@@ -20,7 +20,7 @@ from pbg_ray.io.edges import read_edges
 from pbg_ray.model.params import PartitionKey
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.training.hand_over import HandOver
-from pbg_ray.training.sources import SwapFile, SwapSource, writes_behind
+from pbg_ray.training.bucket_sources import SwapFile, SwapSource, writes_behind
 from pbg_ray.types import EdgeList
 
 

@@ -22,7 +22,7 @@ from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model.params import PartitionKey
 from pbg_ray.runtime.faults import fault_point
-from pbg_ray.training.sources import SwapFile, asked_marker, writes_behind, written_marker
+from pbg_ray.training.bucket_sources import SwapFile, asked_marker, writes_behind, written_marker
 
 
 @ray.remote(num_cpus=0)

@@ -47,7 +47,8 @@ from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker,
 from pbg_ray.training.parameter_server import ParameterServer
 from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.scheduler import BucketSchedulerActor, parts_by_next_use
-from pbg_ray.training.sources import InitSource, ModelSource, RandomSource, SwapFile, WriterDied
+from pbg_ray.training.bucket_sources import (
+    InitSource, ModelSource, RandomSource, SwapFile, WriterDied)
 from pbg_ray.training.tensorboard import TensorBoardLog
 from pbg_ray.training.warm_up import HogwildWarmUp
 from pbg_ray.types import Bucket

@@ -22,7 +22,7 @@ from pbg_ray.importer.graph_import import import_graph
 from pbg_ray.io.entities import load_entity_names
 from pbg_ray.io.storage import ObjectPath, join, storage_path
 from pbg_ray.plot import main as plot_main
-from pbg_ray.training.sources import InitSource, ModelSource
+from pbg_ray.training.bucket_sources import InitSource, ModelSource
 from pbg_ray.training.trainer import Trainer
 from tests.util import assert_valid_checkpoint, config_dict
 

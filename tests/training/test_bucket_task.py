@@ -16,7 +16,7 @@ from pbg_ray.evaluation import distributed
 from pbg_ray.training import bucket_task
 from pbg_ray.training.bucket_task import run_bucket, split_held_out, start_trainer_worker
 from pbg_ray.training.partition_buffer import PartitionBuffer
-from pbg_ray.training.sources import RandomSource, SwapFile
+from pbg_ray.training.bucket_sources import RandomSource, SwapFile
 from pbg_ray.types import Bucket, EdgeList
 from tests.util import write_random_graph
 

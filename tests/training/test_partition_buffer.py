@@ -16,7 +16,7 @@ from pbg_ray.model.params import init_params, partition_keys
 from pbg_ray.training import hand_over
 from pbg_ray.training.bucket_task import run_bucket
 from pbg_ray.training.partition_buffer import PartitionBuffer, writable
-from pbg_ray.training.sources import RandomSource, SwapFile, WriterDied, written_marker
+from pbg_ray.training.bucket_sources import RandomSource, SwapFile, WriterDied, written_marker
 from pbg_ray.types import Bucket
 from tests.util import ManualClock, write_random_graph
 
@@ -152,7 +152,7 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     held[0][:] += 1
     assert not copies.write_behind(config, user0, asked, held, {}, hand_over=True)
     assert not asked.asked()
-    reader = ("import sys; from pbg_ray.training.sources import wait_written; "
+    reader = ("import sys; from pbg_ray.training.bucket_sources import wait_written; "
               "wait_written(sys.argv[1], sys.argv[2], timeout=30.0)")
     subprocess.run([sys.executable, "-c", reader, asked.staged, asked.token], check=True,
                    cwd=os.getcwd(), timeout=60)

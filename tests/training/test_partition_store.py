@@ -8,7 +8,7 @@ import ray
 from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_sums
 from pbg_ray.config import ConfigSchema
 from pbg_ray.training.partition_store import PartitionStore
-from pbg_ray.training.sources import RandomSource, SwapFile, written_marker
+from pbg_ray.training.bucket_sources import RandomSource, SwapFile, written_marker
 from tests.util import config_dict
 
 KEYS = [("user", 0), ("user", 1), ("tag", 0)]  # user is partitioned, tag is not

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from pbg_ray.errors import PbgRayError
-from pbg_ray.training.sources import WriterDied, wait_written, written_marker
+from pbg_ray.training.bucket_sources import WriterDied, wait_written, written_marker
 
 
 def test_a_reader_of_a_swap_file_waits_for_its_write_or_learns_it_never_ends(tmp_path):
