@@ -11,14 +11,15 @@ The Python API (each name is imported on first use, so `import pbg_ray` stays li
     model = pbg_ray.Predictor.load(config.checkpoint_path)
     model.top_rhs("alice", "follows", k=10)
 
-The package, layer by layer (each imports only those below it; tests/test_layers.py
-enforces it):
+The package, room by room, each by its domain (each imports only the rooms below it;
+tests/test_layers.py enforces it, docs/architecture.md draws it):
 
     commands      train, import_edges, eval, predict, export, migrate, plot, tune, serve
                   (python -m) and cli (their shared entry)
-    engine/       the only Ray code: trainer, scheduler, partition stores, bucket tasks,
-                  distributed evaluator, Tune driver
-    checkpoints/ importer/ evaluation/ incremental/
+    tuning/ training/ serving/ evaluation/ importer/ incremental/
+                  each domain whole, its Ray part included
+    runtime/      the Ray plumbing the domains share
+    checkpoints/  the checkpoint directory and what is made of it
     model/ io/    one bucket's math; file formats and storage
     config/       every config section's schema
     types, errors

@@ -403,7 +403,7 @@ class CheckpointStorage:
 
     def swap_file(self, owner: str, number: int) -> StoragePath:
         """Swap file `number` of `owner` (disk placement's partition stores, see
-        engine.partitions.SwapFile); remove_leftovers deletes those left behind."""
+        training.bucket_sources.SwapFile); remove_leftovers deletes those left behind."""
         return self.path / f".partition.h5.tmp-swap-{owner}-{number}"
 
     def swap_files(self, owner: str) -> List[StoragePath]:

@@ -1,4 +1,4 @@
-"""File formats and storage, local or on object storage; never the model or the engine.
+"""File formats and storage, local or on object storage; never the model or Ray.
 
 storage.py           paths and URIs through pyarrow.fs, v1 HDF5 helpers
 files.py             atomic writes, reading with errors that name the file, locks

@@ -1,4 +1,4 @@
-"""The kernel's process settings, without torch (the engine starts workers with them):
+"""The kernel's process settings, without torch (Ray's workers start with them):
 the environment a kernel process starts with, handing its free heap back when idle,
 and the optional C extensions (_rows.c, _loss.c, _operators.c), each used where it is
 built, unless the environment variable PBG_RAY_C_KERNELS is 0, which makes the kernel

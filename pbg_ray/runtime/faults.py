@@ -2,7 +2,7 @@
 (tests/fault_injection.py) and benchmarks/fault_bench.py make a process fail, so that a
 test says where a fault strikes instead of waiting for a timer.
 
-The engine calls `fault_point(name)` at these points (in the process that reaches them):
+pbg_ray calls `fault_point(name)` at these points (in the process that reaches them):
 
     driver.before_apply          a bucket's results are back; its updates are not sent yet
     driver.after_apply           a bucket's updates are sent to the actors

@@ -268,7 +268,7 @@ class BucketScheduler:
 
 @ray.remote(num_cpus=0)
 class BucketSchedulerActor:
-    """Hands out buckets (see engine.scheduler.BucketScheduler) to the driver's trainers."""
+    """Hands out buckets (see BucketScheduler above) to the driver's trainers."""
 
     def __init__(self, nparts_lhs: int, nparts_rhs: int, order: str, lock_lhs: bool,
                  lock_rhs: bool, seed: int, buffer: int = 2) -> None:

@@ -1,13 +1,13 @@
-"""Ray Tune over the engine: one trial = one training run of a sampled config.
+"""Ray Tune over training: one trial = one training run of a sampled config.
 
 Each trial trains with `Trainer` under its own checkpoint_path (`<checkpoint_path>-<trial
 id>`, beside the configured one), and after every epoch reports the held-out metrics
 (PBG's sampled metrics on eval_edge_paths, and the epoch's mean training loss) with a Tune
-checkpoint naming the engine's checkpoint, so ASHA can stop poor trials and a restarted or
-resumed trial goes on from the engine's newest version. A trial's resources are one
+checkpoint naming the training run's checkpoint, so ASHA can stop poor trials and a restarted or
+resumed trial goes on from its run's newest version. A trial's resources are one
 placement group: an optional driver bundle plus one bundle per train task
 (ray.num_trainers x ray.cpus_per_trainer / gpus_per_trainer); the train and evaluation
-tasks it starts run inside it, and the engine's actors ask for no CPU. The search prints
+tasks it starts run inside it, and the trainer's actors ask for no CPU. The search prints
 what it searches, a line per trial result (ResultLines) and how the trials ended; Ray
 Tune's own tables and the trials' pass lines show with `verbose` only.
 """
@@ -38,7 +38,7 @@ from pbg_ray.training.trainer import Trainer
 
 logger = logging.getLogger("pbg_ray")
 
-ENGINE_FILE = "pbg_ray_checkpoint.json"  # inside each Tune checkpoint: where the engine's is
+ENGINE_FILE = "pbg_ray_checkpoint.json"  # inside each Tune checkpoint: where the run's checkpoint is
 
 
 def search_space(config: ConfigSchema) -> Dict[str, Any]:
@@ -170,7 +170,7 @@ def run_trial(sampled: Dict[str, Any], base: Dict[str, Any]) -> None:
     if not config.verbose:  # Ray's line per Tune checkpoint
         logging.getLogger("ray.train").setLevel(logging.WARNING)
     restored = tune.get_checkpoint()
-    if restored is not None:  # a restarted or resumed trial: go on from the engine's version
+    if restored is not None:  # a restarted or resumed trial: go on from its run's version
         with restored.as_directory() as directory:
             with open(os.path.join(directory, ENGINE_FILE)) as f:
                 path = json.load(f)["checkpoint_path"]
