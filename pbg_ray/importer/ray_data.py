@@ -29,7 +29,7 @@ The exchange of routed edges is a map task with one return per writer, and the c
 tasks read their part of every block (on several nodes a block travels whole to every
 node with a count task): Ray Data's hash shuffle would start its aggregator
 actors at every import and carry each edge's names as strings through it
-(docs/benchmarks.md, "Local and Ray Data engines"). For the same inputs and seed both
+(docs/benchmarks-log.md, "Local and Ray Data engines"). For the same inputs and seed both
 engines write the same entity files and the same edges in every bucket (the order inside
 a bucket may differ). The driver holds object references and per-shard and per-bucket
 figures only. The map, count and write tasks are spread over the nodes (Ray's default

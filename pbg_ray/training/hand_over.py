@@ -11,7 +11,7 @@ from typing import Callable, Optional
 # How long a partition held for a later task of the trainer (HandOver) waits for a task
 # of this worker to take it before it is written anyway, and how often it looks whether
 # a reader elsewhere asks for it (each look takes the GIL from the kernel's threads: see
-# docs/benchmarks.md, disk placement).
+# docs/benchmarks-log.md, disk placement).
 HAND_OVER_WAIT_S = 2.0
 HAND_OVER_POLL_S = 0.05
 
