@@ -52,7 +52,7 @@ FIELD_HELP = {"lhs": "the lhs entity's name", "relation": "the relation's name",
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = command_parser(__doc__, EXAMPLES, reference=(
-        "the Python API: pbg_ray.Predictor (pbg_ray/evaluation/predictor.py)"))
+        "the Python API: api.Predictor (pbg_ray/api.py)"))
     # Not nargs="?": argparse would then give a path followed by options to the command;
     # with_checkpoint_path puts the demo's in where none is given.
     parser.add_argument("checkpoint_path",

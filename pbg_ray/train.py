@@ -5,22 +5,20 @@ local Ray. `ray=cluster` (or ray.address=auto) joins the cluster that `ray up cl
 started. A checkpoint version is written after every epoch (every edge chunk), and the same
 command run again resumes from the newest complete one; Ctrl-C stops a run at once.
 
-From Python the module is callable: `pbg_ray.train(config)` trains a ConfigSchema and
-returns the engine's TrainResult.
+From Python: `api.train(config)` (pbg_ray.api) trains a ConfigSchema.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-import types
 
 from pbg_ray.cli import hydra_entry, per_job_paths
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.training.stats import HELD_OUT, TRAIN, epoch_means
-from pbg_ray.training.trainer import Trainer, TrainResult
+from pbg_ray.training.trainer import Trainer
 
 EXAMPLES = (
     "python -m pbg_ray.train                                   # the built-in demo graph",
@@ -68,17 +66,6 @@ def run(config: ConfigSchema) -> None:
 
 main = hydra_entry(run, __doc__, KEYS, EXAMPLES)
 
-
-class _TrainModule(types.ModuleType):
-    """`pbg_ray.train(config)`: the command's module doubles as the API's train()."""
-
-    def __call__(self, config: ConfigSchema) -> TrainResult:
-        trainer = Trainer(config)  # checks the config before Ray starts
-        connect_ray(trainer.config.ray)
-        return trainer.run()
-
-
-sys.modules[__name__].__class__ = _TrainModule
 
 if __name__ == "__main__":
     main()

@@ -133,5 +133,5 @@ def local_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, 
 
 def import_graph(config: ConfigSchema) -> Dict[str, Any]:
     """Import `config.importer.inputs` into config's entity_path and edge paths in this
-    process; returns stats. (pbg_ray.import_graph also offers the Ray Data engine.)"""
+    process; returns stats. (api.import_graph also offers the Ray Data engine.)"""
     return run_import(config, local_phases)

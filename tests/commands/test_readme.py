@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from hydra import compose, initialize_config_module
 
-import pbg_ray
+from pbg_ray import api
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.config.hydra import to_config
@@ -69,8 +69,8 @@ def test_the_example_config_file_and_yaml_graph_import_and_train(ray_session, tm
     config = config.from_dict(dict(config.to_dict(), num_epochs=1,
                                    eval_edge_paths=[str(tmp_path / "data" / "test")],
                                    importer={"inputs": ["train.tsv", "test.tsv"]}))
-    pbg_ray.import_graph(config)
-    assert pbg_ray.train(config).version == 1
+    api.import_graph(config)
+    assert api.train(config).version == 1
     assert CheckpointStorage(tmp_path / "model").load_version() == 1
 
     with initialize_config_module("pbg_ray.conf", version_base=None):
@@ -81,4 +81,4 @@ def test_the_example_config_file_and_yaml_graph_import_and_train(ray_session, tm
     assert [r.name for r in from_yaml.relations] == [r.name for r in config.relations]
     assert from_yaml.entity_path == config.entity_path
     assert from_yaml.eval_edge_paths == [str(tmp_path / "data" / "test")]
-    assert pbg_ray.train(from_yaml).version == 1
+    assert api.train(from_yaml).version == 1
