@@ -22,7 +22,7 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pbg_ray.config import ConfigSchema
@@ -31,10 +31,15 @@ from pbg_ray.config.hydra import (
     is_pbg_config_file, name_sweep_jobs, split_overrides, to_config, use_pbg_config_file)
 from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer.demo import demo_graph_dir  # and the ${demo_graph:} resolvers
+from pbg_ray.importer.demo import demo_checkpoint_path, demo_graph_dir, demo_graph_path
 from pbg_ray.io.storage import sibling
 
 logger = logging.getLogger("pbg_ray")
+
+# conf/graph/demo.yaml's ${demo_graph:} (the demo graph, built on first use) and
+# ${demo_checkpoint:} (where the demo trains, whatever the working directory).
+OmegaConf.register_new_resolver("demo_graph", demo_graph_path, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("demo_checkpoint", demo_checkpoint_path, replace=True)
 
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT), or by SIGTERM where it stops on
 # it as on Ctrl-C (stop_on_sigterm, 128 + SIGTERM), as shells report them.

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import pbg_ray.cli  # noqa: F401  conf/'s ${demo_graph:} resolvers, registered as every command has them
 from pbg_ray.config import ConfigSchema
 from tests.util import config_dict, write_random_graph
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 import numpy as np
-from omegaconf import OmegaConf
 
 from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names, save_relation_names
@@ -159,7 +158,3 @@ def demo_checkpoint_path() -> str:
     """Where the demo trains: one directory whatever the working directory, so a rerun
     resumes and eval, export, predict and plot find it without being told."""
     return str(cache_dir() / f"demo-v{DEMO_VERSION}-checkpoints")
-
-
-OmegaConf.register_new_resolver("demo_graph", demo_graph_path, use_cache=True, replace=True)
-OmegaConf.register_new_resolver("demo_checkpoint", demo_checkpoint_path, replace=True)

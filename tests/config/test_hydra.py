@@ -6,7 +6,6 @@ from hydra import compose, initialize_config_module
 
 from pbg_ray.config.hydra import check_overrides, split_overrides, to_config
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer import demo  # noqa: F401  registers the ${demo_graph:} resolver
 
 
 def test_split_overrides_skips_hydra_flags():
