@@ -14,9 +14,11 @@ applied twice.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from typing import Any, Collection, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import ray
@@ -24,7 +26,7 @@ import ray
 from pbg_ray.checkpoints.directory import checkpoint_metadata
 from pbg_ray.checkpoints.sources import PartitionSource
 from pbg_ray.config import ConfigSchema
-from pbg_ray.evaluation.metrics import SampledNegatives
+from pbg_ray.evaluation.metrics import SampledNegatives, average
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges
 from pbg_ray.model.native import release_free_heap
@@ -63,106 +65,206 @@ def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[E
     return edges[perm[:num_eval]], edges[perm[num_eval:]]
 
 
+@dataclass(frozen=True)
+class BucketWork:
+    """What a train task trains: one bucket's edge chunk in pass `iteration`, with its
+    partitions' `keys` (lhs side first) and per key whether its change comes back instead
+    of its values (`deltas`: partitions other buckets train at the same time)."""
+
+    bucket: Bucket
+    edge_path: str
+    chunk_idx: int
+    num_chunks: int
+    iteration: int
+    num_relation_ids: int
+    keys: Tuple[PartitionKey, ...]
+    deltas: Tuple[bool, ...]
+    warmup_s: float = 0.0  # the Hogwild warm-up (HogwildWarmUp) the driver decided
+    following: Optional[Bucket] = None  # the trainer's next bucket: its edges are read ahead
+
+    @property
+    def where(self) -> str:
+        """The edge file and chunk, for messages."""
+        return (f"edge file {self.edge_path}/edges_{self.bucket.lhs}_{self.bucket.rhs}.h5 "
+                f"(chunk {self.chunk_idx})")
+
+
+@dataclass(frozen=True)
+class DiskPlan:
+    """Disk placement: what a train task does with partitions besides its own (see
+    PartitionBuffer). `read_ahead`: the partitions of the trainer's next bucket that this
+    one lacks, read while it trains; `next_use`: the partition indices the trainer's next
+    buckets need, in the order they first need them (the buffer keeps
+    ray.partition_buffer of them by it, and its partitions are written in that order;
+    none: no bucket follows in the pass, and what the worker holds unwritten is written
+    now); `hand_over`: the partitions held unwritten for the trainer's next task (see
+    HandOver); `write_back`: with one trainer, whose next buckets all run on this worker,
+    the partition indices of the next bucket: what the buffer keeps for them is held
+    unwritten too, each written once the buffer drops it."""
+
+    read_ahead: Tuple[Tuple[PartitionKey, PartitionSource], ...] = ()
+    next_use: Tuple[int, ...] = ()
+    hand_over: FrozenSet[PartitionKey] = frozenset()
+    write_back: Optional[Tuple[int, ...]] = None
+
+
+@dataclass
+class TaskTiming:
+    """Where a train task's time went (seconds); the driver adds the bucket's wall time."""
+
+    total_s: float
+    kernel_s: float
+    outside_kernel_s: float
+    warmup_s: float
+    bucket_wall_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class TaskWorker:
+    """The process that ran a train task, and when."""
+
+    node_id: str
+    pid: int
+    start: float
+    end: float
+
+
+@dataclass
+class BucketStats:
+    """A train task's report: its training stats (PBG's count and metric sums) and those of
+    its held-out edges before and after training (eval_fraction), its timing, and in disk
+    placement its partition reads and writes."""
+
+    train: Dict[str, Any]
+    timing: TaskTiming
+    eval_before: Optional[Dict[str, Any]] = None
+    eval_after: Optional[Dict[str, Any]] = None
+    partition_io: Dict[str, int] = field(default_factory=dict)
+    worker: Optional[TaskWorker] = None
+
+    def line(self) -> Dict[str, Any]:
+        """Its part of the bucket's training_stats.json line (PBG's keys; stats as per-edge
+        means, as PBG writes them)."""
+        line: Dict[str, Any] = {"stats": average(self.train)}
+        for key, value in (("eval_stats_before", self.eval_before),
+                           ("eval_stats_after", self.eval_after)):
+            if value is not None:
+                line[key] = average(value)
+        line["timing"] = dataclasses.asdict(self.timing)
+        if self.partition_io:
+            line["partition_io"] = dict(self.partition_io)
+        if self.worker is not None:
+            line["worker"] = dataclasses.asdict(self.worker)
+        return line
+
+
+# What a train task receives for a partition (memory placement: its values; disk: the
+# SwapFile to read them from and write them to), and returns for it (the new values or
+# their change, or the SwapFile, whose write may still go on).
+PartitionArg = Union[Tuple[np.ndarray, np.ndarray], SwapFile]
+
 # This worker process's buffers (train tasks of one worker run one at a time).
 _BUFFER = PartitionBuffer()
 
 
-def run_bucket(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
-               num_chunks: int, iteration: int, num_relation_ids: int, keys: List[PartitionKey],
-               params: ModelParams,
-               partitions: List[Union[Tuple[np.ndarray, np.ndarray], SwapFile]],
-               deltas: List[bool], num_threads: int, device: str,
-               known: Optional[KnownRows] = None, warmup_s: float = 0.0,
-               copies: Optional[PartitionBuffer] = None,
-               read_ahead: Sequence[Tuple[PartitionKey, PartitionSource]] = (),
-               write_order: Sequence[int] = (),
-               hand_over: Collection[PartitionKey] = (),
-               following: Optional[Bucket] = None) -> Tuple[Any, ...]:
-    """The pure part of the task. `partitions`: per key its (embeddings, sums), or the
-    SwapFile to read them from and write them to (disk placement). Returns (stats,
-    params delta, one result per key): the new (embeddings, sums), their change where
-    `deltas` says so (partitions other buckets train at the same time), or the SwapFile,
-    whose write may still go on (see PartitionBuffer). `known`: what init_path trained
-    (incremental runs), trained at its own learning rate. `warmup_s`: the Hogwild
-    warm-up (HogwildWarmUp) the driver decided for the bucket. `copies` gives the arrays the
-    partitions are trained in (and holds those written to swap files, see
-    PartitionBuffer); `read_ahead` the partitions of the trainer's next bucket that it
-    reads while this one trains; `write_order` the partition indices to write first (the
-    next bucket's: its task waits for them; none: no bucket follows in the trainer's
-    pass, and what the worker holds unwritten is written now); `hand_over` those held
-    unwritten for a later task of the trainer, which trains them too (see HandOver);
-    `following` the trainer's next bucket, whose edges are read while this one trains."""
-    from pbg_ray.model.kernel import evaluate_bucket, train_bucket
-
+def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
+               partitions: Sequence[PartitionArg], num_threads: int, device: str,
+               known: Optional[KnownRows] = None, copies: Optional[PartitionBuffer] = None,
+               disk: DiskPlan = DiskPlan()) -> Tuple[Any, ...]:
+    """The pure part of the task: (BucketStats, params delta, one result per key of
+    `work`, see PartitionArg). `known`: what init_path trained (incremental runs), trained
+    at its own learning rate. `copies` gives the arrays the partitions are trained in (and
+    holds those written to swap files, see PartitionBuffer)."""
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionBuffer(keep=False)
-    edges = copies.edges(edge_path, bucket, chunk_idx, num_chunks)
-
-    def load(key: PartitionKey, p: Union[Tuple[np.ndarray, np.ndarray], SwapFile]
-             ) -> Tuple[np.ndarray, np.ndarray]:
-        if not isinstance(p, SwapFile):
-            return writable(p, copies.empty)
-        return copies.load(config, key, p)
-
-    arrays = {key: load(key, p) for key, p in zip(keys, partitions)}
-    fault_point("train_task.after_read")
-    copies.read_ahead(config, read_ahead)
-    if following is not None:
-        copies.read_edges_ahead(edge_path, following, chunk_idx, num_chunks)
-    counts = partition_counts(keys, [arrays[key] for key in keys])
-    check_edges(edges, bucket, config, counts, num_relation_ids,
-                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5 (chunk {chunk_idx})")
-    if known is not None and config.incremental.new_entity_edges_only:
-        edges = edges[np.flatnonzero(touches_new(config, bucket, edges, known))]
+    arrays, edges = _read(config, work, partitions, copies, disk, known)
     held_out, train_edges = split_held_out(
-        edges, config.eval_fraction, [config.seed, bucket.lhs, bucket.rhs, chunk_idx])
+        edges, config.eval_fraction,
+        [config.seed, work.bucket.lhs, work.bucket.rhs, work.chunk_idx])
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
-
-    stats: Dict[str, Any] = {}
-    seed = task_seed(config, iteration, bucket)
-    negatives = SampledNegatives.of_held_out(config)
-    held_out_negs = {"num_batch_negs": negatives.batch, "num_uniform_negs": negatives.uniform}
-    if len(held_out):
-        stats["eval_stats_before"] = evaluate_bucket(config, bucket, held_out, arrays, local,
-                                                     seed=seed, **held_out_negs)
-    train_stats = train_bucket(config, bucket, train_edges, arrays, local,
-                               num_threads=num_threads, device=device, seed=seed,
-                               warmup_s=warmup_s,
-                               known=known)
-    if len(held_out):
-        stats["eval_stats_after"] = evaluate_bucket(config, bucket, held_out, arrays, local,
-                                                    seed=seed, **held_out_negs)
+    trained, before, after = _train(config, work, held_out, train_edges, arrays, local,
+                                    num_threads, device, known)
     t_trained = time.perf_counter()
+    results = _results(config, work, partitions, arrays, copies, disk)
+    delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
+                        {k: local.sums[k] - params.sums[k] for k in params.sums})
+    t_end = time.perf_counter()
+    timing = TaskTiming(total_s=t_end - t_start, kernel_s=t_trained - t_ready,
+                        outside_kernel_s=(t_ready - t_start) + (t_end - t_trained),
+                        warmup_s=work.warmup_s)
+    swapped = any(isinstance(p, SwapFile) for p in partitions)
+    stats = BucketStats(trained, timing, before, after,
+                        partition_io=copies.take_io() if swapped else {})
+    fault_point("train_task.before_return")
+    return (stats, delta, *results)
 
-    results: List[Any] = []
-    swapped = [(key, p) for key, p in zip(keys, partitions) if isinstance(p, SwapFile)]
-    metadata = checkpoint_metadata(config, iteration, num_chunks) if swapped else {}
-    first = {part: i for i, part in enumerate(write_order)}
+
+def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
+          copies: PartitionBuffer, disk: DiskPlan, known: Optional[KnownRows]
+          ) -> Tuple[Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], EdgeList]:
+    """The bucket's partitions, writable, and its edges, checked (only those touching new
+    entities where the incremental config says so); what the next bucket needs is read
+    ahead meanwhile."""
+    edges = copies.edges(work.edge_path, work.bucket, work.chunk_idx, work.num_chunks)
+    arrays = {key: copies.load(config, key, p) if isinstance(p, SwapFile)
+              else writable(p, copies.empty) for key, p in zip(work.keys, partitions)}
+    fault_point("train_task.after_read")
+    copies.read_ahead(config, disk.read_ahead)
+    if work.following is not None:
+        copies.read_edges_ahead(work.edge_path, work.following, work.chunk_idx, work.num_chunks)
+    counts = partition_counts(list(work.keys), [arrays[key] for key in work.keys])
+    check_edges(edges, work.bucket, config, counts, work.num_relation_ids, work.where)
+    if known is not None and config.incremental.new_entity_edges_only:
+        edges = edges[np.flatnonzero(touches_new(config, work.bucket, edges, known))]
+    return arrays, edges
+
+
+def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edges: EdgeList,
+           arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], local: ModelParams,
+           num_threads: int, device: str, known: Optional[KnownRows]) -> Tuple[Any, ...]:
+    """Train the bucket's edges in place: (training stats, the held-out edges' before and
+    after, None without held-out edges)."""
+    from pbg_ray.model.kernel import evaluate_bucket, train_bucket
+
+    seed = task_seed(config, work.iteration, work.bucket)
+    negatives = SampledNegatives.of_held_out(config)
+
+    def held_out_stats() -> Optional[Dict[str, Any]]:
+        if not len(held_out):
+            return None
+        return evaluate_bucket(config, work.bucket, held_out, arrays, local, seed=seed,
+                               num_batch_negs=negatives.batch,
+                               num_uniform_negs=negatives.uniform)
+
+    before = held_out_stats()
+    trained = train_bucket(config, work.bucket, train_edges, arrays, local,
+                           num_threads=num_threads, device=device, seed=seed,
+                           warmup_s=work.warmup_s, known=known)
+    return {"count": trained["count"], "metrics": trained["metrics"]}, before, held_out_stats()
+
+
+def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
+             arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
+             copies: PartitionBuffer, disk: DiskPlan) -> List[PartitionArg]:
+    """Per key what the task returns (see PartitionArg); the swap files are written
+    behind the task, the next bucket's partitions first."""
+    swapped = [(key, p) for key, p in zip(work.keys, partitions) if isinstance(p, SwapFile)]
+    metadata = checkpoint_metadata(config, work.iteration, work.num_chunks) if swapped else {}
+    first = {part: i for i, part in enumerate(disk.next_use)}
     for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))):
-        copies.write_behind(config, key, p, arrays[key], metadata, key in hand_over)
-    if not write_order:  # no bucket follows in the trainer's pass to take what is held
+        copies.write_behind(config, key, p, arrays[key], metadata, key in disk.hand_over)
+    if not disk.next_use:  # no bucket follows in the trainer's pass to take what is held
         copies.write_held()
-    for key, is_delta, p in zip(keys, deltas, partitions):
+    results: List[PartitionArg] = []
+    for key, is_delta, p in zip(work.keys, work.deltas, partitions):
         new_embs, new_sums = arrays[key]
         if isinstance(p, SwapFile):
             results.append(p)
         else:
             results.append((new_embs - p[0], new_sums - p[1]) if is_delta else (new_embs, new_sums))
-    delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
-                        {k: local.sums[k] - params.sums[k] for k in params.sums})
-    t_end = time.perf_counter()
-    stats["stats"] = {"count": train_stats["count"], "metrics": train_stats["metrics"]}
-    stats["timing"] = {"total_s": t_end - t_start, "kernel_s": t_trained - t_ready,
-                       "outside_kernel_s": (t_ready - t_start) + (t_end - t_trained),
-                       "warmup_s": warmup_s}
-    if swapped:
-        stats["partition_io"] = copies.take_io()
-    fault_point("train_task.before_return")
-    return (stats, delta, *results)
-
-
+    return results
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
@@ -180,52 +282,71 @@ def start_trainer_worker() -> None:
 @ray.remote(max_retries=0, runtime_env=TASK_RUNTIME_ENV)
 @release_free_heap
 @on_task_threads
-def train_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
-                      num_chunks: int, iteration: int, num_relation_ids: int,
-                      keys: List[PartitionKey], deltas: List[bool], params: ModelParams,
-                      *partitions: Union[Tuple[np.ndarray, np.ndarray], SwapFile],
-                      known: Optional[KnownRows] = None, warmup_s: float = 0.0,
-                      read_ahead: Sequence[Tuple[PartitionKey, PartitionSource]] = (),
-                      next_use: Sequence[int] = (),
-                      previous_delta: Optional[ModelParams] = None,
-                      hand_over: Collection[PartitionKey] = (),
-                      write_back: Optional[Collection[int]] = None,
-                      following: Optional[Bucket] = None) -> Tuple[Any, ...]:
-    """Ray resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a
-    SwapFile (disk placement) comes as itself. `warmup_s`: the bucket's Hogwild warm-up
-    (HogwildWarmUp). Disk placement: `read_ahead` the next
-    bucket's partitions this one lacks; `next_use` the partition indices the trainer's
-    next buckets need, in the order they first need them (the worker keeps
-    ray.partition_buffer partitions by it, see PartitionBuffer). `previous_delta`: the
-    params delta of the trainer's previous bucket, submitted before it (this task then
-    starts once that one has succeeded): `params` lack it, as that update was not sent yet.
-    `hand_over`: the partitions held for the trainer's next task instead of written.
-    `write_back`: the partition indices of the trainer's next bucket, when all its next
-    buckets run on this worker (one trainer): the partitions the buffer keeps for them
-    are held unwritten too, each written once the buffer drops it (see PartitionBuffer).
-    `following`: the trainer's next bucket, whose edges this task reads ahead."""
-    num_threads = task_threads(config)
-    device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
+def train_bucket_task(config: ConfigSchema, work: BucketWork, params: ModelParams,
+                      *partitions: PartitionArg, known: Optional[KnownRows] = None,
+                      disk: DiskPlan = DiskPlan(),
+                      previous_delta: Optional[ModelParams] = None) -> Tuple[Any, ...]:
+    """run_bucket in a worker: its returns, each a return of the task (BucketRefs). Ray
+    resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a SwapFile (disk
+    placement) comes as itself. `previous_delta`: the params delta of the trainer's
+    previous bucket, submitted before it (this task then starts once that one has
+    succeeded): `params` lack it, as that update was not sent yet."""
     start = time.time()
     if previous_delta is not None:
         params = ModelParams(
             {k: v + previous_delta.arrays[k] for k, v in params.arrays.items()},
             {k: v + previous_delta.sums[k] for k, v in params.sums.items()})
-    leases = {key: p.source for key, p in zip(keys, partitions) if isinstance(p, SwapFile)}
-    held = {key[1] for key, _ in _BUFFER.held}
-    _BUFFER.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
-        held, {key[1] for key in leases}, next_use, config.ray.partition_buffer),
-        write_back=write_back is not None)
-    if write_back is not None:  # what the next task's next_task above will keep
-        after = {key[1] for key, _ in _BUFFER.held} | {key[1] for key in leases} | {
-            key[1] for key, _ in read_ahead}
-        kept = partitions_to_keep(after, write_back, next_use, config.ray.partition_buffer)
-        hand_over = {*hand_over, *(key for key in leases if key[1] in kept)}
-    stats, *results = run_bucket(config, bucket, edge_path, chunk_idx, num_chunks, iteration,
-                                 num_relation_ids, keys, params, list(partitions), deltas,
-                                 num_threads, device, known, warmup_s, copies=_BUFFER,
-                                 read_ahead=read_ahead, write_order=next_use,
-                                 hand_over=hand_over, following=following)
-    stats["worker"] = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                       "start": start, "end": time.time()}
+    disk = _plan_buffer(config, work, partitions, disk, _BUFFER)
+    device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
+    stats, *results = run_bucket(config, work, params, partitions, task_threads(config),
+                                 device, known, copies=_BUFFER, disk=disk)
+    stats.worker = TaskWorker(ray.get_runtime_context().get_node_id(), os.getpid(), start,
+                              time.time())
     return (stats, *results)
+
+
+def _plan_buffer(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
+                 disk: DiskPlan, buffer: PartitionBuffer) -> DiskPlan:
+    """Start the worker's `buffer` on the task (what it keeps of what it holds, by
+    disk.next_use); with disk.write_back, the plan also holds unwritten what the next
+    task's buffer will keep. (The buffer is passed in: Ray ships train_bucket_task by
+    value with the globals it names, so its _BUFFER is not this module's.)"""
+    leases = {key: p.source for key, p in zip(work.keys, partitions) if isinstance(p, SwapFile)}
+    held = {key[1] for key, _ in buffer.held}
+    buffer.next_task(keep=config.num_partitions() > 1, leases=leases, parts=partitions_to_keep(
+        held, {key[1] for key in leases}, disk.next_use, config.ray.partition_buffer),
+        write_back=disk.write_back is not None)
+    if disk.write_back is None:
+        return disk
+    after = {key[1] for key, _ in buffer.held} | {key[1] for key in leases} | {
+        key[1] for key, _ in disk.read_ahead}
+    kept = partitions_to_keep(after, disk.write_back, disk.next_use, config.ray.partition_buffer)
+    return dataclasses.replace(
+        disk, hand_over=disk.hand_over | {key for key in leases if key[1] in kept})
+
+
+@dataclass
+class BucketRefs:
+    """A train task's returns by name: its BucketStats, its params delta, and per key its
+    result (see PartitionArg), each a return of its own, so that a partition's result goes
+    to its store without passing through the driver."""
+
+    stats: ray.ObjectRef
+    delta: ray.ObjectRef
+    results: Dict[PartitionKey, ray.ObjectRef]
+
+    def all(self) -> List[ray.ObjectRef]:
+        return [self.stats, self.delta, *self.results.values()]
+
+
+def submit_bucket(config: ConfigSchema, work: BucketWork, params: ray.ObjectRef,
+                  partitions: Sequence[Any], known: Optional[KnownRows], disk: DiskPlan,
+                  previous_delta: Optional[ray.ObjectRef]) -> BucketRefs:
+    """Start `work`'s train task on `partitions` (per key an ObjectRef of its values or a
+    SwapFile) with the parameters `params`."""
+    refs = train_bucket_task.options(
+        num_returns=2 + len(work.keys), num_cpus=config.ray.cpus_per_trainer,
+        num_gpus=gpus_per_trainer(config),
+    ).remote(config, work, params, *partitions, known=known, disk=disk,
+             previous_delta=previous_delta)
+    return BucketRefs(refs[0], refs[1], dict(zip(work.keys, refs[2:])))

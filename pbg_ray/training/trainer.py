@@ -35,7 +35,7 @@ from pbg_ray.checkpoints.sources import CheckpointSource, PartitionSource
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.distributed import Evaluator
-from pbg_ray.evaluation.metrics import ALL, SampledNegatives, add_stats, average, stats_mean
+from pbg_ray.evaluation.metrics import ALL, SampledNegatives, add_stats, stats_mean
 from pbg_ray.incremental.growth import known_rows, neighbor_means
 from pbg_ray.io.edges import count_edges
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
@@ -43,7 +43,9 @@ from pbg_ray.model.params import PartitionKey, partition_keys
 from pbg_ray.runtime.connect import check_cpus_per_trainer, check_task_fits, largest_node
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import discard, stop_actors
-from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker, train_bucket_task
+from pbg_ray.training.bucket_task import (
+    BucketRefs, BucketStats, BucketWork, DiskPlan, gpus_per_trainer, start_trainer_worker,
+    submit_bucket)
 from pbg_ray.training.parameter_server import ParameterServer
 from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.scheduler import BucketSchedulerActor, parts_by_next_use
@@ -59,8 +61,6 @@ logger = logging.getLogger("pbg_ray")
 MAX_BUCKET_ATTEMPTS = 3
 # Failures of the machinery, not of the bucket: its trainer process or node died.
 TRAINER_DIED = (WorkerCrashedError, NodeDiedError, ObjectLostError)
-# The stats of a bucket line (training, held-out before and after).
-STATS_KEYS = frozenset({"stats", "eval_stats_before", "eval_stats_after"})
 # A pass whose actors die this often stops the run.
 MAX_PASS_ATTEMPTS = 3
 
@@ -84,16 +84,13 @@ class Launched:
     bucket: Bucket
     keys: List[PartitionKey]
     deltas: List[bool]
-    refs: List[ray.ObjectRef]  # stats, params delta, one result per key
+    refs: BucketRefs
     leases: List[Any]  # per key: the SwapFile it reads and writes, or the ref of its values
     following: Optional[Bucket]  # the trainer's next bucket, taken with this one
     followed: bool  # whether the following bucket's task is submitted behind this one
     t_start: float  # where its bucket_wall_s begins
     # The following bucket's task, submitted to start once this one has succeeded.
     successor: Optional["Launched"] = None
-
-    def result(self, key: PartitionKey) -> ray.ObjectRef:
-        return self.refs[2 + self.keys.index(key)]
 
     def lease(self, key: PartitionKey) -> Any:
         return self.leases[self.keys.index(key)]
@@ -406,7 +403,7 @@ class Trainer:
                         bar.update(1)
                         continue
                     task = launch(bucket)
-                    running[task.refs[0]] = task
+                    running[task.refs.stats] = task
                     follow(task)
                 if not running:
                     if ray.get(self.scheduler.pass_done.remote()):
@@ -417,17 +414,17 @@ class Trainer:
                 task = running.pop(ready)
                 successor = task.successor
                 if successor is not None:  # it runs now, or fails with this one
-                    running[successor.refs[0]] = successor
-                bucket, keys, refs, deltas = task.bucket, task.keys, task.refs, task.deltas
+                    running[successor.refs.stats] = successor
+                bucket, keys, deltas = task.bucket, task.keys, task.deltas
                 try:
-                    stats = ray.get(ready)
+                    stats: BucketStats = ray.get(ready)
                 except RayTaskError as err:
-                    discard(refs[1:])
+                    discard(task.refs.all())
                     if isinstance(err.cause, PbgRayError):
                         raise err.cause from None
                     raise
                 except TRAINER_DIED as err:
-                    discard(refs[1:])  # the same error, once per return
+                    discard(task.refs.all())  # the same error, once per return
                     attempts[bucket] = attempts.get(bucket, 0) + 1
                     if attempts[bucket] >= MAX_BUCKET_ATTEMPTS:
                         raise RuntimeError(f"the trainer of bucket {bucket} died {attempts[bucket]} "
@@ -438,9 +435,9 @@ class Trainer:
                     # it go back too, in order.
                     chain = [task]
                     if successor is not None:
-                        del running[successor.refs[0]]
-                        ray.cancel(successor.refs[0])
-                        discard(successor.refs)
+                        del running[successor.refs.stats]
+                        ray.cancel(successor.refs.stats)
+                        discard(successor.refs.all())
                         chain.append(successor)
                     for failed in reversed([t.bucket for t in chain] + [
                             b for b in [chain[-1].following] if b is not None]):
@@ -449,21 +446,20 @@ class Trainer:
                         sent(failed_task)
                         launched.discard(failed_task.bucket)
                     continue
-                loss = stats["stats"]["metrics"].get("loss", 0.0)
+                loss = stats.train["metrics"].get("loss", 0.0)
                 if not np.isfinite(loss):  # stop before the update is applied anywhere
                     raise PbgRayError(
                         f"training diverged: loss is {loss} in epoch {epoch_idx + 1}/{config.num_epochs}, "
                         f"bucket ({bucket.lhs}, {bucket.rhs}); checkpoint version {self.version} stays "
                         "current. Lower lr or init_scale, or set max_norm.")
                 fault_point("driver.before_apply")
-                _, delta_ref, *result_refs = refs
                 # Not waited for: an actor runs one caller's calls in the order sent, so the
                 # next lease of these partitions (and pull of the parameters) comes after
                 # their update. Their errors are raised once they are done, at the latest
                 # before the pass is committed.
-                applying += [self.store_of[k].update.remote(k, [r], d)
-                             for k, r, d in zip(keys, result_refs, deltas)]
-                applying += [self.params.apply_delta.remote(delta_ref),
+                applying += [self.store_of[k].update.remote(k, [task.refs.results[k]], d)
+                             for k, d in zip(keys, deltas)]
+                applying += [self.params.apply_delta.remote(task.refs.delta),
                              self.scheduler.release.remote(bucket)]
                 sent(task)
                 self.warm_up.trained(keys)
@@ -471,23 +467,20 @@ class Trainer:
                     following_ones.append(task.following)
                 fault_point("driver.after_apply")
                 t_done = time.perf_counter()
-                stats["timing"]["bucket_wall_s"] = t_done - task.t_start
+                stats.timing.bucket_wall_s = t_done - task.t_start
                 if successor is not None:
                     # The trainer's time from here on is its successor's.
                     successor.t_start = max(successor.t_start, t_done)
                     follow(successor)
-                pass_sums = add_stats(pass_sums, stats["stats"])
-                # training_stats.json holds per-edge means, as PBG writes them.
-                for key in STATS_KEYS.intersection(stats):
-                    stats[key] = average(stats[key])
+                pass_sums = add_stats(pass_sums, stats.train)
                 pass_stats.append({
                     "epoch_idx": epoch_idx, "edge_path_idx": path_idx, "edge_chunk_idx": chunk_idx,
                     "lhs_partition": bucket.lhs, "rhs_partition": bucket.rhs,
-                    "index": bucket_index + len(pass_stats), **stats})
+                    "index": bucket_index + len(pass_stats), **stats.line()})
                 rate = pass_sums["count"] / (time.perf_counter() - t_pass)
                 mean_loss = stats_mean([pass_sums]).get("loss", float("nan"))
                 bar.set_postfix(edges_per_s=f"{rate:.3g}", loss=f"{mean_loss:.4g}")
-                for name, count in stats.get("partition_io", {}).items():
+                for name, count in stats.partition_io.items():
                     io[name] = io.get(name, 0) + count
                 bar.update(1)
         except KeyboardInterrupt:
@@ -501,8 +494,8 @@ class Trainer:
             in_flight = [t for task in running.values() for t in (task, task.successor)
                          if t is not None]
             for task in in_flight:
-                ray.cancel(task.refs[0], force=True)
-            discard([ref for task in in_flight for ref in task.refs])
+                ray.cancel(task.refs.stats, force=True)
+            discard([ref for task in in_flight for ref in task.refs.all()])
             raise
         bar.close()
         io_text = (f", {io['reads']} partition reads, {io['writes']} writes" if io else "")
@@ -562,22 +555,19 @@ class Trainer:
         source_refs = {k: self.store_of[k].source.remote(k) for k in ahead if k not in written}
         replies = dict(zip([*lease_refs, *source_refs],
                            ray.get([*lease_refs.values(), *source_refs.values()])))
-        leases = [behind[k].result(k) if k not in lease_refs
+        leases = [behind[k].refs.results[k] if k not in lease_refs
                   else replies[k][0] if isinstance(replies[k], list) else replies[k]
                   for k in keys]
         read_ahead_parts = [(k, written[k] if k in written else replies[k]) for k in ahead
                             if k in written or replies[k] is not None]
-        refs = train_bucket_task.options(
-            num_returns=2 + len(keys), num_cpus=config.ray.cpus_per_trainer,
-            num_gpus=gpus_per_trainer(config),
-        ).remote(config, bucket, edge_path, chunk_idx, self.num_chunks, iteration,
-                 self.num_relation_ids, keys, deltas, self.params.get.remote(), *leases,
-                 known=self.known, read_ahead=read_ahead_parts, next_use=next_use,
-                 previous_delta=previous.refs[1] if previous is not None else None,
-                 hand_over=hand_over, write_back=write_back,
-                 following=edges_ahead,
-                 warmup_s=self.warm_up.seconds(
-                     iteration, keys, before=previous.keys if previous is not None else ()))
+        work = BucketWork(
+            bucket, edge_path, chunk_idx, self.num_chunks, iteration, self.num_relation_ids,
+            tuple(keys), tuple(deltas), following=edges_ahead, warmup_s=self.warm_up.seconds(
+                iteration, keys, before=previous.keys if previous is not None else ()))
+        disk = DiskPlan(tuple(read_ahead_parts), tuple(next_use), frozenset(hand_over),
+                        tuple(write_back) if write_back is not None else None)
+        refs = submit_bucket(config, work, self.params.get.remote(), leases, self.known, disk,
+                             previous.refs.delta if previous is not None else None)
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
         self.in_flight.update((k, task) for k in keys)
         return task

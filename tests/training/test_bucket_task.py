@@ -14,7 +14,8 @@ from pbg_ray.checkpoints.sources import CheckpointSource
 from pbg_ray.model.params import init_params, partition_keys
 from pbg_ray.evaluation import distributed
 from pbg_ray.training import bucket_task
-from pbg_ray.training.bucket_task import run_bucket, split_held_out, start_trainer_worker
+from pbg_ray.training.bucket_task import (
+    BucketWork, run_bucket, split_held_out, start_trainer_worker)
 from pbg_ray.training.partition_buffer import PartitionBuffer
 from pbg_ray.training.bucket_sources import RandomSource, SwapFile
 from pbg_ray.types import Bucket, EdgeList
@@ -84,8 +85,9 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
     params = init_params(config, 3)
 
     def run(partitions, copies=None):
-        return run_bucket(config, bucket, config.edge_paths[0], 0, 1, 0, 3, keys, params,
-                          partitions, [False] * len(keys), 1, "cpu", copies=copies)
+        work = BucketWork(bucket, config.edge_paths[0], 0, 1, 0, 3, tuple(keys),
+                          (False,) * len(keys))
+        return run_bucket(config, work, params, partitions, 1, "cpu", copies=copies)
 
     _, in_memory_delta, *in_memory = run([parts[key] for key in keys])
     swaps = [SwapFile(CheckpointSource(config.checkpoint_path, 1), str(storage.swap_file("test", i)),

@@ -14,7 +14,7 @@ from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.io.edges import edges_file, read_edges
 from pbg_ray.model.params import init_params, partition_keys
 from pbg_ray.training import hand_over
-from pbg_ray.training.bucket_task import run_bucket
+from pbg_ray.training.bucket_task import BucketWork, run_bucket
 from pbg_ray.training.partition_buffer import PartitionBuffer, writable
 from pbg_ray.training.bucket_sources import RandomSource, SwapFile, WriterDied, written_marker
 from pbg_ray.types import Bucket
@@ -212,20 +212,20 @@ def test_the_next_buckets_edges_are_read_while_this_one_trains(make_config):
     def run(bucket, following=None):
         keys = partition_keys(config, bucket)
         partitions = [RandomSource(50, 0).load(config, key) for key in keys]
-        return run_bucket(config, bucket, config.edge_paths[0], 0, 1, 0, 3, keys, params,
-                          partitions, [False] * len(keys), 1, "cpu", copies=copies,
-                          following=following)[0]
+        work = BucketWork(bucket, config.edge_paths[0], 0, 1, 0, 3, tuple(keys),
+                          (False,) * len(keys), following=following)
+        return run_bucket(config, work, params, partitions, 1, "cpu", copies=copies)[0]
 
     path = edges_file(config.edge_paths[0], second)
     count = len(read_edges(config.edge_paths[0], second))
-    assert run(first, following=second)["stats"]["count"] == len(
+    assert run(first, following=second).train["count"] == len(
         read_edges(config.edge_paths[0], first))
     copies.edges_ahead[1].result()  # read by now
     moved = path.with_name(path.name + ".away")
     os.replace(path, moved)
-    assert run(second)["stats"]["count"] == count  # from what was read ahead
+    assert run(second).train["count"] == count  # from what was read ahead
     assert copies.edges_ahead is None
     os.replace(moved, path)
     run(first, following=second)
-    assert run(first)["stats"]["count"] == len(read_edges(config.edge_paths[0], first))
+    assert run(first).train["count"] == len(read_edges(config.edge_paths[0], first))
     copies.next_task(keep=False)
