@@ -34,6 +34,7 @@ import h5py
 import numpy as np
 
 from pbg_ray.checkpoints import torch_format
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import (
@@ -126,18 +127,11 @@ def row_adagrad_sums(state: Optional[Mapping[str, Any]], num_rows: int, where: s
     return sums.astype(np.float32, copy=False)
 
 
-def checkpoint_metadata(config: ConfigSchema, iteration: int, num_edge_chunks: int) -> Dict[str, Any]:
-    """The top-level attributes of a checkpoint's files written after pass `iteration`
-    (0-based; PBG's: the config as JSON and where in the loop the pass was)."""
-    epoch_idx, rest = divmod(iteration, len(config.edge_paths) * num_edge_chunks)
-    path_idx, chunk_idx = divmod(rest, num_edge_chunks)
-    return {
-        "config/json": json.dumps(config.to_dict()),
-        "iteration/num_epochs": config.num_epochs, "iteration/epoch_idx": epoch_idx,
-        "iteration/num_edge_paths": len(config.edge_paths), "iteration/edge_path_idx": path_idx,
-        "iteration/edge_path": config.edge_paths[path_idx],
-        "iteration/num_edge_chunks": num_edge_chunks, "iteration/edge_chunk_idx": chunk_idx,
-    }
+def checkpoint_metadata(config: ConfigSchema, position: Position) -> Dict[str, Any]:
+    """The top-level attributes of a checkpoint's files written after the pass at
+    `position` (PBG's: the config as JSON and where in the loop the pass was)."""
+    return {"config/json": json.dumps(config.to_dict()), **position.attributes(),
+            "iteration/edge_path": config.edge_paths[position.edge_path_idx]}
 
 
 def recovery(damaged: StoragePath) -> str:

@@ -9,8 +9,9 @@ operators.py     relation operators; comparators.py  comparators; losses.py  los
 negatives.py     negative sampling; regularizers.py  N3
 optim.py         Adagrad and RowAdagrad updates; rows.py  random-row access (C loops)
 blas.py          batched products through numpy's BLAS
-params.py        shared parameters, partition initialisation, PBG checkpoint layout
+params.py        shared parameters, partition keys and initialisation, PBG checkpoint layout
 registry.py      components picked by name
+native.py        the kernel process's environment and the C extensions' switch (no torch)
 
 Never imports Ray. params.py and operators.py's layout load without torch (the partition
 stores and the parameter server hold numpy arrays and never import it); the rest is torch.

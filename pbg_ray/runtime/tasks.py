@@ -48,16 +48,20 @@ def on_task_threads(task: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def get_results(refs: Any) -> Any:
+def get_results(refs: Any, wait_all: bool = False) -> Any:
     """ray.get, re-raising a task's PbgRayError as itself (one clear line for the user).
     When one of a list of tasks failed, the others are waited for and their results
-    dropped first (see discard): none is left going on, nor reported again by Ray."""
+    dropped first (see discard): none is left going on, nor reported again by Ray.
+    `wait_all`: wait for every one to end before reading any (tasks and actor calls that
+    write files: none goes on behind the error, where the next run could meet it)."""
+    if wait_all:
+        ray.wait(refs, num_returns=len(refs))
     try:
         return ray.get(refs)
-    except RayTaskError as err:
+    except Exception as err:
         if isinstance(refs, list):
             discard(refs)
-        if isinstance(err.cause, PbgRayError):
+        if isinstance(err, RayTaskError) and isinstance(err.cause, PbgRayError):
             raise err.cause from None
         raise
 

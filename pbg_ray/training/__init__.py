@@ -1,2 +1,2 @@
-"""Training: the trainer's pass loop, the bucket scheduler and its actor, the actors that
-hold the model, the bucket task and its partition buffer, TensorBoard and the stats."""
+"""Training: the trainer and its pass loop, the bucket scheduler and its actor, the actors
+that hold the model, the bucket task and its partition buffer, TensorBoard and the stats."""

@@ -24,6 +24,7 @@ import numpy as np
 import ray
 
 from pbg_ray.checkpoints.directory import checkpoint_metadata
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.checkpoints.sources import PartitionSource
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.metrics import SampledNegatives, average
@@ -67,15 +68,13 @@ def split_held_out(edges: EdgeList, fraction: float, seed: List[int]) -> Tuple[E
 
 @dataclass(frozen=True)
 class BucketWork:
-    """What a train task trains: one bucket's edge chunk in pass `iteration`, with its
-    partitions' `keys` (lhs side first) and per key whether its change comes back instead
-    of its values (`deltas`: partitions other buckets train at the same time)."""
+    """What a train task trains: one bucket's edge chunk in the pass at `position`, with
+    its partitions' `keys` (lhs side first) and per key whether its change comes back
+    instead of its values (`deltas`: partitions other buckets train at the same time)."""
 
     bucket: Bucket
     edge_path: str
-    chunk_idx: int
-    num_chunks: int
-    iteration: int
+    position: Position
     num_relation_ids: int
     keys: Tuple[PartitionKey, ...]
     deltas: Tuple[bool, ...]
@@ -86,7 +85,12 @@ class BucketWork:
     def where(self) -> str:
         """The edge file and chunk, for messages."""
         return (f"edge file {self.edge_path}/edges_{self.bucket.lhs}_{self.bucket.rhs}.h5 "
-                f"(chunk {self.chunk_idx})")
+                f"(chunk {self.position.edge_chunk_idx})")
+
+    @property
+    def chunk(self) -> Tuple[int, int]:
+        """(edge chunk, number of chunks) of the edge file."""
+        return self.position.edge_chunk_idx, self.position.num_edge_chunks
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
     arrays, edges = _read(config, work, partitions, copies, disk, known)
     held_out, train_edges = split_held_out(
         edges, config.eval_fraction,
-        [config.seed, work.bucket.lhs, work.bucket.rhs, work.chunk_idx])
+        [config.seed, work.bucket.lhs, work.bucket.rhs, work.position.edge_chunk_idx])
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
@@ -207,13 +211,13 @@ def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partition
     """The bucket's partitions, writable, and its edges, checked (only those touching new
     entities where the incremental config says so); what the next bucket needs is read
     ahead meanwhile."""
-    edges = copies.edges(work.edge_path, work.bucket, work.chunk_idx, work.num_chunks)
+    edges = copies.edges(work.edge_path, work.bucket, *work.chunk)
     arrays = {key: copies.load(config, key, p) if isinstance(p, SwapFile)
               else writable(p, copies.empty) for key, p in zip(work.keys, partitions)}
     fault_point("train_task.after_read")
     copies.read_ahead(config, disk.read_ahead)
     if work.following is not None:
-        copies.read_edges_ahead(work.edge_path, work.following, work.chunk_idx, work.num_chunks)
+        copies.read_edges_ahead(work.edge_path, work.following, *work.chunk)
     counts = partition_counts(list(work.keys), [arrays[key] for key in work.keys])
     check_edges(edges, work.bucket, config, counts, work.num_relation_ids, work.where)
     if known is not None and config.incremental.new_entity_edges_only:
@@ -228,7 +232,7 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
     after, None without held-out edges)."""
     from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 
-    seed = task_seed(config, work.iteration, work.bucket)
+    seed = task_seed(config, work.position.iteration, work.bucket)
     negatives = SampledNegatives.of_held_out(config)
 
     def held_out_stats() -> Optional[Dict[str, Any]]:
@@ -251,7 +255,7 @@ def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partit
     """Per key what the task returns (see PartitionArg); the swap files are written
     behind the task, the next bucket's partitions first."""
     swapped = [(key, p) for key, p in zip(work.keys, partitions) if isinstance(p, SwapFile)]
-    metadata = checkpoint_metadata(config, work.iteration, work.num_chunks) if swapped else {}
+    metadata = checkpoint_metadata(config, work.position) if swapped else {}
     first = {part: i for i, part in enumerate(disk.next_use)}
     for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))):
         copies.write_behind(config, key, p, arrays[key], metadata, key in disk.hand_over)

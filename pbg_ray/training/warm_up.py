@@ -29,7 +29,7 @@ class HogwildWarmUp:
 
     A partition counts as trained once the update of a bucket holding it has been sent to
     the actors (`trained`), and for a task submitted behind its trainer's bucket in flight
-    (disk placement, see Trainer._launch) once that bucket is trained (`before`). Buckets
+    (disk placement, see PassRun.launch) once that bucket is trained (`before`). Buckets
     trained at the same time share no partitioned entity type's partition (the
     scheduler's locks), so a bucket that brings no new partition starts after those that
     trained its partitions; a bucket whose trainer died brought nothing in, and is warmed

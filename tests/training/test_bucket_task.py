@@ -14,6 +14,7 @@ from pbg_ray.checkpoints.sources import CheckpointSource
 from pbg_ray.model.params import init_params, partition_keys
 from pbg_ray.evaluation import distributed
 from pbg_ray.training import bucket_task
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.training.bucket_task import (
     BucketWork, run_bucket, split_held_out, start_trainer_worker)
 from pbg_ray.training.partition_buffer import PartitionBuffer
@@ -85,7 +86,7 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
     params = init_params(config, 3)
 
     def run(partitions, copies=None):
-        work = BucketWork(bucket, config.edge_paths[0], 0, 1, 0, 3, tuple(keys),
+        work = BucketWork(bucket, config.edge_paths[0], Position.of(0, 1, 1, 1), 3, tuple(keys),
                           (False,) * len(keys))
         return run_bucket(config, work, params, partitions, 1, "cpu", copies=copies)
 

@@ -14,6 +14,7 @@ from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.io.edges import edges_file, read_edges
 from pbg_ray.model.params import init_params, partition_keys
 from pbg_ray.training import hand_over
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.training.bucket_task import BucketWork, run_bucket
 from pbg_ray.training.partition_buffer import PartitionBuffer, writable
 from pbg_ray.training.bucket_sources import RandomSource, SwapFile, WriterDied, written_marker
@@ -212,7 +213,7 @@ def test_the_next_buckets_edges_are_read_while_this_one_trains(make_config):
     def run(bucket, following=None):
         keys = partition_keys(config, bucket)
         partitions = [RandomSource(50, 0).load(config, key) for key in keys]
-        work = BucketWork(bucket, config.edge_paths[0], 0, 1, 0, 3, tuple(keys),
+        work = BucketWork(bucket, config.edge_paths[0], Position.of(0, 1, 1, 1), 3, tuple(keys),
                           (False,) * len(keys), following=following)
         return run_bucket(config, work, params, partitions, 1, "cpu", copies=copies)[0]
 

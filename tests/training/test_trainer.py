@@ -13,6 +13,7 @@ import pytest
 import ray
 
 from pbg_ray.checkpoints.directory import CheckpointStorage, checkpoint_metadata
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.training.scheduler import (
@@ -89,7 +90,7 @@ def test_disk_placement_trains_what_memory_placement_trains(ray_session, tmp_pat
                 attrs = dict(hf.attrs)
             assert attrs.pop("config/json") == json.dumps(run.to_dict())
             assert attrs == {"format_version": 1, **{k: v for k, v in checkpoint_metadata(
-                run, 1, 1).items() if k != "config/json"}}
+                run, Position.of(1, run.num_epochs, 1, 1)).items() if k != "config/json"}}
 
 
 def written_back(plan: List[Bucket], buffer: int) -> List[int]:
