@@ -16,6 +16,7 @@ import logging
 import math
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -42,32 +43,46 @@ PartitionKey = Tuple[str, int]
 logger = logging.getLogger("pbg_ray")
 
 
+@dataclass(frozen=True)
+class RankJob:
+    """One filtered-ranking task's share: query chunk `chunk_idx` of `num_chunks` of a
+    bucket's edges, ranked against candidate partition `cand_part`, the edges of
+    `filter_paths` left out of the ranks."""
+
+    bucket: Bucket
+    edge_path: str
+    chunk_idx: int
+    num_chunks: int
+    cand_part: int
+    filter_paths: Tuple[str, ...]
+
+
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
 @release_free_heap
 @on_task_threads
-def filtered_rank_task(config: ConfigSchema, bucket: Bucket, edge_path: str, chunk_idx: int,
-                       num_chunks: int, cand_part: int, filter_paths: List[str],
-                       num_rel: int, keys: List[PartitionKey], params: ModelParams,
+def filtered_rank_task(config: ConfigSchema, job: RankJob, num_rel: int,
+                       keys: List[PartitionKey], params: ModelParams,
                        *partitions: Partition) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
-    """(relation ids [E], per side the counts [E] of candidate partition cand_part) of
-    edge chunk chunk_idx of `bucket` (see evaluation.filtered)."""
+    """(relation ids [E], per side the counts [E] of the job's candidate partition) of the
+    job's query chunk (see evaluation.filtered)."""
     import torch
 
     from pbg_ray.evaluation.scoring import Scorer
 
     partitions = resolved(config, keys, partitions)
     counts = partition_counts(keys, partitions)
-    edges = read_edges(edge_path, bucket, chunk_idx, num_chunks)
+    bucket, cand_part = job.bucket, job.cand_part
+    edges = read_edges(job.edge_path, bucket, job.chunk_idx, job.num_chunks)
     check_edges(edges, bucket, config, counts, num_rel,
-                f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
+                f"edge file {job.edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
     known: Dict[str, Optional[KnownEdges]] = {}
-    if filter_paths:
+    if job.filter_paths:
         entity_counts = load_entity_counts(config)
         for side, other_part in (("rhs", bucket.lhs), ("lhs", bucket.rhs)):
             # Partitions past 0 only rank partitioned types: a side without any has no
             # bucket file there.
             if cand_part == 0 or _partitioned(config, side):
-                known[side] = read_known(config, filter_paths,
+                known[side] = read_known(config, list(job.filter_paths),
                                          filter_buckets(config, side, other_part, cand_part),
                                          entity_counts, num_rel)
     with warnings.catch_warnings():  # the arrays are read-only and nothing writes them
@@ -159,9 +174,11 @@ class Evaluator:
                     partition_key(config, getattr(r, side), cand_part)
                     for side in SIDES for r in config.relations]))
                 for chunk in range(num_chunks):
+                    job = RankJob(bucket, edge_path, chunk, num_chunks, cand_part,
+                                  tuple(filter_paths))
                     jobs.append(((bucket, chunk), filtered_rank_task.options(**self._options()).remote(
-                        config, bucket, edge_path, chunk, num_chunks, cand_part, list(filter_paths),
-                        self.num_rel, keys, self.params, *[self.partitions[k] for k in keys])))
+                        config, job, self.num_rel, keys, self.params,
+                        *[self.partitions[k] for k in keys])))
         results = get_results([ref for _, ref in jobs])
         rels: Dict[Any, np.ndarray] = {}
         ranks: Dict[Any, Dict[str, np.ndarray]] = {}

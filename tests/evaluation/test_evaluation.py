@@ -16,7 +16,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.distributed import (
-    checkpoint_partitions, evaluate_bucket_task, evaluate_checkpoint, filtered_rank_task,
+    RankJob, checkpoint_partitions, evaluate_bucket_task, evaluate_checkpoint, filtered_rank_task,
     print_report)
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.metrics import SampledNegatives
@@ -304,8 +304,8 @@ def eval_tasks_in_process(checkpoint_path):
                                           *[on_disk] * len(keys),
                                           negatives=SampledNegatives.of_edge_paths(config))
     keys = list(dict.fromkeys(keys + [("node", last)]))
-    filtered_rank_task._function(config, bucket, path, 0, 1, last, [path], num_rel, keys,
-                                 params, *[on_disk] * len(keys))
+    filtered_rank_task._function(config, RankJob(bucket, path, 0, 1, last, (path,)), num_rel,
+                                 keys, params, *[on_disk] * len(keys))
 
 
 @pytest.mark.slow
