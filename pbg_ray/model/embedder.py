@@ -355,7 +355,6 @@ class Embedder:
     def backward(self, batch: Batch, scores: Scores) -> Gradients:
         """Loss, regularizer and gradients of a forward pass (consumes its score blocks)."""
         cmp = self.comparator
-        C = batch.chunk_size
         sv = scores.saved
         w = self._weights(batch, sv["a"].device)
         loss = w.new_zeros(())
@@ -380,72 +379,8 @@ class Embedder:
         da, db = (self._side_grad(batch, sv, row_grads, name, x)
                   for name, x in (("lhs", a), ("rhs", b)))
         param_grads: Dict[str, Tensor] = {}
-        if not self.dynamic:
-            u, v, m_r, m_lu = sv["u"], sv["v"], sv["m_r"], sv["m_lu"]
-            # Gradients w.r.t. u and v; du accumulates straight into the row gradients
-            # when prepare is the identity.
-            du = da if sv["ctx_u"] is None else torch.zeros_like(u)
-            dv = None
-            if m_r is not None:
-                g_r = dblocks["rhs"][0] if dblocks["rhs"] else torch.zeros_like(m_r)
-                if batch.lhs.has_batch:
-                    # The lhs batch block is the rhs one transposed: add its gradient in.
-                    g_r[:, :, :C] += dblocks["lhs"][0].transpose(1, 2)
-                dq, dk = cmp.matrix_backward(u[:, :C], v if sv["need_batch"] else v[:, C:],
-                                             m_r, g_r)
-                du[:, :C] += dq
-                if sv["need_batch"]:
-                    dv = dk
-                else:
-                    dv = torch.zeros_like(v)
-                    dv[:, C:] += dk
-            if dv is None:
-                dv = torch.zeros_like(v)
-            if m_lu is not None:
-                dq, dk = cmp.matrix_backward(v[:, :C], u[:, C:], m_lu, dblocks["lhs"][-1])
-                dv[:, :C] += dq
-                du[:, C:] += dk
-            dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], dpos["lhs"] + dpos["rhs"])
-            du[:, :C] += dq
-            dv[:, :C] += dk
-            self._zero_padding(batch, du, dv)
-            if du is not da:
-                da += cmp.prepare_backward(sv["ctx_u"], du)
-            op = self.operators[batch.relation]
-            db_op, dp = op.backward(b, sv["p"], cmp.prepare_backward(sv["ctx_v"], dv))
-            db += db_op
-            self._add_op_grads(param_grads, batch, "rhs", dp, None)
-        else:
-            n = batch.num_chunks
-            op = self.operators[batch.relation]
-            u, v, q_l, q_r = sv["u"], sv["v"], sv["q_l"], sv["q_r"]
-            du, dv = torch.zeros_like(u), torch.zeros_like(v)
-            dk, dq_l = cmp.pos_backward(u[:, :C], q_l, dpos["lhs"])
-            du[:, :C] += dk
-            dq_r, dk = cmp.pos_backward(q_r, v[:, :C], dpos["rhs"])
-            dv[:, :C] += dk
-            for name, q, k, dq_side, dk_side in (("lhs", q_l, u, dq_l, du),
-                                                 ("rhs", q_r, v, dq_r, dv)):
-                m = sv["mats"].get(name)
-                if m is None:
-                    continue
-                s = batch.side(name)
-                dq, dk = cmp.matrix_backward(q, k if s.has_batch else k[:, C:], m, dblocks[name][0])
-                dq_side += dq
-                if s.has_batch:
-                    dk_side += dk
-                else:
-                    dk_side[:, C:] += dk
-            self._zero_padding(batch, du, dv, dq_l, dq_r)
-            da += cmp.prepare_backward(sv["ctx_u"], du)
-            db += cmp.prepare_backward(sv["ctx_v"], dv)
-            rel = sv["rel"]
-            for side, x, dx_buf, q_grad, ctx, p in (
-                    ("rhs", sv["b_pos"], db, dq_l, sv["ctx_ql"], sv["p_r"]),
-                    ("lhs", sv["a_pos"], da, dq_r, sv["ctx_qr"], sv["p_l"])):
-                dx, dp = op.backward(x, p, cmp.prepare_backward(ctx, q_grad).view(n * C, -1))
-                dx_buf[:, :C] += dx.view(n, C, -1)
-                self._add_op_grads(param_grads, batch, side, dp, rel)
+        relation_backward = self._dynamic_backward if self.dynamic else self._static_backward
+        relation_backward(batch, sv, dpos, dblocks, da, db, param_grads)
         reg = self._regularize(batch, a, b, da, db, param_grads)
         if self.config.global_emb:
             for name, d in (("lhs", da), ("rhs", db)):
@@ -454,6 +389,85 @@ class Embedder:
                 param_grads[key] = param_grads[key] + g if key in param_grads else g
         self._featurized_row_grads(batch, sv, row_grads, da, db)
         return Gradients(float(loss), reg, violators, row_grads, param_grads)
+
+    def _static_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],
+                         dblocks: Dict[str, List[Tensor]], da: Tensor, db: Tensor,
+                         param_grads: Dict[str, Tensor]) -> None:
+        """backward's comparator and operator part for one relation per batch: adds into
+        the side gradients `da`, `db` and the operator's `param_grads`."""
+        cmp, C = self.comparator, batch.chunk_size
+        b = sv["b"]
+        u, v, m_r, m_lu = sv["u"], sv["v"], sv["m_r"], sv["m_lu"]
+        # Gradients w.r.t. u and v; du accumulates straight into the row gradients
+        # when prepare is the identity.
+        du = da if sv["ctx_u"] is None else torch.zeros_like(u)
+        dv = None
+        if m_r is not None:
+            g_r = dblocks["rhs"][0] if dblocks["rhs"] else torch.zeros_like(m_r)
+            if batch.lhs.has_batch:
+                # The lhs batch block is the rhs one transposed: add its gradient in.
+                g_r[:, :, :C] += dblocks["lhs"][0].transpose(1, 2)
+            dq, dk = cmp.matrix_backward(u[:, :C], v if sv["need_batch"] else v[:, C:],
+                                         m_r, g_r)
+            du[:, :C] += dq
+            if sv["need_batch"]:
+                dv = dk
+            else:
+                dv = torch.zeros_like(v)
+                dv[:, C:] += dk
+        if dv is None:
+            dv = torch.zeros_like(v)
+        if m_lu is not None:
+            dq, dk = cmp.matrix_backward(v[:, :C], u[:, C:], m_lu, dblocks["lhs"][-1])
+            dv[:, :C] += dq
+            du[:, C:] += dk
+        dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], dpos["lhs"] + dpos["rhs"])
+        du[:, :C] += dq
+        dv[:, :C] += dk
+        self._zero_padding(batch, du, dv)
+        if du is not da:
+            da += cmp.prepare_backward(sv["ctx_u"], du)
+        op = self.operators[batch.relation]
+        db_op, dp = op.backward(b, sv["p"], cmp.prepare_backward(sv["ctx_v"], dv))
+        db += db_op
+        self._add_op_grads(param_grads, batch, "rhs", dp, None)
+
+    def _dynamic_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],
+                          dblocks: Dict[str, List[Tensor]], da: Tensor, db: Tensor,
+                          param_grads: Dict[str, Tensor]) -> None:
+        """backward's comparator and operator part for dynamic relations (each edge its
+        own relation, applied on both sides): as _static_backward."""
+        cmp, C = self.comparator, batch.chunk_size
+        n = batch.num_chunks
+        op = self.operators[batch.relation]
+        u, v, q_l, q_r = sv["u"], sv["v"], sv["q_l"], sv["q_r"]
+        du, dv = torch.zeros_like(u), torch.zeros_like(v)
+        dk, dq_l = cmp.pos_backward(u[:, :C], q_l, dpos["lhs"])
+        du[:, :C] += dk
+        dq_r, dk = cmp.pos_backward(q_r, v[:, :C], dpos["rhs"])
+        dv[:, :C] += dk
+        for name, q, k, dq_side, dk_side in (("lhs", q_l, u, dq_l, du),
+                                             ("rhs", q_r, v, dq_r, dv)):
+            m = sv["mats"].get(name)
+            if m is None:
+                continue
+            s = batch.side(name)
+            dq, dk = cmp.matrix_backward(q, k if s.has_batch else k[:, C:], m, dblocks[name][0])
+            dq_side += dq
+            if s.has_batch:
+                dk_side += dk
+            else:
+                dk_side[:, C:] += dk
+        self._zero_padding(batch, du, dv, dq_l, dq_r)
+        da += cmp.prepare_backward(sv["ctx_u"], du)
+        db += cmp.prepare_backward(sv["ctx_v"], dv)
+        rel = sv["rel"]
+        for side, x, dx_buf, q_grad, ctx, p in (
+                ("rhs", sv["b_pos"], db, dq_l, sv["ctx_ql"], sv["p_r"]),
+                ("lhs", sv["a_pos"], da, dq_r, sv["ctx_qr"], sv["p_l"])):
+            dx, dp = op.backward(x, p, cmp.prepare_backward(ctx, q_grad).view(n * C, -1))
+            dx_buf[:, :C] += dx.view(n, C, -1)
+            self._add_op_grads(param_grads, batch, side, dp, rel)
 
     def _violators(self, batch: Batch, name: str, pos: Tensor, blocks: List[Tensor],
                    out: List[Tensor]) -> int:
