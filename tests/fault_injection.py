@@ -396,7 +396,7 @@ def lose_nodes(runs: List[Tuple[Dict[str, Any], int]]) -> List[Dict[str, Any]]:
     own (tests/training/node_loss_run.py), losing a worker node that holds a partition store
     at the `hit`-th bucket read (0: none; a new node joins before the next run); the
     runs' summaries."""
-    script = Path(__file__).with_name("engine") / "node_loss_run.py"
+    script = Path(__file__).with_name("training") / "node_loss_run.py"
     with tempfile.TemporaryDirectory(prefix="node_loss-") as scratch:
         summary = Path(scratch) / "summary.json"
         proc = subprocess.run([sys.executable, str(script), json.dumps(runs), str(summary)],

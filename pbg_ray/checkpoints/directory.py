@@ -41,7 +41,7 @@ from pbg_ray.io.files import (
     PathLike, reading, write_bytes_atomic, write_bytes_in_place, write_failed, write_text_atomic)
 from pbg_ray.io.storage import (
     FORMAT_VERSION, FORMAT_VERSION_ATTR, ObjectLock, ObjectPath, StoragePath, append_text,
-    link_or_copy, open_v1_h5, storage_path)
+    dataset_kind, dataset_type, link_or_copy, open_v1_h5, storage_path)
 from pbg_ray.types import EntityName, Partition
 
 STATE_DICT_KEY_ATTR = "state_dict_key"
@@ -419,8 +419,9 @@ class CheckpointStorage:
         with reading(path, "embeddings", lambda: recovery(path)), \
                 cls._open_h5(path, "embeddings") as hf:
             ds = hf.get(EMBEDDING_DATASET)
-            if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or ds.dtype.kind != "f":
-                found = "nothing" if ds is None else f"shape {getattr(ds, 'shape', '?')} dtype {getattr(ds, 'dtype', '?')}"
+            if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or dataset_kind(ds) != "f":
+                found = ("nothing" if ds is None else dataset_type(ds)
+                         if isinstance(ds, h5py.Dataset) else "a group")
                 raise PbgRayError(f"embeddings file {str(path)!r}: dataset 'embeddings' must be a "
                                   f"2-D float array [entities, dimension], found {found}.")
             embeddings = empty(ds.shape, np.float32)

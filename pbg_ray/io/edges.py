@@ -22,7 +22,8 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import PathLike, atomic_path, reading
 from pbg_ray.io.storage import (
-    FORMAT_VERSION, FORMAT_VERSION_ATTR, StoragePath, open_v1_h5, storage_path)
+    FORMAT_VERSION, FORMAT_VERSION_ATTR, StoragePath, dataset_kind, dataset_type, open_v1_h5,
+    storage_path)
 from pbg_ray.types import Bucket, EdgeList, FeatureList
 
 ID_DATASETS = ("lhs", "rhs", "rel")
@@ -57,10 +58,10 @@ def _dataset(hf: h5py.File, name: str, integer: bool) -> h5py.Dataset:
                           f"An edge file needs 1-D datasets {', '.join(ID_DATASETS)}.")
     ds = hf[name]
     kind = "iu" if integer else "fiu"
-    if ds.ndim != 1 or ds.dtype.kind not in kind:
+    if ds.ndim != 1 or dataset_kind(ds) not in tuple(kind):
         want = "integer" if integer else "numeric"
         raise PbgRayError(f"edge file {hf.filename!r}: dataset {name!r} must be 1-D {want}, "
-                          f"found shape {ds.shape} dtype {ds.dtype}.")
+                          f"found {dataset_type(ds)}.")
     return ds
 
 

@@ -334,6 +334,21 @@ FORMAT_VERSION_ATTR = "format_version"
 FORMAT_VERSION = 1
 
 
+def dataset_kind(ds: h5py.Dataset) -> str:
+    """numpy's kind of a dataset's values ("f", "i", "u", ...); "" for an HDF5 type that
+    numpy has no equivalent of (a time type, say: a damaged or foreign file)."""
+    try:
+        return ds.dtype.kind
+    except TypeError:
+        return ""
+
+
+def dataset_type(ds: h5py.Dataset) -> str:
+    """A dataset's shape and type, for messages."""
+    kind = dataset_kind(ds)
+    return f"shape {ds.shape} dtype {ds.dtype if kind else 'without a numpy equivalent'}"
+
+
 def open_v1_h5(path: StoragePath, what: str, if_missing: str, if_other_format: str,
                if_damaged: Callable[[], str]) -> h5py.File:
     """An edge or checkpoint HDF5 file of format v1, opened for reading. Refuses a missing,
