@@ -10,6 +10,10 @@ and returns the results as separate return values owned by the caller (or
 writes them to new swap files). Nothing is applied inside the task, so the
 bucket of a task that dies is simply trained again, with no update lost or
 applied twice.
+
+What crosses the process boundary is typed: the driver sends a BucketWork (and in disk
+placement a DiskPlan) with the parameters and partitions, and reads the task's returns
+by name (BucketRefs: a BucketStats, the parameters' delta, a result per partition).
 """
 
 from __future__ import annotations
