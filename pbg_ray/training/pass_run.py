@@ -254,7 +254,8 @@ class PassRun:
                     and self.edge_counts[following] > 0)
         # The following bucket's partitions this one lacks, read while it trains: where
         # the tasks in flight write them, or where their stores say (None: not on disk).
-        ahead = [k for k in self.keys_of(following) if k not in keys]
+        following_keys = partition_keys(config, following) if following is not None else []
+        ahead = [k for k in following_keys if k not in keys]
         written = {k: self.in_flight[k].lease(k).written for k in ahead if k in self.in_flight}
         source_refs = {k: trainer.store_of[k].source.remote(k) for k in ahead
                        if k not in written}
@@ -274,23 +275,21 @@ class PassRun:
             following=following if following is not None
             and self.edge_counts[following] > 0 else None)
         refs = submit_bucket(config, work, trainer.params.get.remote(), leases, trainer.known,
-                             self.disk_plan(keys, following, followed, read_ahead),
+                             self.disk_plan(keys, following, following_keys, followed,
+                                            read_ahead),
                              previous.refs.delta if previous is not None else None)
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
         self.in_flight.update((k, task) for k in keys)
         return task
 
-    def keys_of(self, bucket: Optional[Bucket]) -> List[PartitionKey]:
-        return partition_keys(self.config, bucket) if bucket is not None else []
-
-    def disk_plan(self, keys: List[PartitionKey], following: Optional[Bucket], followed: bool,
+    def disk_plan(self, keys: List[PartitionKey], following: Optional[Bucket],
+                  following_keys: List[PartitionKey], followed: bool,
                   read_ahead: Tuple[Tuple[PartitionKey, Any], ...]) -> DiskPlan:
         """What the task does besides its bucket (see DiskPlan): what the following bucket
         trains is held for it on the worker instead of written (see hand_over.HandOver)
         when its task follows this one; with one trainer, whose next buckets all run on
         that worker, also what else the worker's buffer keeps for them (written once the
         buffer drops it)."""
-        following_keys = self.keys_of(following)
         return DiskPlan(
             read_ahead, tuple(self.next_use(following)),
             frozenset(k for k in following_keys if k in keys) if followed else frozenset(),
