@@ -26,7 +26,7 @@ class HandOver:
     says "pending" (see SwapFile.begin_write): a reader elsewhere asks and waits, and
     learns of this worker's death (WriterDied: the pass is trained again).
 
-    Stands where PartitionCopies keeps a write's Future: `done` and `result` (which
+    Stands where PartitionBuffer keeps a write's Future: `done` and `result` (which
     begins the write if it has not begun). `begin` begins the write, returning its
     Future; `asked` says whether a reader asks for it; `clock` measures the wait."""
 
