@@ -69,13 +69,32 @@ def proxy_port(serve_config: ServeConfig) -> int:
         return probe.getsockname()[1]
 
 
+class DriverRouterNotices(logging.Filter):
+    """Leaves out the notices of Serve's request router in the command's own process. That
+    router carries only the command's watch of the versions taken up (version_changes);
+    requests are routed in the proxy and the router replicas, whose notices stay in Ray's
+    logs. Its notices, that a router replica answered its queue-length probe late (a busy
+    machine) or not at all (a replica ending), concern that internal call alone, which
+    waits and asks again, and would reach the terminal of a command that promises one line
+    on stopping."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.module != "request_router"
+
+
+DRIVER_ROUTER_NOTICES = DriverRouterNotices()
+
+
 def start_service(config: ConfigSchema) -> Dict[str, Any]:
     """Connect to Ray, build the served version's indexes and start the application on
     serve.host:serve.port. Returns the URL, the version and the index build's figures.
     Serve's INFO lines in this process (started, deploying, ready at its proxy's port,
-    deleting) are left out: the caller says what is served where."""
+    deleting) are left out: the caller says what is served where, and so are the notices of
+    this process's request router (DriverRouterNotices)."""
     config = config.checked().with_absolute_paths()
-    logging.getLogger(SERVE_LOGGER_NAME).setLevel(logging.WARNING)
+    serve_logger = logging.getLogger(SERVE_LOGGER_NAME)
+    serve_logger.setLevel(logging.WARNING)
+    serve_logger.addFilter(DRIVER_ROUTER_NOTICES)
     connect_ray(config.ray)
     serve_config = config.serve
     if serve_config.ingress == "direct" and serve_running():

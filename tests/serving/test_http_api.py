@@ -6,6 +6,7 @@ unexpected error, is a JSON 5xx, and the service goes on."""
 
 import dataclasses
 import json
+import logging
 import re
 import socket
 import threading
@@ -62,6 +63,28 @@ def predictor(served):
     """The Predictor of the version the service serves now (test_a_new_version_... adds one)."""
     config, client = served
     return Predictor.load(config.checkpoint_path, version=client.get("/health").json()["version"])
+
+
+def test_the_commands_own_router_notices_stay_off_its_terminal(served):
+    """The request router in the process that started the service carries only its watch of
+    the versions: its notices (a queue-length probe answered late on a busy machine) are
+    left out, Serve's other warnings are not."""
+    from ray.serve._private.constants import SERVE_LOGGER_NAME
+    from ray.serve._private.request_router import request_router
+
+    serve_logger = logging.getLogger(SERVE_LOGGER_NAME)
+    shown = []
+    handler = logging.Handler()
+    handler.emit = shown.append
+    serve_logger.addHandler(handler)
+    try:
+        for source in (request_router.__file__, __file__):
+            serve_logger.handle(serve_logger.makeRecord(
+                SERVE_LOGGER_NAME, logging.WARNING, source, 1,
+                "Failed to get queue length from Replica within 0.1s.", (), None))
+    finally:
+        serve_logger.removeHandler(handler)
+    assert [record.pathname for record in shown] == [__file__]
 
 
 def post(client, path, body):
