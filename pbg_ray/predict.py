@@ -29,11 +29,11 @@ from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.evaluation.questions import NeighborQuery
 from pbg_ray.importer.demo import demo_checkpoint_path
 from pbg_ray.io.files import write_text_atomic
 from pbg_ray.io.storage import storage_path
 from pbg_ray.runtime.partition_jobs import predictor_map
-from pbg_ray.types import SIDES
 
 COMMANDS = ("score", "top-rhs", "top-lhs", "neighbors")
 VALUE_OPTIONS = ("--version", "--tag", "--entity-path")  # options before CHECKPOINT_PATH
@@ -133,71 +133,23 @@ def read_queries(path: str, command: str) -> Tuple[List[Question], Dict[int, str
     return questions, problems
 
 
-def name_errors(model: Predictor, args: argparse.Namespace, questions: Sequence[Question]
-                ) -> Tuple[Dict[int, str], Dict[int, str]]:
-    """(the error of each question whose relation or entity names the model lacks, the
-    entity type of each neighbours question), by line; each type's names looked up once."""
-    errors: Dict[int, str] = {}
-    asked: Dict[str, List[Tuple[Question, str]]] = {}  # entity type -> (question, name)
-    for question in questions:
-        values = dict(zip(FIELDS[args.command], question.fields))
-        if args.command == "neighbors":
-            for entity in [args.entity_type] if args.entity_type else model.config.entities:
-                asked.setdefault(entity, []).append((question, values["name"]))
-            continue
-        try:
-            relation, _ = model.relation(values["relation"])
-        except PbgRayError as err:
-            errors[question.line] = str(err)
-            continue
-        for side in SIDES:
-            if side in values:
-                entity = getattr(model.config.relations[relation], side)
-                asked.setdefault(entity, []).append((question, values[side]))
-    found: Dict[int, List[str]] = {}  # line -> the types its neighbours name is in
-    for entity, pairs in asked.items():
-        parts, _ = model.find(entity, [name for _, name in pairs])
-        for (question, name), part in zip(pairs, parts):
-            if part >= 0:
-                found.setdefault(question.line, []).append(entity)
-            elif args.command != "neighbors" and question.line not in errors:
-                errors[question.line] = str(model.unknown_entity(entity, name))
-    types = {}
-    if args.command == "neighbors":
-        for question in questions:
-            where = found.get(question.line, [])
-            if len(where) == 1:
-                types[question.line] = where[0]
-                continue
-            name = question.fields[0]
-            errors[question.line] = (
-                f"entity {name!r} is in several types {where}; pass --type" if where else
-                str(model.unknown_entity(args.entity_type, name)) if args.entity_type else
-                f"entity {name!r} is in no entity type {sorted(model.config.entities)}")
-    return errors, types
-
-
-def answer(model: Predictor, args: argparse.Namespace, questions: Sequence[Question],
-           types: Dict[int, str]) -> Dict[int, Dict[str, Any]]:
-    """Each question's answer, with its fields, by line; `types`: the entity type of each
-    neighbours question."""
-    fields = FIELDS[args.command]
-    queries = [q.fields for q in questions]
+def answer(model: Predictor, args: argparse.Namespace, questions: Sequence[Question]
+           ) -> Dict[int, Dict[str, Any]]:
+    """Each question's answer with its fields, or its error (a name or relation the model
+    lacks), by line."""
+    asked = [q.fields for q in questions]
     if args.command == "score":
-        found = [{"score": float(s)} for s in model.score(queries)]
+        key, found = "score", model.score_each(asked)
     elif args.command == "neighbors":
-        found = [{} for _ in questions]
-        of_type = [types.get(q.line, args.entity_type) for q in questions]
-        for entity in dict.fromkeys(of_type):  # None: the type of its (single) name
-            rows = [i for i, t in enumerate(of_type) if t == entity]
-            ranked = model.neighbors_of([queries[i][0] for i in rows], entity, args.k)
-            for i, neighbors in zip(rows, ranked):
-                found[i] = {"neighbors": neighbors}
+        key, found = "neighbors", model.neighbors_each(
+            [NeighborQuery(q[0], args.entity_type) for q in asked], args.k)
     else:
-        side = args.command[4:]  # the ranked side's; its queries are (other entity, relation)
-        pairs = [q if side == "rhs" else (q[1], q[0]) for q in queries]
-        found = [{side: r} for r in model.top_k(side, pairs, args.k, args.exclude)]
-    return {q.line: {**dict(zip(fields, q.fields)), **a} for q, a in zip(questions, found)}
+        key = args.command[4:]  # the ranked side; its queries are (other entity, relation)
+        found = model.top_k_each(key, [q if key == "rhs" else (q[1], q[0]) for q in asked],
+                                 args.k, args.exclude)
+    fields = FIELDS[args.command]
+    return {q.line: {"error": str(a)} if isinstance(a, PbgRayError) else
+            {**dict(zip(fields, q.fields)), key: a} for q, a in zip(questions, found)}
 
 
 def answer_batch(model: Predictor, args: argparse.Namespace) -> None:
@@ -207,10 +159,8 @@ def answer_batch(model: Predictor, args: argparse.Namespace) -> None:
     failed."""
     questions, errors = read_queries(args.queries, args.command)
     model.use(predictor_map(model.config))
-    named, types = name_errors(model, args, questions)
-    errors.update(named)
-    good = [q for q in questions if q.line not in errors]
-    answers = answer(model, args, good, types) if good else {}
+    answers = answer(model, args, questions) if questions else {}
+    errors.update((line, a["error"]) for line, a in answers.items() if "error" in a)
     for line, error in errors.items():
         answers[line] = {"error": error}
     text = "".join(json.dumps({"line": line, **answers[line]}) + "\n" for line in sorted(answers))
@@ -252,7 +202,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         answer_batch(model, args)
         return
     question = Question(0, tuple(getattr(args, f) for f in FIELDS[args.command]))
-    result = answer(model, args, [question], {})[0]
+    result = answer(model, args, [question])[0]
+    if "error" in result:
+        raise PbgRayError(result["error"])
     print(json.dumps({k: v for k, v in result.items() if k not in FIELDS[args.command]}))
 
 

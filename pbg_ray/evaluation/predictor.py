@@ -9,7 +9,8 @@
     model.neighbors("alice", k=10)
     model.top_k("rhs", [("alice", "follows"), ("bob", "likes")], k=10)   # many queries at once
 
-Scores are the model's (pbg_ray.evaluation.scoring): `score` and `top_rhs` rank by the rhs
+Questions are resolved and answered by pbg_ray.evaluation.questions, as the predict command
+and the service answer them. Scores are the model's (pbg_ray.evaluation.scoring): `score` and `top_rhs` rank by the rhs
 side's score, `top_lhs` by the lhs side's (the same in per-relation mode; dynamic relations
 score the sides with different operators). Neighbours are compared by the comparator
 on the entities' prepared vectors (global embedding added, no relation operator).
@@ -24,10 +25,9 @@ default; runtime/partition_jobs.py runs it as Ray tasks that read their partitio
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -37,16 +37,15 @@ from pbg_ray.checkpoints import bundle
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.checkpoints.per_partition import MapPartitions, in_process
 from pbg_ray.config import ConfigSchema
-from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.evaluation.filtered import QUERY_BLOCK, KnownEdges, check_rankable
+from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.entity_names import EntityNames, Located, Recent
+from pbg_ray.evaluation.filtered import KnownEdges
+from pbg_ray.evaluation.questions import (
+    Answer, Best, Exclusion, ModelByNames, NeighborQuery, Ranked, Triple, by_key,
+    edge_scores, exact_top_k, first_error, left_out, neighbor_queries, prepared_queries)
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges
-from pbg_ray.io.entities import load_entity_names, load_relation_names, num_relation_ids
-from pbg_ray.model.params import params_from_checkpoint
-from pbg_ray.types import Bucket
-
-Ranked = List[Tuple[str, float]]  # (entity name, score), best first
-Triple = Tuple[str, str, str]  # (lhs name, relation name, rhs name)
+from pbg_ray.io.entities import num_relation_ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,100 +66,54 @@ class EmbeddingSource:
 
 
 class _Cached:
-    """An EmbeddingSource keeping the `size` partitions read last (least recently used
-    dropped first)."""
+    """An EmbeddingSource keeping the `size` partitions read last."""
 
     def __init__(self, source: EmbeddingSource, size: int) -> None:
-        self.source, self.size = source, size
-        self._kept: "collections.OrderedDict[Tuple[str, int], np.ndarray]" = collections.OrderedDict()
+        self.source = source
+        self._kept = Recent(size)
 
     def read(self, entity: str, part: int) -> np.ndarray:
-        return _lru(self._kept, (entity, part), self.size, lambda: self.source.read(entity, part))
-
-
-def _lru(kept: "collections.OrderedDict", key: Any, size: int, make: Callable[[], Any]) -> Any:
-    """kept[key], made by `make` if absent; at most `size` entries are kept."""
-    if key in kept:
-        kept.move_to_end(key)
-        return kept[key]
-    value = make()
-    if size > 0:
-        kept[key] = value
-        while len(kept) > size:
-            kept.popitem(last=False)
-    return value
+        return self._kept.get((entity, part), lambda: self.source.read(entity, part))
 
 
 @dataclasses.dataclass(frozen=True)
-class _Queries:
-    """Queries against one candidate type: per query the relation (index into
-    config.relations, relation id, -1 for neighbours), the other side's entity
-    (partition, offset) and its prepared vector [Q, D]."""
+class PartitionQueries:
+    """Prepared queries [Q, D] against every partition of one candidate type: per query the
+    relation (index into config.relations; -1 for neighbours), the known edges left out, and
+    for neighbours each query's own entity (partition, offset) [Q, 2], left out too."""
 
     side: str  # the side ranked ("lhs", "rhs"), "neighbors" for same-type neighbours
     entity: str  # the candidates' type
-    relation: np.ndarray
-    rel_id: np.ndarray
-    other_part: np.ndarray
-    other_id: np.ndarray
+    relations: np.ndarray
     vectors: np.ndarray
+    exclusion: Optional[Exclusion] = None
+    own: Optional[np.ndarray] = None
 
 
 def partition_top_k(config: ConfigSchema, params: Dict[str, np.ndarray], tables: Any,
-                    queries: _Queries, part: int, k: int, exclude: Sequence[str]
-                    ) -> Tuple[np.ndarray, np.ndarray]:
-    """(scores float32 [Q, k'], offsets int64 [Q, k']) of each query's k best candidates
-    in partition `part` of its type (k' = min(k, partition size); -inf where excluded).
-    tables: what reads the partition (EmbeddingSource)."""
+                    queries: PartitionQueries, part: int, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    """exact_top_k's (scores, offsets) [Q, min(k, partition size)] of each query in
+    partition `part` of its candidates' type. tables: what reads the partition
+    (EmbeddingSource)."""
     with warnings.catch_warnings():  # arrays from Ray's object store: read-only, never written
         warnings.simplefilter("ignore", UserWarning)
         scorer = Scorer(config, params)
         q_all = torch.from_numpy(queries.vectors)
-    table = torch.from_numpy(tables.read(queries.entity, part))
-    vectors = scorer.entity_vectors(queries.entity, table)
-    count = len(queries.relation)
-    kk = min(k, len(table))
-    scores = np.full((count, kk), -np.inf, np.float32)
-    offsets = np.zeros((count, kk), np.int64)
-    excluded = _excluded(queries, part, exclude, num_relation_ids(config) if exclude else 0)
-    groups = ([(-1, np.arange(count))] if queries.side == "neighbors" else
-              [(r, np.flatnonzero(queries.relation == r)) for r in np.unique(queries.relation)])
-    for relation, rows in groups:
-        if queries.side == "neighbors":
-            cands = scorer.comparator.prepare(vectors)[0]
-        else:
-            cands = scorer.candidates(queries.side, int(relation), vectors)
-        for start in range(0, len(rows), QUERY_BLOCK):
-            block = rows[start:start + QUERY_BLOCK]
-            s = scorer.matrix(q_all[torch.from_numpy(block)], cands)
-            for i, row in enumerate(block):
-                ids = excluded.get(int(row))
-                if ids is not None:
-                    s[i, torch.from_numpy(ids)] = -float("inf")
-            if kk:
-                top = torch.topk(s, kk, dim=1)
-                scores[block], offsets[block] = top.values.numpy(), top.indices.numpy()
+    vectors = scorer.entity_vectors(queries.entity, torch.from_numpy(
+        tables.read(queries.entity, part)))
+    num_rel = num_relation_ids(config) if queries.exclusion is not None else 0
+    banned = left_out(lambda path, bucket: KnownEdges(read_edges(path, bucket), num_rel), part,
+                      len(q_all), queries.exclusion, queries.own)
+    kk = min(k, len(vectors))
+    scores = np.full((len(q_all), kk), -np.inf, np.float32)
+    offsets = np.full((len(q_all), kk), -1, np.int64)
+    for relation in np.unique(queries.relations):
+        rows = np.flatnonzero(queries.relations == relation)
+        cands = (scorer.comparator.prepare(vectors)[0] if queries.side == "neighbors"
+                 else scorer.candidates(queries.side, int(relation), vectors))
+        scores[rows], offsets[rows] = exact_top_k(
+            scorer, q_all[torch.from_numpy(rows)], cands, k, [banned[i] for i in rows])
     return scores, offsets
-
-
-def _excluded(queries: _Queries, part: int, exclude: Sequence[str], num_rel: int
-              ) -> Dict[int, np.ndarray]:
-    """query row -> candidate offsets in `part` left out: for neighbours the entity itself;
-    else the rhs (lhs) entities of the known edges (other entity, relation, x) of the
-    `exclude` edge paths."""
-    if queries.side == "neighbors":
-        return {int(r): queries.other_id[r:r + 1] for r in np.flatnonzero(queries.other_part == part)}
-    found: Dict[int, List[np.ndarray]] = {}
-    for other_part in np.unique(queries.other_part) if exclude else ():
-        rows = np.flatnonzero(queries.other_part == other_part)
-        bucket = (Bucket(int(other_part), part) if queries.side == "rhs"
-                  else Bucket(part, int(other_part)))
-        for path in exclude:
-            known = KnownEdges(read_edges(path, bucket), num_rel)
-            hit, ids = known.true_entities(queries.side, queries.other_id[rows], queries.rel_id[rows])
-            for r, i in zip(rows[hit], ids):
-                found.setdefault(int(r), []).append(np.array([i]))
-    return {r: np.concatenate(ids) for r, ids in found.items()}
 
 
 def partition_rows(tables: Any, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
@@ -168,19 +121,7 @@ def partition_rows(tables: Any, entity: str, part: int, offsets: np.ndarray) -> 
     return tables.read(entity, part)[offsets]
 
 
-def relation_by_name(config: ConfigSchema, relation_names: List[str], name: str
-                     ) -> Tuple[int, int]:
-    """(index into config.relations, relation id) of a relation by name, or the project's
-    error naming the nearest ones."""
-    if name not in relation_names:
-        raise PbgRayError(f"unknown relation {name!r}{did_you_mean(name, relation_names)}. "
-                          f"Relations: {', '.join(relation_names[:20])}"
-                          f"{' ...' if len(relation_names) > 20 else ''}.")
-    rel_id = relation_names.index(name)
-    return (0 if config.dynamic_relations else rel_id), rel_id
-
-
-class Predictor:
+class Predictor(ModelByNames):
     """A checkpoint version (or a bundle's tag) with its entity and relation names."""
 
     def __init__(self, config: ConfigSchema, arrays: Dict[str, np.ndarray],
@@ -188,20 +129,12 @@ class Predictor:
                  cache_partitions: int = 2) -> None:
         """arrays: the model's parameters by public name; source: where the entity
         partitions are; where: what it is, for messages; run: how per-partition work runs
-        (None: in this process, keeping the `cache_partitions` partitions read last)."""
-        check_rankable(config)
-        self.config = config
-        self.source = where
-        num_rel = num_relation_ids(config)
-        self.params = params_from_checkpoint(config, num_rel, arrays, None, where=where).arrays
-        self.scorer = Scorer(config, self.params)
-        self.relation_names = (load_relation_names(config.entity_path) if config.dynamic_relations
-                               else [r.name for r in config.relations])
+        (None: in this process, keeping the `cache_partitions` partitions read last, as
+        their names are kept)."""
+        super().__init__(config, arrays, where, EntityNames(config, keep=cache_partitions))
         self.embedding_source = source
         self.cache_partitions = cache_partitions
         self.use(run)
-        self._names: "collections.OrderedDict[Tuple[str, int], Tuple[List[str], Dict[str, int]]]" = (
-            collections.OrderedDict())
 
     def use(self, run: Optional[MapPartitions]) -> None:
         """Run per-partition work with `run` (None: in this process, with the cache)."""
@@ -240,86 +173,42 @@ class Predictor:
                    EmbeddingSource(str(checkpoint.path), version),
                    f"version {version} of {str(checkpoint.path)!r}", run, cache_partitions)
 
-    # --- names ------------------------------------------------------------
-
-    def _partition_names(self, entity: str, part: int) -> Tuple[List[str], Dict[str, int]]:
-        """(names, name -> offset) of one partition, kept among the partitions read last."""
-        def read() -> Tuple[List[str], Dict[str, int]]:
-            names = load_entity_names(self.config.entity_path, entity, part)
-            return names, {n: i for i, n in enumerate(names)}
-        return _lru(self._names, (entity, part), self.cache_partitions, read)
-
     def names(self, entity: str) -> List[List[str]]:
         """The names of an entity type, per partition (all of them: mind the table's size)."""
-        return [self._partition_names(entity, p)[0]
-                for p in range(self.config.entities[entity].num_partitions)]
+        return self.entity_names.names(entity)
 
-    def find(self, entity: str, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-        """(partition, offset) int64 [len(names)] of entities by name, partition -1 where
-        the type has no such name; one partition's names read at a time."""
-        parts = np.full(len(names), -1, np.int64)
-        offsets = np.zeros(len(names), np.int64)
-        wanted = {n for n in names}
-        for part in range(self.config.entities[entity].num_partitions):
-            if not wanted:
-                break
-            index = self._partition_names(entity, part)[1]
-            for i, name in enumerate(names):
-                if parts[i] < 0 and name in index:
-                    parts[i], offsets[i] = part, index[name]
-                    wanted.discard(name)
-        return parts, offsets
-
-    def unknown_entity(self, entity: str, name: str) -> PbgRayError:
-        """The error of a name that `entity` lacks, with the nearest names it has."""
-        return PbgRayError(f"unknown {entity} entity {name!r}{self._suggest(entity, name)}.")
-
-    def _locate(self, entity: str, names: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
-        """find(), raising unknown_entity for the first name the type lacks."""
-        parts, offsets = self.find(entity, names)
-        if (parts < 0).any():
-            raise self.unknown_entity(entity, names[int(np.argmax(parts < 0))])
-        return parts, offsets
-
-    def _suggest(self, entity: str, name: str) -> str:
-        """did_you_mean over the type's names, one partition at a time."""
-        for part in range(self.config.entities[entity].num_partitions):
-            hint = did_you_mean(name, self._partition_names(entity, part)[0])
-            if hint:
-                return hint
-        return ""
-
-    def relation(self, name: str) -> Tuple[int, int]:
-        """(index into config.relations, relation id) of a relation by name."""
-        return relation_by_name(self.config, self.relation_names, name)
-
-    def _vectors(self, entity: str, parts: np.ndarray, offsets: np.ndarray) -> Tensor:
-        """Entity vectors [Q, D] of the given rows, each partition read once."""
-        rows = np.empty((len(parts), self.config.entity_dimension(entity)), np.float32)
+    def _vectors(self, entity: str, rows: Sequence[Located]) -> Tensor:
+        """Entity vectors [Q, D] of (partition, offset) rows, each partition read once."""
+        parts = np.array([p for p, _ in rows], np.int64)
+        offsets = np.array([o for _, o in rows], np.int64)
+        out = np.empty((len(rows), self.config.entity_dimension(entity)), np.float32)
         used = np.unique(parts)
         jobs = [(self.tables, entity, int(p), offsets[parts == p]) for p in used]
         for part, values in zip(used, self.run(partition_rows, jobs)):
-            rows[parts == part] = values
-        return self.scorer.entity_vectors(entity, torch.from_numpy(rows))
+            out[parts == part] = values
+        return self.scorer.entity_vectors(entity, torch.from_numpy(out))
 
-    # --- queries ----------------------------------------------------------
+    # --- questions --------------------------------------------------------
 
     def score(self, triples: Union[Triple, Sequence[Triple]]) -> Union[float, np.ndarray]:
         """Scores float32 [T] of (lhs name, relation name, rhs name) triples; the score of
         one triple given alone."""
         if len(triples) == 3 and all(isinstance(name, str) for name in triples):
             return float(self.score([triples])[0])
-        out = np.empty(len(triples), np.float32)
-        relations = [self.relation(rel) for _, rel, _ in triples]
-        for relation in sorted({r for r, _ in relations}):
-            rows = [i for i, (r, _) in enumerate(relations) if r == relation]
+        return np.array(first_error(self.score_each(triples)), np.float32)
+
+    def score_each(self, triples: Sequence[Triple]) -> List[Answer]:
+        """Each triple's score, or the error of a triple naming what the model lacks."""
+        answers: List[Answer] = list(self.questions.edges(triples))
+        for relation, idx in by_key(answers, lambda q: q.relation):
+            edges = [answers[i] for i in idx]
             rconf = self.config.relations[relation]
-            lhs = self._vectors(rconf.lhs, *self._locate(rconf.lhs, [triples[i][0] for i in rows]))
-            rhs = self._vectors(rconf.rhs, *self._locate(rconf.rhs, [triples[i][2] for i in rows]))
-            rel_ids = torch.tensor([relations[i][1] for i in rows])
-            query = self.scorer.queries("rhs", relation, rel_ids, lhs)
-            out[rows] = self.scorer.pos(query, self.scorer.candidates("rhs", relation, rhs)).numpy()
-        return out
+            scores = edge_scores(self.scorer, relation, torch.tensor([q.rel_id for q in edges]),
+                                 self._vectors(rconf.lhs, [q.lhs for q in edges]),
+                                 self._vectors(rconf.rhs, [q.rhs for q in edges]))
+            for i, value in zip(idx, scores.tolist()):
+                answers[i] = value
+        return answers
 
     def top_rhs(self, lhs: str, relation: str, k: int = 10, exclude: Sequence[str] = ()) -> Ranked:
         """The k best rhs entities for (lhs, relation); exclude: edge paths whose edges
@@ -331,32 +220,29 @@ class Predictor:
         return self.top_k("lhs", [(rhs, relation)], k, exclude)[0]
 
     def top_k(self, side: str, queries: Sequence[Tuple[str, str]], k: int = 10,
-              exclude: Sequence[str] = ()) -> List[Ranked]:
+              exclude: Union[str, Sequence[str]] = ()) -> List[Ranked]:
         """For each query (the other side's entity name, relation name), the k best
-        entities of `side` ("lhs" or "rhs"); exclude as in top_rhs. The queries'
-        candidates of each type are scored one partition at a time."""
-        if side not in ("lhs", "rhs"):
-            raise ValueError(f"side must be 'lhs' or 'rhs', not {side!r}")
-        exclude = [exclude] if isinstance(exclude, str) else exclude
-        other = "lhs" if side == "rhs" else "rhs"
-        answers: List[Ranked] = [[] for _ in queries]
-        resolved = [self.relation(rel) for _, rel in queries]
-        by_type: Dict[Tuple[str, str], List[int]] = {}
-        for i, (relation, _) in enumerate(resolved):
-            rconf = self.config.relations[relation]
-            by_type.setdefault((getattr(rconf, other), getattr(rconf, side)), []).append(i)
-        for (other_entity, entity), rows in by_type.items():
-            parts, offsets = self._locate(other_entity, [queries[i][0] for i in rows])
-            vectors = self._vectors(other_entity, parts, offsets)
-            relation = np.array([resolved[i][0] for i in rows], np.int64)
-            rel_id = np.array([resolved[i][1] for i in rows], np.int64)
-            prepared = torch.empty_like(vectors)
-            for r in np.unique(relation):
-                pick = torch.from_numpy(np.flatnonzero(relation == r))
-                prepared[pick] = self.scorer.queries(side, int(r), torch.from_numpy(rel_id[pick.numpy()]),
-                                                     vectors[pick])
-            group = _Queries(side, entity, relation, rel_id, parts, offsets, prepared.numpy())
-            for i, ranked in zip(rows, self._best(group, k, exclude)):
+        entities of `side` ("lhs" or "rhs"); exclude as in top_rhs (one path or several)."""
+        return first_error(self.top_k_each(side, queries, k, exclude))
+
+    def top_k_each(self, side: str, queries: Sequence[Tuple[str, str]], k: int = 10,
+                   exclude: Union[str, Sequence[str]] = ()) -> List[Answer]:
+        """top_k's answer of each query, or the error of a query naming what the model
+        lacks. The candidates of each type are scored one partition at a time."""
+        paths = (exclude,) if isinstance(exclude, str) else tuple(exclude)
+        answers: List[Answer] = list(self.questions.top(side, queries))
+        by_types = lambda q: (q.other_entity, getattr(self.config.relations[q.relation], side))
+        for (other_entity, entity), idx in by_key(answers, by_types):
+            group = [answers[i] for i in idx]
+            relations = np.array([q.relation for q in group], np.int64)
+            rel_ids = np.array([q.rel_id for q in group], np.int64)
+            vectors = prepared_queries(self.scorer, side, relations, rel_ids,
+                                       self._vectors(other_entity, [q.other for q in group]))
+            rows = np.array([q.other for q in group], np.int64)
+            exclusion = Exclusion(paths, side, rows[:, 0], rows[:, 1], rel_ids) if paths else None
+            found = self._best(PartitionQueries(side, entity, relations, vectors.numpy(),
+                                                exclusion), k)
+            for i, ranked in zip(idx, found):
                 answers[i] = ranked
         return answers
 
@@ -367,54 +253,29 @@ class Predictor:
 
     def neighbors_of(self, names: Sequence[str], entity_type: Optional[str] = None,
                      k: int = 10) -> List[Ranked]:
-        """neighbors of each of `names` (all of one type)."""
-        if not names:
-            return []
-        entity = entity_type or self._type_of(names[0])
-        parts, offsets = self._locate(entity, names)
-        vectors = self.scorer.comparator.prepare(self._vectors(entity, parts, offsets))[0]
-        none = np.full(len(names), -1, np.int64)
-        return self._best(_Queries("neighbors", entity, none, none, parts, offsets,
-                                   vectors.numpy()), k, ())
+        """neighbors of each of `names`."""
+        return first_error(self.neighbors_each([NeighborQuery(n, entity_type) for n in names], k))
 
-    def _type_of(self, name: str) -> str:
-        found = []
-        for entity in self.config.entities:
-            try:
-                self._locate(entity, [name])
-                found.append(entity)
-            except PbgRayError:
-                pass
-        if len(found) != 1:
-            hints = [self._suggest(entity, name) for entity in self.config.entities]
-            raise PbgRayError(f"entity {name!r} " + (
-                f"is in several types {found}; pass entity_type." if found
-                else f"is unknown{next((h for h in hints if h), '')}."))
-        return found[0]
+    def neighbors_each(self, queries: Sequence[NeighborQuery], k: int = 10) -> List[Answer]:
+        """The k entities nearest to each query's entity (itself left out) or vector, or the
+        error of a query wrong on its own."""
+        answers: List[Answer] = list(self.questions.neighbors(queries))
+        for entity, idx in by_key(answers, lambda q: q.entity):
+            group = [answers[i] for i in idx]
+            by_name = [q.row for q in group if q.row is not None]
+            prepared, own = neighbor_queries(self.scorer, entity, group,
+                                             self._vectors(entity, by_name) if by_name else None)
+            found = self._best(PartitionQueries("neighbors", entity, np.full(len(group), -1),
+                                                prepared, own=own), k)
+            for i, ranked in zip(idx, found):
+                answers[i] = ranked
+        return answers
 
-    def _best(self, queries: _Queries, k: int, exclude: Sequence[str]) -> List[Ranked]:
-        """Each query's k highest scores over every partition of its candidates' type, as
-        (name, score), best first (ties: the lower partition and offset first), without
-        excluded candidates."""
-        entity = queries.entity
-        nparts = self.config.entities[entity].num_partitions
-        jobs = [(self.config, self.params, self.tables, queries, p, k, list(exclude))
-                for p in range(nparts)]
-        count = len(queries.relation)
-        scores = np.full((count, 0), -np.inf, np.float32)
-        where = np.zeros((count, 0, 2), np.int64)  # (partition, offset)
-        for part, (s, offsets) in enumerate(self.run(partition_top_k, jobs)):
-            scores = np.concatenate([scores, s], axis=1)
-            where = np.concatenate([where, np.stack([np.full_like(offsets, part), offsets], 2)], 1)
-            # Keep the k best so far: the merge holds k per query, not a partition's scores.
-            order = np.lexsort((where[:, :, 1], where[:, :, 0], -scores), axis=1)[:, :k]
-            scores = np.take_along_axis(scores, order, 1)
-            where = np.take_along_axis(where, order[:, :, None], 1)
-        kept = scores > -np.inf
-        names = np.empty(scores.shape, object)
-        for part in np.unique(where[:, :, 0][kept]):  # each partition's names read once
-            pick = kept & (where[:, :, 0] == part)
-            partition = self._partition_names(entity, int(part))[0]
-            names[pick] = [partition[o] for o in where[:, :, 1][pick]]
-        return [[(str(n), float(v)) for n, v in zip(names[row][kept[row]], scores[row][kept[row]])]
-                for row in range(count)]
+    def _best(self, queries: PartitionQueries, k: int) -> List[Ranked]:
+        """Each query's k best over every partition of its candidates' type (Best)."""
+        parts = range(self.config.entities[queries.entity].num_partitions)
+        jobs = [(self.config, self.params, self.tables, queries, p, k) for p in parts]
+        best = Best.none(len(queries.relations))
+        for part, (scores, offsets) in zip(parts, self.run(partition_top_k, jobs)):
+            best = best.merge(part, scores, offsets, k)
+        return best.ranked(self.entity_names, queries.entity)

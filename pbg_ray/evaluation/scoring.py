@@ -27,7 +27,6 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.model.comparators import make_comparator
 from pbg_ray.model.operators import OPERATORS
 from pbg_ray.model.params import global_emb_key, operator_key
-from pbg_ray.types import SIDES
 
 
 

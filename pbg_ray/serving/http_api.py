@@ -28,9 +28,10 @@ from ray.serve.exceptions import (
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation import questions
 from pbg_ray.runtime.faults import fault_point, faults_dir
 from pbg_ray.serving.index import build_indexes
-from pbg_ray.serving.names import Answer, ServingModel
+from pbg_ray.serving.names import ServingModel
 from pbg_ray.serving.shards import ShardTables
 
 
@@ -161,7 +162,7 @@ def jsonable(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
 
 
-def response_of(key: str, version: int, answers: List[Answer]) -> Dict[str, Any]:
+def response_of(key: str, version: int, answers: List[questions.Answer]) -> Dict[str, Any]:
     """A batch's response: under `key` each query's answer (a score, or the k best as
     name and score) or {"error": ...}; "errors" counts the latter."""
     out = [{"error": str(a)} if isinstance(a, PbgRayError) else
@@ -428,7 +429,7 @@ class Router:
         naming an unknown entity or type, or a vector of the wrong length, gets
         {"error": ...} instead."""
         model = self.current()
-        answers = await model.neighbors(*self.access(model), [q.model_dump() for q in
-                                                              request.queries],
-                                        request.k, request.exact)
+        asked = [questions.NeighborQuery(q.entity, q.entity_type, q.vector)
+                 for q in request.queries]
+        answers = await model.neighbors(*self.access(model), asked, request.k, request.exact)
         return response_of("results", model.version, answers)

@@ -15,6 +15,7 @@ from torch import Tensor
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.filtered import KnownEdges
+from pbg_ray.evaluation.questions import Exclusion, exact_top_k, left_out
 from pbg_ray.io.edges import read_edges
 from pbg_ray.serving.index import (
     SetKey, adjoint_queries, candidate_vectors, index_file, index_kind, set_keys, shard_of,
@@ -73,79 +74,46 @@ class ShardTables:
             self._known[path, bucket] = KnownEdges(read_edges(path, bucket), self.num_relations)
         return self._known[path, bucket]
 
-    def banned(self, key: SetKey, num: int, exclude: Optional[Dict[str, Any]],
-               skip: Optional[np.ndarray]) -> List[np.ndarray]:
-        """Per query, the offsets left out of the answer: `skip` [B] (-1: none) and the
-        true entities of the known edges of exclude's edge paths."""
-        banned = [np.empty(0, np.int64) for _ in range(num)]
-        if skip is not None:
-            banned = [np.array([s]) if s >= 0 else b for s, b in zip(skip, banned)]
-        if exclude:
-            side, part = exclude["side"], key[1]
-            for other_part in set(exclude["other_parts"]):
-                mine = np.flatnonzero(np.asarray(exclude["other_parts"]) == other_part)
-                bucket = Bucket(other_part, part) if side == "rhs" else Bucket(part, other_part)
-                for path in exclude["paths"]:
-                    rows, ids = self.known(path, bucket).true_entities(
-                        side, np.asarray(exclude["other_ids"])[mine],
-                        np.asarray(exclude["rel_ids"])[mine])
-                    for r in np.unique(rows):
-                        banned[mine[r]] = np.concatenate([banned[mine[r]], ids[rows == r]])
-        return banned
-
     def search(self, key: SetKey, queries: np.ndarray, k: int, exact: bool = False,
-               exclude: Optional[Dict[str, Any]] = None, skip: Optional[np.ndarray] = None
+               exclusion: Optional[Exclusion] = None, own: Optional[np.ndarray] = None
                ) -> Tuple[np.ndarray, np.ndarray]:
         """The k best candidates of set `key` for prepared queries [B, D]: scores float32
-        [B, k] (-inf past the end) and offsets int64 [B, k] (-1 there). exclude: {paths,
-        side, other_parts, other_ids, rel_ids} (known edges left out); skip: an offset per
-        query left out (-1: none)."""
+        [B, k] (-inf past the end) and offsets int64 [B, k] (-1 there), as exact_top_k's;
+        exclusion, own: what left_out leaves out."""
         cands = self.sets[key]
         q = torch.from_numpy(np.ascontiguousarray(queries, np.float32))
-        banned = self.banned(key, len(q), exclude, skip)
-        n = len(cands.vectors)
+        banned = left_out(self.known, key[1], len(q), exclusion, own)
         index, probe = cands.index, q
         if shares_index(self.config, key):
             index = self.sets[key[0], key[1], None].index
             probe = adjoint_queries(self.scorer, key[2], q)
         if exact or index is None:
-            scores = self.scorer.matrix(q, cands.vectors)
-            for i, ids in enumerate(banned):
-                scores[i, torch.from_numpy(ids)] = -float("inf")
-            top = torch.topk(scores, min(k, n), dim=1)
-            values, offsets = top.values, top.indices
-        else:
-            wanted = min(n, k + max(len(b) for b in banned))
-            if hasattr(index, "hnsw"):
-                index.hnsw.efSearch = max(self.config.serve.hnsw_ef_search, wanted)
-            _, hits = index.search(np.ascontiguousarray(probe.numpy()), wanted)
-            offsets = torch.from_numpy(hits)
-            found = cands.vectors[offsets.clamp_min(0)]
-            # The comparator's exact scores of the hits: [B, 1, D] x [B, wanted, D].
-            values = self.scorer.comparator.matrix(q.unsqueeze(1), found)[:, 0]
-            values[offsets < 0] = -float("inf")
-            for i, ids in enumerate(banned):
-                values[i, torch.from_numpy(np.isin(hits[i], ids))] = -float("inf")
-            top = torch.topk(values, min(k, wanted), dim=1)
-            values, offsets = top.values, offsets.gather(1, top.indices)
-        offsets = offsets.clone()
+            return exact_top_k(self.scorer, q, cands.vectors, k, banned)
+        wanted = min(len(cands.vectors), k + max(len(b) for b in banned))
+        if hasattr(index, "hnsw"):
+            index.hnsw.efSearch = max(self.config.serve.hnsw_ef_search, wanted)
+        _, hits = index.search(np.ascontiguousarray(probe.numpy()), wanted)
+        offsets = torch.from_numpy(hits)
+        found = cands.vectors[offsets.clamp_min(0)]
+        # The comparator's exact scores of the hits: [B, 1, D] x [B, wanted, D].
+        values = self.scorer.comparator.matrix(q.unsqueeze(1), found)[:, 0]
+        values[offsets < 0] = -float("inf")
+        for i, ids in enumerate(banned):
+            values[i, torch.from_numpy(np.isin(hits[i], ids))] = -float("inf")
+        top = torch.topk(values, min(k, wanted), dim=1)
+        values, offsets = top.values, offsets.gather(1, top.indices)
         offsets[values == -float("inf")] = -1
         return values.numpy(), offsets.numpy()
 
     def search_group(self, entity: str, parts: Sequence[int], relation: Optional[int],
                      queries: np.ndarray, k: int, exact: bool = False,
-                     exclude: Optional[Dict[str, Any]] = None,
-                     skip: Optional[Tuple[int, int]] = None
+                     exclusion: Optional[Exclusion] = None, own: Optional[np.ndarray] = None
                      ) -> List[Tuple[np.ndarray, np.ndarray]]:
         """search() of the sets (entity, part, relation) of `parts` (this shard group's),
-        as one call: a request reaches each shard group once. skip: the (partition,
-        offset) of an entity left out of every query's answer."""
-        return [self.search((entity, part, relation), queries, k, exact, exclude,
-                            None if skip is None else
-                            np.full(len(queries), skip[1] if skip[0] == part else -1))
+        as one call: a request reaches each shard group once. own: per query the
+        (partition, offset) [B, 2] of an entity left out of its answer."""
+        return [self.search((entity, part, relation), queries, k, exact, exclusion, own)
                 for part in parts]
-
-
 
 
 def in_process_shards(config: ConfigSchema, version: int

@@ -19,6 +19,7 @@ import psutil
 import pytest
 import torch
 
+from pbg_ray import predict
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import rank_counts
@@ -129,6 +130,73 @@ def test_top_k_is_the_predictors(served, predictor, side, relation, exact):
                                    rtol=1e-5, atol=1e-5)
 
 
+def predict_batch(config, version, command, lines, options, tmp_path):
+    """`python -m pbg_ray.predict` in batch mode (its Ray tasks): each line's answer, or
+    its error, in the file's order."""
+    queries, output = tmp_path / f"{command}.tsv", tmp_path / f"{command}.jsonl"
+    queries.write_text("".join("\t".join(line) + "\n" for line in lines))
+    with pytest.raises(SystemExit) as ended:  # a line names what the model lacks
+        predict.main([config.checkpoint_path, "--version", str(version), command,
+                      "--queries", str(queries), "--output", str(output), *options])
+    assert ended.value.code == 1
+    answers = [json.loads(line) for line in output.read_text().splitlines()]
+    key = {"score": "score", "top-rhs": "rhs", "top-lhs": "lhs"}.get(command, command)
+    return [a["error"] if "error" in a else a[key] for a in answers]
+
+
+def test_the_api_the_predict_command_and_the_service_answer_alike(served, predictor, tmp_path):
+    """One scoring core: on one checkpoint version, Predictor, the predict command and the
+    service give the same scores, top-k (known edges excluded) and neighbours, and the
+    same error for a name the model lacks."""
+    config, client = served
+    version = predictor.embedding_source.version
+    users, items = everyone(predictor, "user")[::13], everyone(predictor, "item")[::7]
+    edges = [(u, "likes", i) for u, i in zip(users, items)] + [("user-0-1", "likes", "itme-0-1")]
+    tops = [(u, "follows") for u in users] + [("usr-0-1", "likes")]
+    names = users[:3] + ["nobody-0-1"]
+    path = config.edge_paths[0]
+
+    def api(call):
+        try:
+            return call()
+        except PbgRayError as err:
+            return str(err)
+
+    def http(route, body):
+        got = post(client, route, body)
+        assert got["version"] == version
+        answers = got["scores" if route == "/score" else "results"]
+        return [a["error"] if isinstance(a, dict) else
+                a if isinstance(a, float) else [[h["name"], h["score"]] for h in a]
+                for a in answers]
+
+    def same(*answers):
+        for got in answers[1:]:
+            assert len(got) == len(answers[0])
+            for a, b in zip(got, answers[0]):
+                if isinstance(b, str) or isinstance(a, str):
+                    assert a == b
+                elif isinstance(b, float):
+                    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
+                else:
+                    assert [n for n, _ in a] == [n for n, _ in b]
+                    np.testing.assert_allclose([v for _, v in a], [v for _, v in b],
+                                               rtol=1e-5, atol=1e-5)
+
+    same([api(lambda: predictor.score(e)) for e in edges],
+         predict_batch(config, version, "score", edges, [], tmp_path),
+         http("/score", {"edges": [dict(zip(("lhs", "relation", "rhs"), e)) for e in edges]}))
+    same([api(lambda: predictor.top_rhs(*q, k=5, exclude=path)) for q in tops],
+         predict_batch(config, version, "top-rhs", tops, ["-k", "5", "--exclude", path],
+                       tmp_path),
+         http("/top_rhs", {"queries": [{"lhs": u, "relation": r} for u, r in tops], "k": 5,
+                           "exact": True, "exclude": [path]}))
+    same([api(lambda: predictor.neighbors(n, k=4)) for n in names],
+         predict_batch(config, version, "neighbors", [(n,) for n in names], ["-k", "4"],
+                       tmp_path),
+         http("/neighbors", {"queries": [{"entity": n} for n in names], "k": 4, "exact": True}))
+
+
 def test_exclusion_of_known_edges_is_the_predictors(served, predictor):
     config, client = served
     path = config.edge_paths[0]
@@ -167,8 +235,8 @@ def test_neighbors_of_an_entity_and_of_a_vector(served, predictor):
     want = predictor.neighbors(name, k=5)
     assert [a["name"] for a in got] == [n for n, _ in want]
     np.testing.assert_allclose([a["score"] for a in got], [s for _, s in want], rtol=1e-5)
-    (part,), (offset,) = predictor._locate("item", [name])
-    row = predictor.embedding_source.read("item", int(part))[offset:offset + 1]
+    part, offset = predictor.entity_names.lookup([("item", name)])["item", name]
+    row = predictor.embedding_source.read("item", part)[offset:offset + 1]
     vector = predictor.scorer.entity_vectors("item", torch.from_numpy(row))
     by_vector = post(client, "/neighbors", {"queries": [{"vector": vector[0].tolist(),
                                                          "entity_type": "item"}],

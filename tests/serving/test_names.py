@@ -8,6 +8,7 @@ import pytest
 
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.evaluation.questions import NeighborQuery
 from pbg_ray.serving.names import ServingModel
 from tests.serving.util import build_all, local_shards, served_config
 
@@ -33,7 +34,7 @@ def test_the_router_answers_as_the_predictor(tmp_path):
     scores = asyncio.run(model.score(rows, [("user-1-3", "likes", "item-0-4")]))
     np.testing.assert_allclose(scores, predictor.score([("user-1-3", "likes", "item-0-4")]),
                                rtol=1e-5)
-    near = asyncio.run(model.neighbors(rows, search, [{"entity": "tag-0-3"}], 3))[0]
+    near = asyncio.run(model.neighbors(rows, search, [NeighborQuery("tag-0-3")], 3))[0]
     assert_same_ranked(near, predictor.neighbors("tag-0-3", k=3))
     with pytest.raises(PbgRayError, match="k=0 is out of range"):
         asyncio.run(model.top(rows, search, "rhs", [("user-1-3", "likes")], 0))
@@ -62,9 +63,9 @@ def test_a_batch_answers_each_query_or_its_error(tmp_path):
     assert scores[0] == asyncio.run(model.score(rows, [("user-1-3", "likes", "item-0-4")]))[0]
     assert str(scores[1]).startswith("unknown item entity 'itme-0-4'")
     near = asyncio.run(model.neighbors(rows, search, [
-        {"entity": "tag-0-3"}, {"vector": [1.0, 2.0], "entity_type": "item"},
-        {"entity": "tag-0-3", "entity_type": "tga"}], 3))
-    assert near[0] == asyncio.run(model.neighbors(rows, search, [{"entity": "tag-0-3"}], 3))[0]
+        NeighborQuery("tag-0-3"), NeighborQuery(vector=[1.0, 2.0], entity_type="item"),
+        NeighborQuery("tag-0-3", entity_type="tga")], 3))
+    assert near[0] == asyncio.run(model.neighbors(rows, search, [NeighborQuery("tag-0-3")], 3))[0]
     assert [str(e) for e in near[1:]] == [
         f"vector has 2 values; item embeddings have {config.dimension}, all finite.",
         "unknown entity type 'tga' (did you mean 'tag'?)."]

@@ -29,9 +29,10 @@ def test_shard_search_approximate_hits_carry_exact_scores(tmp_path, comparator, 
     direct = shard.scorer.matrix(torch.from_numpy(queries), cands)
     np.testing.assert_allclose(scores, direct.gather(1, torch.from_numpy(ids)).numpy(),
                                rtol=1e-5, atol=1e-5)
-    # k beyond the set: every candidate once; a skipped offset leaves the answer and its
-    # place at the end is -inf and -1.
-    skipped, skip_ids = shard.search(key, queries[:1], 100, False, None, np.array([ids[0, 0]]))
+    # k beyond the set: every candidate once; the query's own entity (partition, offset)
+    # leaves the answer and its place at the end is -inf and -1.
+    skipped, skip_ids = shard.search(key, queries[:1], 100, False, None,
+                                     np.array([[key[1], ids[0, 0]]]))
     assert skip_ids.shape == (1, len(cands)) and ids[0, 0] not in skip_ids[0]
     assert sorted(skip_ids[0][:-1]) == sorted(set(range(len(cands))) - {ids[0, 0]})
     assert np.isneginf(skipped[0][skip_ids[0] == -1]).all()
