@@ -8,9 +8,9 @@ eval.py         the `eval` section (python -m pbg_ray.eval)
 incremental.py  the `incremental` section (training a grown graph from init_path)
 tune.py         the `tune` section (python -m pbg_ray.tune)
 serve.py        the `serve` section (python -m pbg_ray.serve)
-options.py      option(): a field with its help text; the checks sections share
+options.py      option(): a field with its help text, check and location flag; the checks
 components.py   the names of operators, comparators, losses and regularizers
-validation.py   the rules of a whole config, sections' own and those across sections
+validation.py   the rules of a whole config: the fields' checks and the rules across fields
 convert.py      plain data into the schema's dataclasses, with errors naming the key
 pbg_file.py     PBG config files (get_torchbiggraph_config()); the PBG keys Ray makes moot
 hydra.py        the schema in Hydra's ConfigStore, command-line overrides checked first

@@ -5,18 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from pbg_ray.config.options import Fail, check_positive, option
+from pbg_ray.config.options import each, option, positive
 
 
 @dataclass
 class EvalConfig:
     """`python -m pbg_ray.eval`: sampled and filtered metrics of a checkpoint."""
 
-    version: Optional[int] = option(None, help=
+    version: Optional[int] = option(None, check=positive, help=
         "Checkpoint version; null: the newest (older ones from epoch_{k}/ snapshots).")
-    edge_paths: List[str] = option(factory=list, help=
+    edge_paths: List[str] = option(factory=list, location=True, help=
         "Edges to rank; empty: eval_edge_paths, or edge_paths when that is empty too.")
-    filter_paths: Optional[List[str]] = option(None, help=
+    filter_paths: Optional[List[str]] = option(None, location=True, help=
         "Known true edges removed from the candidates of filtered ranking; null: every edge "
         "of edge_paths, eval_edge_paths and eval.edge_paths; []: raw full ranking.")
     sampled: bool = option(True, help=
@@ -26,12 +26,6 @@ class EvalConfig:
     filtered: bool = option(True, help=
         "Full ranking against every entity of the type, on both sides.")
     per_relation: bool = option(True, help="Metrics of each relation besides the overall ones.")
-    hits_at: List[int] = option(factory=lambda: [1, 3, 10], help="Cut-offs of the filtered hits@k.")
+    hits_at: List[int] = option(factory=lambda: [1, 3, 10], check=each(positive), help=
+        "Cut-offs of the filtered hits@k.")
     seed: int = option(0, help="Seed of the sampled metrics' uniform negatives and AUC draws.")
-
-    def validate(self, fail: Fail) -> None:
-        """Rules of this section; `fail(key, problem, fix)` raises."""
-        if self.version is not None:
-            check_positive(self.version, "eval.version", fail)
-        for k in self.hits_at:
-            check_positive(k, "eval.hits_at", fail)

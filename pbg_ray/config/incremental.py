@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import List
 
-from pbg_ray.config.options import Fail, check_choice, option
+from pbg_ray.config.options import Bounds, one_of, option
 
 NEW_ROWS_INITS = ("random", "neighbors")
 
@@ -19,25 +19,19 @@ class IncrementalConfig:
     `importer.previous_entity_path`); relation ids beyond its model's are new relations.
     """
 
-    new_rows_init: str = option("random", help=
+    new_rows_init: str = option("random", check=one_of(NEW_ROWS_INITS), help=
         'How new rows start: "random" (N(0, init_scale), as in a fresh run) or "neighbors": '
         "the mean of their already-trained neighbours' embeddings over edge_paths (random for "
         "a new entity without a known neighbour).")
-    known_lr_scale: float = option(1.0, help=
+    known_lr_scale: float = option(1.0, check=Bounds(
+        "must be in [0, 1]", "Use 0 to freeze what init_path trained, e.g. 0.1 to move it "
+        "slowly, 1 for no change.", low=0, high=1), help=
         "Learning-rate multiplier of what init_path trained: known entity rows and carried- "
         "over relation parameters. 0 freezes them (values and optimizer state stay bit- "
         "identical); new rows and new relations always train at lr / relation_lr.")
     new_entity_edges_only: bool = option(False, help=
         "Train only the edges with at least one new entity (a fast daily update of new "
         "edges).")
-
-    def validate(self, fail: Fail) -> None:
-        """Rules of this section; `fail(key, problem, fix)` raises."""
-        check_choice(self.new_rows_init, NEW_ROWS_INITS, "incremental.new_rows_init", fail)
-        if not 0 <= self.known_lr_scale <= 1:
-            fail("incremental.known_lr_scale", f"must be in [0, 1], got {self.known_lr_scale}",
-                 "Use 0 to freeze what init_path trained, e.g. 0.1 to move it slowly, 1 for no "
-                 "change.")
 
     def keys_needing_init_path(self) -> List[str]:
         """The keys set to something other than their default: they all need init_path."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pbg_ray.config.options import Fail, check_choice, check_positive, option
+from pbg_ray.config.options import Bounds, not_negative, one_of, option, positive
 
 PLACEMENTS = ("memory", "disk")
 
@@ -17,29 +17,33 @@ class RayConfig:
     address: Optional[str] = option(None, help=
         'null starts a local Ray (or joins RAY_ADDRESS, which `ray job submit` sets); "auto" '
         "joins the cluster `ray up` started.")
-    num_cpus: Optional[int] = option(None, help=
+    num_cpus: Optional[int] = option(None, check=positive, help=
         "CPUs of a local Ray started by pbg_ray (null: all of the machine's).")
     object_store_memory: Optional[int] = option(None, help=
         "Bytes of object store for a local Ray (null: Ray's default).")
-    num_trainers: Optional[int] = option(None, help=
+    num_trainers: Optional[int] = option(None, check=positive, help=
         "Train tasks running at once (null: as many as the CPUs allow, and no more than the "
         "partition count: an unpartitioned graph trains one bucket a pass, so one task). Each "
         "runs in a worker process of its own, which loads torch: on a small machine, one "
         "task of all its CPUs (num_trainers=1, cpus_per_trainer=the CPUs) holds less memory "
         "(docs/benchmarks.md, the fixed footprint).")
-    cpus_per_trainer: float = option(1.0, help=
+    cpus_per_trainer: float = option(1.0, check=positive.with_fix(
+        "Ask for at least a fraction of a CPU per train task."), help=
         "CPUs each train task asks Ray for; it trains on int(cpus_per_trainer) Hogwild "
         "threads. When the partitions allow fewer tasks than the CPUs would, training says "
         "so with the value that uses the rest (an unpartitioned graph: the machine's CPUs). "
         "More than any node has is refused on a local Ray that pbg_ray starts (nothing "
         "would add a larger node) and a warning on a cluster, whose autoscaler may.")
-    gpus_per_trainer: float = option(0.0, help=
+    gpus_per_trainer: float = option(0.0, check=not_negative.with_fix(
+        "Use 0 for CPU training."), help=
         "GPUs each train task asks Ray for (0: CPU training).")
-    placement: str = option("memory", help=
+    placement: str = option("memory", check=one_of(PLACEMENTS), help=
         '"memory": partitions live in partition-store actors spread over the cluster; "disk": '
         "partitions are swapped to checkpoint storage, so one machine trains tables larger "
         "than its RAM.")
-    partition_buffer: int = option(2, help=
+    partition_buffer: int = option(2, check=Bounds(
+        "must be at least 2", "A bucket needs its two partitions in memory at once; use 2 or "
+        "more.", low=2), help=
         "Disk placement: partitions each trainer keeps in memory between its buckets "
         "(at least 2, the two of a bucket); a bucket finds the partitions it shares with "
         "the trainer's recent ones there instead of reading them again. Besides these it "
@@ -47,22 +51,5 @@ class RayConfig:
         "last bucket's while they are written, so a trainer's memory is about "
         "partition_buffer + 4 partitions. bucket_order=beta "
         "orders buckets for this buffer, with the fewest reads.")
-    num_partition_stores: Optional[int] = option(None, help=
+    num_partition_stores: Optional[int] = option(None, check=positive, help=
         "Partition-store actors (null: one per node, at most one per partition).")
-
-    def validate(self, fail: Fail) -> None:
-        """Rules of this section; `fail(key, problem, fix)` raises."""
-        check_choice(self.placement, PLACEMENTS, "ray.placement", fail)
-        if self.cpus_per_trainer <= 0:
-            fail("ray.cpus_per_trainer", f"must be positive, got {self.cpus_per_trainer}",
-                 "Ask for at least a fraction of a CPU per train task.")
-        if self.gpus_per_trainer < 0:
-            fail("ray.gpus_per_trainer", f"must not be negative, got {self.gpus_per_trainer}",
-                 "Use 0 for CPU training.")
-        if self.partition_buffer < 2:
-            fail("ray.partition_buffer", f"must be at least 2, got {self.partition_buffer}",
-                 "A bucket needs its two partitions in memory at once; use 2 or more.")
-        for key in ("num_trainers", "num_partition_stores", "num_cpus"):
-            value = getattr(self, key)
-            if value is not None:
-                check_positive(value, f"ray.{key}", fail)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pbg_ray.config.options import Fail, check_choice, check_not_negative, check_positive, option
+from pbg_ray.config.options import not_negative, one_of, option, positive, tcp_port
 
 # exact: every candidate scored (the reference); hnsw and ivf: faiss indexes; auto: by size.
 INDEX_KINDS = ("exact", "hnsw", "ivf", "auto")
@@ -20,57 +20,47 @@ class ServeConfig:
 
     host: str = option("127.0.0.1", help=
         "The address the HTTP server listens on; 0.0.0.0 opens it to other machines.")
-    port: int = option(8000, help="The HTTP port.")
-    ingress: str = option("direct", help=
+    port: int = option(8000, check=tcp_port, help="The HTTP port.")
+    ingress: str = option("direct", check=one_of(INGRESS_KINDS), help=
         "direct: the router replica answers HTTP on port itself, on the node of the "
         "command (Ray Serve's direct ingress: one hop less per request; with several router "
         "replicas, each takes the next port); proxy: Serve's HTTP proxy on port (on every "
         "node) forwards each request to one of the router replicas.")
-    version: Optional[int] = option(None, help=
+    version: Optional[int] = option(None, check=positive, help=
         "The checkpoint version served; null: the newest, and each newer one as training "
         "commits it (checked every reload_interval seconds).")
-    reload_interval: float = option(5.0, help=
+    reload_interval: float = option(5.0, check=not_negative, help=
         "Seconds between checks of checkpoint_version.txt for a new version; 0: never.")
-    router_replicas: int = option(1, help=
+    router_replicas: int = option(1, check=positive, help=
         "Replicas of the HTTP ingress (names, queries, merging the shards' top-k).")
-    shard_groups: int = option(1, help=
+    shard_groups: int = option(1, check=positive, help=
         "Deployments the partitions are split over (partition p in group p mod shard_groups); "
         "more groups: tables larger than one replica's memory.")
-    shard_replicas: int = option(1, help="Replicas of each shard group's deployment.")
-    shard_threads: int = option(1, help=
+    shard_replicas: int = option(1, check=positive, help=
+        "Replicas of each shard group's deployment.")
+    shard_threads: int = option(1, check=positive, help=
         "Threads of each shard replica's search (torch and faiss); more: exact search of a "
         "lone request sooner, at more CPU per request.")
-    shard_cpus: float = option(0.0, help=
+    shard_cpus: float = option(0.0, check=not_negative, help=
         "CPUs Ray reserves for each shard replica; 0 (like the training's actors) never keeps "
         "index builds or train tasks from being placed.")
-    index: str = option("auto", help=
+    index: str = option("auto", check=one_of(INDEX_KINDS), help=
         "Top-k search: exact (every candidate scored: the reference), hnsw or ivf (faiss "
         "indexes per entity type and partition), auto (exact below index_min_rows rows, "
         "hnsw below ivf_min_rows, ivf above). Approximate hits are rescored exactly.")
-    index_min_rows: int = option(20000, help="index=auto: partitions below this many rows are searched exactly.")
-    ivf_min_rows: int = option(2000000, help="index=auto: partitions of at least this many rows get ivf, smaller ones hnsw.")
-    hnsw_m: int = option(32, help="HNSW: neighbours per node of the graph.")
-    hnsw_ef_construction: int = option(64, help="HNSW: candidate list size while building.")
-    hnsw_ef_search: int = option(128, help="HNSW: candidate list size while searching (raised to k).")
-    ivf_lists: int = option(0, help="IVF: number of clusters; 0: 4 sqrt(rows).")
-    ivf_probes: int = option(16, help="IVF: clusters searched per query.")
-    index_cpus: float = option(1.0, help="CPUs of each Ray task that builds an index.")
-    max_k: int = option(1000, help="The largest k a request may ask for.")
-    max_batch: int = option(1024, help="The most queries or edges one request may carry.")
-
-    def validate(self, fail: Fail) -> None:
-        """Rules of this section; `fail(key, problem, fix)` raises."""
-        check_choice(self.index, INDEX_KINDS, "serve.index", fail)
-        check_choice(self.ingress, INGRESS_KINDS, "serve.ingress", fail)
-        if not 0 < self.port < 65536:
-            fail("serve.port", f"must be a TCP port (1 to 65535), got {self.port}",
-                 "Set serve.port=8000 or another free port.")
-        for key in ("router_replicas", "shard_groups", "shard_replicas", "shard_threads", "hnsw_m",
-                    "hnsw_ef_construction", "hnsw_ef_search", "ivf_probes", "max_k", "max_batch",
-                    "index_cpus"):
-            check_positive(getattr(self, key), f"serve.{key}", fail)
-        for key in ("reload_interval", "ivf_lists", "index_min_rows", "ivf_min_rows",
-                    "shard_cpus"):
-            check_not_negative(getattr(self, key), f"serve.{key}", fail)
-        if self.version is not None:
-            check_positive(self.version, "serve.version", fail)
+    index_min_rows: int = option(20000, check=not_negative, help=
+        "index=auto: partitions below this many rows are searched exactly.")
+    ivf_min_rows: int = option(2000000, check=not_negative, help=
+        "index=auto: partitions of at least this many rows get ivf, smaller ones hnsw.")
+    hnsw_m: int = option(32, check=positive, help="HNSW: neighbours per node of the graph.")
+    hnsw_ef_construction: int = option(64, check=positive, help=
+        "HNSW: candidate list size while building.")
+    hnsw_ef_search: int = option(128, check=positive, help=
+        "HNSW: candidate list size while searching (raised to k).")
+    ivf_lists: int = option(0, check=not_negative, help="IVF: number of clusters; 0: 4 sqrt(rows).")
+    ivf_probes: int = option(16, check=positive, help="IVF: clusters searched per query.")
+    index_cpus: float = option(1.0, check=positive, help=
+        "CPUs of each Ray task that builds an index.")
+    max_k: int = option(1000, check=positive, help="The largest k a request may ask for.")
+    max_batch: int = option(1024, check=positive, help=
+        "The most queries or edges one request may carry.")

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
-from pbg_ray.config.options import Fail, check_choice, check_not_negative, option
+from pbg_ray.config.options import Bounds, Fail, not_negative, one_of, option
 from pbg_ray.config.pbg_file import IGNORED_KEYS
 
 if TYPE_CHECKING:
@@ -61,64 +61,6 @@ IDLE_KEYS: Dict[str, Tuple[Tuple[str, ...], Callable[["ConfigSchema"], Optional[
 }
 
 
-@dataclass
-class TuneConfig:
-    """`python -m pbg_ray.tune`: a Ray Tune search over config keys, one engine run per trial."""
-
-    search_space: Dict[str, Any] = option(factory=dict, help=
-        "Config key -> sampling spec ({uniform|loguniform|randint|lograndint: [lo, hi]}, "
-        "{quniform: [lo, hi, q]}, {choice|grid_search: [values]}) or a fixed value.")
-    metric: str = option("mrr", help=
-        "Reported after every epoch and compared between trials (see TRIAL_METRICS).")
-    mode: str = option("max", help=
-        "Whether the best trial has the highest (max) or lowest (min) metric.")
-    num_samples: int = option(1, help=
-        "Trials sampled (each grid_search value is crossed with every sample).")
-    max_concurrent: Optional[int] = option(None, help=
-        "Trials running at once; null: as many as the cluster's resources fit.")
-    scheduler: str = option("asha", help=
-        '"asha" stops poor trials early (asynchronous successive halving over epochs); "fifo" '
-        "runs every trial to num_epochs.")
-    grace_period: int = option(1, help="ASHA: epochs every trial runs before it may be stopped.")
-    reduction_factor: float = option(2.0, help=
-        "ASHA: 1 / reduction_factor of the trials go on at each rung.")
-    driver_cpus: float = option(0.0, help=
-        "CPUs of each trial's driver (it only orchestrates: its train tasks take "
-        "ray.cpus_per_trainer / ray.gpus_per_trainer each, ray.num_trainers of them).")
-    storage_path: Optional[str] = option(None, help=
-        "Ray Tune's storage (null: <checkpoint_path>-tune); rerunning with the same one "
-        "resumes the experiment. Each trial's engine checkpoints go to "
-        "<checkpoint_path>-<trial id>.")
-    name: str = option("pbg_ray_tune", help=
-        "The experiment's name: Ray Tune's experiment directory is <storage_path>/<name>.")
-    max_failures: int = option(0, help=
-        "Times a failed trial is restarted from its last checkpoint.")
-
-    def validate(self, fail: Fail) -> None:
-        """Rules of this section; `fail(key, problem, fix)` raises."""
-        check_choice(self.metric, TRIAL_METRICS, "tune.metric", fail)
-        check_choice(self.mode, MODES, "tune.mode", fail)
-        check_choice(self.scheduler, SCHEDULERS, "tune.scheduler", fail)
-        for key in ("num_samples", "grace_period"):
-            if getattr(self, key) < 1:
-                fail(f"tune.{key}", f"must be at least 1, got {getattr(self, key)}",
-                     f"Set tune.{key} to 1 or more.")
-        if self.max_concurrent is not None and self.max_concurrent < 1:
-            fail("tune.max_concurrent", f"must be at least 1, got {self.max_concurrent}",
-                 "Set it to 1 or more, or null for no limit.")
-        if self.reduction_factor <= 1:
-            fail("tune.reduction_factor", f"must be above 1, got {self.reduction_factor}",
-                 "Use e.g. 2 (half the trials go on at each rung) or 4.")
-        check_not_negative(self.driver_cpus, "tune.driver_cpus", fail)
-        check_not_negative(self.max_failures, "tune.max_failures", fail)
-        for key, spec in flat_search_space(self.search_space).items():
-            if key.split(".")[0] in ("ray", "tune"):
-                fail(f"tune.search_space.{key}", "ray and tune settings can't be searched: "
-                     "every trial gets the same resources and search",
-                     "Set them outside the search space, e.g. ray.num_trainers=2.")
-            check_spec(key, spec, fail)
-
-
 def is_spec(value: Any) -> bool:
     """A sampling spec is a mapping with exactly one key, a sampler's name."""
     return isinstance(value, dict) and len(value) == 1 and next(iter(value)) in SAMPLERS
@@ -137,27 +79,22 @@ def flat_search_space(space: Dict[str, Any], prefix: str = "") -> Dict[str, Any]
     return flat
 
 
-def idle_keys(config: "ConfigSchema") -> Dict[str, str]:
-    """The keys of config.tune.search_space that change nothing for `config` (IDLE_KEYS)
-    -> why; a key stays searched when a key that decides it is searched too (margin
-    with loss_fn)."""
-    searched = flat_search_space(config.tune.search_space)
-    idle = {}
-    for key in searched.keys() & IDLE_KEYS.keys():
-        deciding, why = IDLE_KEYS[key]
-        if not any(s == d or s.startswith(f"{d}.") for s in searched for d in deciding):
-            reason = why(config)
-            if reason:
-                idle[key] = reason
-    return dict(sorted(idle.items()))
+def check_search_space(space: Dict[str, Any], key: str, fail: Fail) -> None:
+    """The check of tune.search_space (`key`): no ray or tune key is searched, and every
+    sampling spec is well formed (fixed values are checked with the trial's config)."""
+    for name, spec in flat_search_space(space).items():
+        where = f"{key}.{name}"
+        if name.split(".")[0] in ("ray", "tune"):
+            fail(where, "ray and tune settings can't be searched: every trial gets the same "
+                 "resources and search", "Set them outside the search space, e.g. "
+                 "ray.num_trainers=2.")
+        if is_spec(spec):
+            check_spec(where, spec, fail)
 
 
-def check_spec(key: str, spec: Any, fail: Fail) -> None:
-    """Refuse a malformed sampling spec (fixed values are checked with the trial's config)."""
-    if not is_spec(spec):
-        return
+def check_spec(where: str, spec: Dict[str, Any], fail: Fail) -> None:
+    """Refuse a malformed sampling spec of the key `where`."""
     (sampler, args), = spec.items()
-    where = f"tune.search_space.{key}"
     arity = SAMPLERS[sampler]
     if arity is None:
         if not isinstance(args, list) or not args:
@@ -173,3 +110,59 @@ def check_spec(key: str, spec: Any, fail: Fail) -> None:
              "Swap or widen the bounds.")
     if sampler.startswith("log") and args[0] <= 0:
         fail(where, f"{sampler} needs positive bounds, got {args!r}", "Use bounds above 0.")
+
+
+at_least_one = Bounds("must be at least 1", "Set {key} to 1 or more.", low=1)
+
+
+@dataclass
+class TuneConfig:
+    """`python -m pbg_ray.tune`: a Ray Tune search over config keys, one engine run per trial."""
+
+    search_space: Dict[str, Any] = option(factory=dict, check=check_search_space, help=
+        "Config key -> sampling spec ({uniform|loguniform|randint|lograndint: [lo, hi]}, "
+        "{quniform: [lo, hi, q]}, {choice|grid_search: [values]}) or a fixed value.")
+    metric: str = option("mrr", check=one_of(TRIAL_METRICS), help=
+        "Reported after every epoch and compared between trials (see TRIAL_METRICS).")
+    mode: str = option("max", check=one_of(MODES), help=
+        "Whether the best trial has the highest (max) or lowest (min) metric.")
+    num_samples: int = option(1, check=at_least_one, help=
+        "Trials sampled (each grid_search value is crossed with every sample).")
+    max_concurrent: Optional[int] = option(None, check=at_least_one.with_fix(
+        "Set it to 1 or more, or null for no limit."), help=
+        "Trials running at once; null: as many as the cluster's resources fit.")
+    scheduler: str = option("asha", check=one_of(SCHEDULERS), help=
+        '"asha" stops poor trials early (asynchronous successive halving over epochs); "fifo" '
+        "runs every trial to num_epochs.")
+    grace_period: int = option(1, check=at_least_one, help=
+        "ASHA: epochs every trial runs before it may be stopped.")
+    reduction_factor: float = option(2.0, check=Bounds(
+        "must be above 1", "Use e.g. 2 (half the trials go on at each rung) or 4.", low=1,
+        low_open=True), help=
+        "ASHA: 1 / reduction_factor of the trials go on at each rung.")
+    driver_cpus: float = option(0.0, check=not_negative, help=
+        "CPUs of each trial's driver (it only orchestrates: its train tasks take "
+        "ray.cpus_per_trainer / ray.gpus_per_trainer each, ray.num_trainers of them).")
+    storage_path: Optional[str] = option(None, location=True, help=
+        "Ray Tune's storage (null: <checkpoint_path>-tune); rerunning with the same one "
+        "resumes the experiment. Each trial's engine checkpoints go to "
+        "<checkpoint_path>-<trial id>.")
+    name: str = option("pbg_ray_tune", help=
+        "The experiment's name: Ray Tune's experiment directory is <storage_path>/<name>.")
+    max_failures: int = option(0, check=not_negative, help=
+        "Times a failed trial is restarted from its last checkpoint.")
+
+
+def idle_keys(config: "ConfigSchema") -> Dict[str, str]:
+    """The keys of config.tune.search_space that change nothing for `config` (IDLE_KEYS)
+    -> why; a key stays searched when a key that decides it is searched too (margin
+    with loss_fn)."""
+    searched = flat_search_space(config.tune.search_space)
+    idle = {}
+    for key in searched.keys() & IDLE_KEYS.keys():
+        deciding, why = IDLE_KEYS[key]
+        if not any(s == d or s.startswith(f"{d}.") for s in searched for d in deciding):
+            reason = why(config)
+            if reason:
+                idle[key] = reason
+    return dict(sorted(idle.items()))

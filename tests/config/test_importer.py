@@ -1,13 +1,11 @@
-"""The importer section's own rules (ImportConfig.validate)."""
+"""The importer section's rules: its fields' checks and ImportConfig.validate, each naming
+the key."""
 
 import pytest
 
-from pbg_ray.config.importer import ImportConfig
+from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-
-
-def fail(key, problem, fix):
-    raise PbgRayError(f"{key}: {problem}. {fix}")
+from tests.util import config_dict
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -17,13 +15,14 @@ def fail(key, problem, fix):
     ({"previous_edge_paths": ["old/train"]}, "importer.previous_edge_paths: needs "
      "importer.previous_entity_path: the entity dictionary those edges were imported with"),
 ])
-def test_bad_settings_are_refused_naming_the_key(settings, message):
+def test_bad_settings_are_refused_naming_the_key(tmp_path, settings, message):
     with pytest.raises(PbgRayError) as err:
-        ImportConfig(**settings).validate(fail)
+        ConfigSchema.from_dict(config_dict(tmp_path, importer=settings))
     assert message in str(err.value)
 
 
-def test_good_settings_pass():
-    ImportConfig().validate(fail)
-    ImportConfig(entity_min_count=0, previous_entity_path="old/entities",
-                 previous_edge_paths=["old/train"]).validate(fail)
+def test_good_settings_pass(tmp_path):
+    ConfigSchema.from_dict(config_dict(tmp_path))
+    ConfigSchema.from_dict(config_dict(tmp_path, importer=dict(
+        entity_min_count=0, previous_entity_path="old/entities",
+        previous_edge_paths=["old/train"])))

@@ -7,7 +7,7 @@ import re
 import typing
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.config.validation import LOCATIONS, location
+from pbg_ray.config.schema import LOCATIONS, location
 
 
 def test_to_dict_round_trips(make_config):
@@ -51,6 +51,14 @@ def test_every_storage_location_is_made_absolute(make_config, tmp_path, monkeypa
         value = location(config, key)
         for path in value if isinstance(value, list) else [value]:
             assert path is None or os.path.isabs(path) or "://" in path, key
+
+
+def test_the_storage_locations_are_the_keys_declared_as_locations():
+    assert set(LOCATIONS) == {
+        "entity_path", "edge_paths", "eval_edge_paths", "checkpoint_path", "init_path",
+        "tensorboard_dir", "importer.inputs", "importer.previous_entity_path",
+        "importer.previous_edge_paths", "eval.edge_paths", "eval.filter_paths",
+        "export.output", "tune.storage_path"}
 
 
 def test_every_path_like_key_is_a_storage_location():
