@@ -1,10 +1,12 @@
-"""Plain data (dicts, lists, scalars from YAML, JSON or a PBG module) into the schema's
-dataclasses, with errors that name the key; and the type the schema gives a dotted key,
-for checking command-line overrides before Hydra runs."""
+"""Plain data (dicts, lists, scalars from YAML, JSON or a PBG module), or the schema's
+dataclasses themselves, into the schema's dataclasses, with errors that name the key; and
+the type the schema gives a dotted key, for checking command-line overrides before Hydra
+runs."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import types
 import typing
@@ -13,6 +15,13 @@ from typing import Any, Dict, List, Union
 from omegaconf import MISSING
 
 from pbg_ray.errors import PbgRayError, did_you_mean
+
+
+@functools.lru_cache(maxsize=None)
+def field_types(cls: type) -> Dict[str, Any]:
+    """The types of the dataclass `cls`'s fields by name, evaluated once a class (a config is
+    converted whenever one is built)."""
+    return typing.get_type_hints(cls)
 
 
 def convert(value: Any, hint: Any, key: str, source: str) -> Any:
@@ -26,20 +35,7 @@ def convert(value: Any, hint: Any, key: str, source: str) -> Any:
             return None
         return convert(value, args[0], key, source)
     if dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise PbgRayError(f"{where}: expected a mapping, got {value!r}")
-        fields = {f.name: f for f in dataclasses.fields(hint)}
-        hints = typing.get_type_hints(hint)
-        kwargs = {}
-        for name, item in value.items():
-            check_key(hint, key, name, source)
-            kwargs[name] = convert(item, hints[name], f"{key}.{name}" if key else name, source)
-        for name, f in fields.items():
-            if (name not in kwargs and f.default is MISSING
-                    and f.default_factory is dataclasses.MISSING):
-                sub = f"{key}.{name}" if key else name
-                raise PbgRayError(f"{source}: missing required key {sub!r}. Set {sub}=<value>.")
-        return hint(**kwargs)
+        return hint(**convert_fields(field_values(value, hint, key, source), hint, key, source))
     if value is None or (isinstance(value, str) and value == "???"):
         raise PbgRayError(f"{where}: a value is required. Set {key}=<value>.")
     if origin in (list, List):
@@ -77,6 +73,32 @@ def convert(value: Any, hint: Any, key: str, source: str) -> Any:
     raise TypeError(f"unsupported type in schema: {hint!r}")  # a bug, not user input
 
 
+def field_values(value: Any, cls: type, key: str, source: str) -> Dict[str, Any]:
+    """The values by field name that `value`, an instance of the dataclass `cls` (at the
+    dotted `key`) or a mapping, gives; a mapping's unknown keys and the required keys it
+    leaves out are refused."""
+    if isinstance(value, cls):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
+    if not isinstance(value, dict):
+        raise PbgRayError(f"{source}: {key or '<root>'}: expected a mapping, got {value!r}")
+    for name in value:
+        check_key(cls, key, name, source)
+    for f in dataclasses.fields(cls):
+        if (f.name not in value and f.default is MISSING
+                and f.default_factory is dataclasses.MISSING):
+            sub = f"{key}.{f.name}" if key else f.name
+            raise PbgRayError(f"{source}: missing required key {sub!r}. Set {sub}=<value>.")
+    return value
+
+
+def convert_fields(values: Dict[str, Any], cls: type, key: str, source: str) -> Dict[str, Any]:
+    """`values` (field name -> value, as field_values gives them) converted to the types of
+    the fields of the dataclass `cls`, at the dotted `key`."""
+    hints = field_types(cls)
+    return {name: convert(item, hints[name], f"{key}.{name}" if key else name, source)
+            for name, item in values.items()}
+
+
 def check_key(cls: type, key: str, name: Any, source: str) -> None:
     """Refuse `name`, under the dotted `key` of type `cls`, unless it is one of its fields."""
     fields = [f.name for f in dataclasses.fields(cls)]
@@ -100,7 +122,7 @@ def check_part(value: Any, hint: Any, key: str, source: str) -> None:
         origin = typing.get_origin(hint)
     sub = lambda name: f"{key}.{name}" if key else str(name)  # noqa: E731
     if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-        hints = typing.get_type_hints(hint)
+        hints = field_types(hint)
         for name, item in value.items():
             check_key(hint, key, name, source)
             check_part(item, hints[name], sub(name), source)
@@ -129,14 +151,14 @@ def schema_type(root: type, path: str, source: str = "command line") -> Any:
             hint = [a for a in typing.get_args(hint) if a is not type(None)][0]
             origin = typing.get_origin(hint)
         if dataclasses.is_dataclass(hint):
-            hints = typing.get_type_hints(hint)
-            if part not in hints:
+            names = [f.name for f in dataclasses.fields(hint)]
+            if part not in names:
                 where, wrong = ".".join(done) or "the top level", ".".join(done + [part])
                 raise PbgRayError(
                     f"{source}: unknown key {wrong!r}"
-                    f"{did_you_mean(wrong, ['.'.join(done + [h]) for h in hints])}. "
-                    f"Valid keys at {where}: {', '.join(hints)}.")
-            hint = hints[part]
+                    f"{did_you_mean(wrong, ['.'.join(done + [n]) for n in names])}. "
+                    f"Valid keys at {where}: {', '.join(names)}.")
+            hint = field_types(hint)[part]
         elif origin in (dict, Dict):
             hint = typing.get_args(hint)[1]
         elif origin in (list, List):

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import parse_qs, urlsplit
 
+from pbg_ray.config.convert import field_types
 from pbg_ray.errors import did_you_mean
 
 HELP, CHECK, LOCATION = "help", "check", "location"
@@ -157,7 +157,7 @@ def _sections(key: str, value: Any) -> Iterator[Tuple[str, Any]]:
 def storage_locations(cls: type, prefix: str = "") -> Iterator[str]:
     """The keys of the storage locations (`option(location=True)`) of the dataclass `cls`
     and its sections."""
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     for field in dataclasses.fields(cls):
         if field.metadata.get(LOCATION):
             yield prefix + field.name

@@ -3,16 +3,17 @@
 A PBG user's config dict (or PBG config module, pbg_ray.config.pbg_file) carries over
 unchanged. Every source of configuration (Hydra, a PBG module, a checkpoint's config.json)
 goes through `ConfigSchema.from_dict`, which refuses unknown keys and wrong types with a
-`PbgRayError` naming the key (pbg_ray.config.convert), and then through
-`ConfigSchema.validate`: each field's check, declared with it, and the rules across fields
-(pbg_ray.config.validation).
+`PbgRayError` naming the key (pbg_ray.config.convert). Building a ConfigSchema, from a dict,
+directly or by `dataclasses.replace`, converts every value to its field's type and checks
+every rule (each field's own, declared with it, and those across fields:
+pbg_ray.config.validation).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -20,7 +21,7 @@ from omegaconf import MISSING
 
 from pbg_ray.config.components import (
     BUCKET_ORDERS, COMPARATORS, LOSS_FUNCTIONS, OPERATORS, REGULARIZERS)
-from pbg_ray.config.convert import convert
+from pbg_ray.config.convert import convert_fields, field_values
 from pbg_ray.config.eval import EvalConfig
 from pbg_ray.config.export import ExportConfig
 from pbg_ray.config.importer import ImportConfig
@@ -202,6 +203,20 @@ class ConfigSchema:
         "python -m pbg_ray.tune: the search space and how trials run (the `tune` section).")
     incremental: IncrementalConfig = option(factory=IncrementalConfig, help=
         "Training a grown graph from init_path (the `incremental` section).")
+    # Where the values came from, for __post_init__'s messages: an argument of the
+    # constructor and of dataclasses.replace, not a field (to_dict, == and the reference
+    # leave it out; the attribute reads the default, whatever was passed).
+    source: InitVar[str] = "config"
+
+    def __post_init__(self, source: str) -> None:
+        """Every value converted to its field's type (plain data too: a section given as a
+        mapping, a list's one item given alone) and every rule checked; a PbgRayError names
+        `source` and the key."""
+        values = field_values(self, ConfigSchema, "", source)
+        for name, value in convert_fields(values, ConfigSchema, "", source).items():
+            setattr(self, name, value)
+        validate_config(self, source)
+
     @classmethod
     def from_dict(cls, data: Any, source: str = "config") -> "ConfigSchema":
         """Build and validate a config from plain dicts/lists (PBG's layout).
@@ -211,16 +226,16 @@ class ConfigSchema:
         if not isinstance(data, dict):
             raise PbgRayError(
                 f"{source}: expected a mapping of config keys, got {type(data).__name__}")
-        config = convert(drop_pbg_only_keys(data, source), cls, "", source)
-        config.validate(source)
-        return config
+        return cls(**field_values(drop_pbg_only_keys(data, source), cls, "", source),
+                   source=source)
 
     def checked(self, source: str = "config") -> "ConfigSchema":
-        """This config read again through from_dict: a config changed after it was built
-        (`config.num_epochs = "three"`) gets the PbgRayError naming the key here, before
-        a command starts, and a value given as a list's one item (edge_paths="data/train")
-        becomes the list. The commands' library functions take every config through it."""
-        return ConfigSchema.from_dict(self.to_dict(), source)
+        """This config built again: a config changed after it was built
+        (`config.num_epochs = "three"`, which __post_init__ does not see) gets the
+        PbgRayError naming the key here, before a command starts, and a value given as a
+        list's one item (edge_paths="data/train") becomes the list. The commands' library
+        functions take every config through it."""
+        return dataclasses.replace(self, source=source)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain dicts and lists, as written to config.json."""
@@ -235,16 +250,15 @@ class ConfigSchema:
                 return path
             return os.path.abspath(os.path.expanduser(path))
 
-        config = self
+        changes: Dict[str, Dict[str, Any]] = {"": {}}  # section ("": none) -> field -> value
         for key in LOCATIONS:
-            value = location(config, key)
-            value = [absolute(p) for p in value] if isinstance(value, list) else absolute(value)
-            section, _, field = key.rpartition(".")
-            if section:
-                value = dataclasses.replace(getattr(config, section), **{field: value})
-                field = section
-            config = dataclasses.replace(config, **{field: value})
-        return config
+            value = location(self, key)
+            section, _, name = key.rpartition(".")
+            changes.setdefault(section, {})[name] = (
+                [absolute(p) for p in value] if isinstance(value, list) else absolute(value))
+        sections = {section: dataclasses.replace(getattr(self, section), **values)
+                    for section, values in changes.items() if section}
+        return dataclasses.replace(self, **changes[""], **sections)
 
     def entity_dimension(self, entity: str) -> int:
         dim = self.entities[entity].dimension
@@ -253,11 +267,6 @@ class ConfigSchema:
     def num_partitions(self) -> int:
         """The partition count shared by all partitioned entity types (1 if none)."""
         return max(e.num_partitions for e in self.entities.values())
-
-    def validate(self, source: str = "config") -> None:
-        """Every rule of the config (pbg_ray.config.validation). Raises PbgRayError naming
-        the source and the key."""
-        validate_config(self, source)
 
 
 # Every storage location of every section, by key (`option(location=True)`): each a path or

@@ -165,10 +165,9 @@ def test_damaged_or_inconsistent_bundles_are_refused(two_versions, tmp_path):
 def test_export_settings_are_checked(two_versions):
     with pytest.raises(PbgRayError, match=r"export.variants: unknown value 'int4' \(did you mean 'int8'\?\)"):
         export(two_versions, ["fp32", "int4"])
-    tsv = dataclasses.replace(two_versions, export=dataclasses.replace(
-        two_versions.export, variants=["int8"]))
     with pytest.raises(PbgRayError, match="apply to export.format=bundle"):
-        export_checkpoint(tsv)
+        export_checkpoint(dataclasses.replace(two_versions, export=dataclasses.replace(
+            two_versions.export, variants=["int8"])))
 
 
 def test_predictor_opens_a_bundle(two_versions, capsys):

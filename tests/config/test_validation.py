@@ -1,9 +1,13 @@
-"""The rules of a whole config (pbg_ray.config.validation, and each section's validate):
-ConfigSchema.from_dict refuses a config that breaks one, naming the key."""
+"""The rules of a whole config (each field's check, pbg_ray.config.validation, and each
+section's validate): building a ConfigSchema that breaks one, from a dict, directly or by
+dataclasses.replace, is refused naming the key."""
+
+import dataclasses
+import re
 
 import pytest
 
-from pbg_ray.config import ConfigSchema
+from pbg_ray.config import ConfigSchema, RelationSchema, ServeConfig
 from pbg_ray.errors import PbgRayError
 from tests.util import config_dict
 
@@ -65,3 +69,33 @@ def test_bad_config_is_refused_naming_the_key(tmp_path, overrides, message):
     with pytest.raises(PbgRayError) as info:
         ConfigSchema.from_dict(data)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_epochs=-1), "num_epochs: must not be negative, got -1"),
+    (dict(num_epochs="three"), "num_epochs: expected an integer, got 'three'"),
+    (dict(comparator="cosine"), "comparator: unknown value 'cosine'"),
+    (dict(checkpoint_path="s3://b/model?secret_key=hush"),
+     "checkpoint_path: the URI carries credentials"),
+    (dict(serve=ServeConfig(port=0)), "serve.port: must be a TCP port (1 to 65535), got 0"),
+    (dict(relations=[RelationSchema(name="r", lhs="user", rhs="item", weight=0)]),
+     "relations[0].weight: must be positive, got 0"),
+    (dict(batch_size=1001), "batch_size: 1001 is not a multiple of num_batch_negs=5"),
+])
+def test_a_config_changed_by_replace_is_refused_naming_the_key(make_config, changes, message):
+    with pytest.raises(PbgRayError, match=f"^config: {re.escape(message)}"):
+        dataclasses.replace(make_config(), **changes)
+
+
+def test_a_config_built_from_a_dict_names_its_source(tmp_path):
+    with pytest.raises(PbgRayError, match=r"^run\.py: num_epochs: must not be negative"):
+        ConfigSchema.from_dict(config_dict(tmp_path, num_epochs=-1), source="run.py")
+
+
+def test_a_config_built_directly_is_converted_as_from_dict_converts_it(tmp_path):
+    data = config_dict(tmp_path, edge_paths=str(tmp_path / "edges"), num_epochs=2.0)
+    config = ConfigSchema(**data)
+    assert config == ConfigSchema.from_dict(data)
+    assert config.edge_paths == [str(tmp_path / "edges")] and config.num_epochs == 2
+    assert dataclasses.replace(config, serve={"port": 9000}).serve == ServeConfig(port=9000)
+

@@ -26,7 +26,8 @@ def test_candidate_sets_follow_the_operators(tmp_path):
     assert set_keys(config, 1) == [("user", 1, None), ("user", 1, 0), ("item", 1, None),
                                    ("item", 1, 1)]
     assert ("tag", 0, None) in set_keys(config, 0) and ("tag", 0, 2) not in set_keys(config)
-    dynamic = dataclasses.replace(config, dynamic_relations=True)
+    dynamic = dataclasses.replace(config, dynamic_relations=True, global_emb=False,
+                                  relations=config.relations[1:2])
     assert all(relation is None for _, _, relation in set_keys(dynamic))
 
 
