@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from pbg_ray.config.options import each, option, positive
+from pbg_ray.config.options import each, not_negative, option, positive
 
 
 @dataclass
@@ -28,4 +28,5 @@ class EvalConfig:
     per_relation: bool = option(True, help="Metrics of each relation besides the overall ones.")
     hits_at: List[int] = option(factory=lambda: [1, 3, 10], check=each(positive), help=
         "Cut-offs of the filtered hits@k.")
-    seed: int = option(0, help="Seed of the sampled metrics' uniform negatives and AUC draws.")
+    seed: int = option(0, check=not_negative, help=
+        "Seed of the sampled metrics' uniform negatives and AUC draws.")

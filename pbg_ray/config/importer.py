@@ -40,7 +40,8 @@ class ImportConfig:
         "Relations seen fewer times are dropped with their edges (dynamic_relations only).")
     skip_bad_rows: bool = option(False, help=
         "Count and report malformed rows instead of stopping at the first one.")
-    seed: int = option(0, help="Seeds the shuffle that spreads entities over partitions.")
+    seed: int = option(0, check=not_negative, help=
+        "Seeds the shuffle that spreads entities over partitions.")
     overwrite: bool = option(False, help=
         "Replace a different graph already in the output directories.")
     engine: str = option("auto", check=one_of(ENGINES), help=

@@ -4,10 +4,13 @@ dataclasses.replace, is refused naming the key."""
 
 import dataclasses
 import re
+import typing
 
 import pytest
 
 from pbg_ray.config import ConfigSchema, RelationSchema, ServeConfig
+from pbg_ray.config.convert import field_types
+from pbg_ray.config.options import CHECK
 from pbg_ray.errors import PbgRayError
 from tests.util import config_dict
 
@@ -43,6 +46,8 @@ BAD_CONFIGS = [
      "apply to export.format=bundle, not to format=tsv"),
     (dict(ray={"partition_buffer": 1}), "ray.partition_buffer: must be at least 2, got 1"),
     (dict(bucket_order="bata"), "bucket_order: unknown value 'bata'"),
+    (dict(importer={"seed": -1}), "importer.seed: must not be negative, got -1"),
+    (dict(eval={"seed": -2}), "eval.seed: must not be negative, got -2"),
 ]
 
 SECRET_LOCATIONS = [
@@ -99,3 +104,30 @@ def test_a_config_built_directly_is_converted_as_from_dict_converts_it(tmp_path)
     assert config.edge_paths == [str(tmp_path / "edges")] and config.num_epochs == 2
     assert dataclasses.replace(config, serve={"port": 9000}).serve == ServeConfig(port=9000)
 
+
+# Numeric keys that take every value of their type: no check is declared for them.
+UNCHECKED_NUMBERS = {
+    "margin",  # any margin, negative ones too, as in PBG
+    "ray.object_store_memory",  # handed to ray.init as it is
+    # A version the checkpoint does not hold is refused naming the key when it is read.
+    "export.version", "export.versions",
+}
+
+
+def numeric_fields(cls, prefix=""):
+    """(key, field) of every int or float key of `cls` and its sections (entities.<name>.*,
+    relations.<index>.*), optional ones and lists of numbers included."""
+    for field in dataclasses.fields(cls):
+        hint = field_types(cls)[field.name]
+        while typing.get_origin(hint) in (typing.Union, list, dict):
+            hint = [a for a in typing.get_args(hint) if a is not type(None)][-1]
+        if dataclasses.is_dataclass(hint):
+            inner = {"entities": "entities.<name>.", "relations": "relations.<index>."}
+            yield from numeric_fields(hint, inner.get(field.name, f"{prefix}{field.name}."))
+        elif hint in (int, float):
+            yield prefix + field.name, field
+
+
+def test_every_numeric_key_declares_its_check_or_is_known_to_take_every_value():
+    unchecked = {key for key, field in numeric_fields(ConfigSchema) if not field.metadata[CHECK]}
+    assert unchecked == UNCHECKED_NUMBERS
