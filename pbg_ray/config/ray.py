@@ -20,7 +20,14 @@ class RayConfig:
     num_cpus: Optional[int] = option(None, check=positive, help=
         "CPUs of a local Ray started by pbg_ray (null: all of the machine's).")
     object_store_memory: Optional[int] = option(None, help=
-        "Bytes of object store for a local Ray (null: Ray's default).")
+        "Bytes of object store for a local Ray (null: 30% of the memory budget where that "
+        "is smaller than the machine, else Ray's default).")
+    memory_budget: Optional[int] = option(None, check=positive, help=
+        "Bytes a run on a local Ray may use (null: the limit of the memory cgroup it runs "
+        "in, a container's or a job's, else the machine's RAM). Training checks its plan "
+        "against it before it starts: a memory-placement run that cannot fit is refused "
+        "with the figures and the fix, and disk placement keeps fewer partitions in its "
+        "buffer where ray.partition_buffer would not fit (docs/sizing.md).")
     num_trainers: Optional[int] = option(None, check=positive, help=
         "Train tasks running at once (null: as many as the CPUs allow, and no more than the "
         "partition count: an unpartitioned graph trains one bucket a pass, so one task). Each "

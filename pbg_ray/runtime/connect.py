@@ -12,6 +12,7 @@ import ray
 
 from pbg_ray.config import RayConfig
 from pbg_ray.errors import PbgRayError
+from pbg_ray.runtime.budget import memory_budget, object_store_memory
 
 logger = logging.getLogger("pbg_ray")
 
@@ -43,14 +44,16 @@ def connect_ray(ray_config: RayConfig) -> None:
     global _local_gcs_address
     if ray.is_initialized():
         return
-    address = ray_config.address or (None if os.environ.get("RAY_ADDRESS") else "local")
+    address = "local" if starts_local_ray(ray_config) else ray_config.address
     token_logger = logging.getLogger(TOKEN_LOGGER)
     token_logger.addFilter(not_token_notice)
-    # Settings of the processes Ray starts: only for a Ray started here (joining one refuses them).
-    local = {"_system_config": LOCAL_SYSTEM_CONFIG} if address == "local" else {}
+    # Settings of the processes Ray starts: only for a Ray started here (joining one refuses
+    # them), its object store sized to the memory budget.
+    local = ({"_system_config": LOCAL_SYSTEM_CONFIG,
+              "object_store_memory": object_store_memory(ray_config, memory_budget(ray_config))}
+             if address == "local" else {})
     try:
         ray.init(address=address, num_cpus=ray_config.num_cpus,
-                 object_store_memory=ray_config.object_store_memory,
                  include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
                  **local)
     finally:
@@ -58,6 +61,15 @@ def connect_ray(ray_config: RayConfig) -> None:
     if address == "local":
         _local_gcs_address = ray.get_runtime_context().gcs_address
         stop_autoscaler_monitor()
+
+
+def starts_local_ray(ray_config: RayConfig) -> bool:
+    """Whether the run's Ray is a local one started by pbg_ray on this machine: connected to
+    the one connect_ray started, or, not connected yet, with neither ray.address nor
+    RAY_ADDRESS to join."""
+    if ray.is_initialized():
+        return local_ray()
+    return ray_config.address is None and not os.environ.get("RAY_ADDRESS")
 
 
 def stop_autoscaler_monitor() -> None:

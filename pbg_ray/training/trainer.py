@@ -42,6 +42,7 @@ from pbg_ray.training.bucket_sources import InitSource, ModelSource, RandomSourc
 from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker
 from pbg_ray.training.failures import FailurePolicy
 from pbg_ray.training.parameter_server import ParameterServer
+from pbg_ray.training.memory_plan import fit_local_run
 from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.pass_run import PassRun
 from pbg_ray.training.scheduler import BucketSchedulerActor
@@ -69,6 +70,7 @@ class Trainer:
         if self.version == 0 and config.init_path:
             check_init_path(config.init_path)
         self.entity_counts = load_entity_counts(config)
+        self.config = config = fit_local_run(config, self.entity_counts)
         self.num_relation_ids = num_relation_ids(config)
         self.nparts_lhs = max(config.entities[r.lhs].num_partitions for r in config.relations)
         self.nparts_rhs = max(config.entities[r.rhs].num_partitions for r in config.relations)

@@ -1,0 +1,139 @@
+"""What a training run on one machine holds in memory, by its plan, against the memory it
+may use (runtime/budget.py): a memory-placement run that cannot fit is refused before it
+starts, with the figures and the fix; disk placement's partition buffer is fitted to it.
+
+The figures are those footprint_bench and train_bench measure (docs/sizing.md): Ray's own
+processes, the driver and the actors, a train worker each with torch loaded, and the
+partitions: in memory placement the whole table with its row-Adagrad state in Ray's object
+store plus each train task's copies of its bucket (the one it trains and the result it puts
+back), in disk placement only the unpartitioned types' tables and each trainer's
+ray.partition_buffer + 4 partitions (the buffer, the next bucket's read ahead, the last
+one's written behind)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Dict, List
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
+from pbg_ray.runtime.budget import GIB, MIB, MemoryBudget, memory_budget
+from pbg_ray.runtime.connect import starts_local_ray
+
+logger = logging.getLogger("pbg_ray")
+
+# Proportional set sizes measured by footprint_bench (docs/sizing.md), rounded up.
+RAY_PROCESSES = 360 * MIB  # raylet, GCS, agents, log monitor
+DRIVER = 120 * MIB
+ACTOR = 100 * MIB  # a partition store, the parameter server, the scheduler
+TRAIN_WORKER = 380 * MIB  # a train task's process between buckets: torch, the kernel
+# Bytes a train task holds per byte of its bucket's partitions in memory placement: its
+# writable copy, and the trained result put in the object store before the store lets the
+# older go (train_bench's 1-partition run: 2.2 beyond the table itself).
+BUCKET_COPIES = 2.2
+# Disk placement: partitions a trainer holds besides its buffer (ray.partition_buffer).
+DISK_EXTRA_PARTITIONS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """The bytes a run holds at its peak: the table kept for the run, each trainer's
+    partitions, and the processes."""
+
+    table: int
+    per_trainer: int
+    trainers: int
+    processes: int
+
+    @property
+    def total(self) -> int:
+        return self.table + self.trainers * self.per_trainer + self.processes
+
+    def __str__(self) -> str:
+        gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+        return (f"{gib(self.total)}: table {gib(self.table)}, {self.trainers} trainer(s) x "
+                f"{gib(self.per_trainer)} of partitions, processes {gib(self.processes)}")
+
+
+def partition_bytes(config: ConfigSchema, counts: Dict[str, List[int]], entity: str) -> int:
+    """Bytes of the largest partition of a type: embeddings and row-Adagrad sums, float32."""
+    return max(counts[entity], default=0) * (config.entity_dimension(entity) + 1) * 4
+
+
+def memory_plan(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int,
+                stores: int, partition_buffer: int) -> MemoryPlan:
+    """The plan of a run of `trainers` train tasks at once and `stores` partition stores,
+    with `partition_buffer` partitions per trainer in disk placement."""
+    used = sorted({getattr(r, side) for r in config.relations for side in ("lhs", "rhs")})
+    partitioned = [e for e in used if config.entities[e].num_partitions > 1]
+    whole = [e for e in used if e not in partitioned]
+    table_of = lambda entities: sum(partition_bytes(config, counts, e)  # noqa: E731
+                                    * config.entities[e].num_partitions for e in entities)
+    # A bucket holds two partitions of each partitioned type at most, an unpartitioned
+    # type whole.
+    bucket = (sum(2 * partition_bytes(config, counts, e) for e in partitioned)
+              + table_of(whole))
+    processes = RAY_PROCESSES + DRIVER + (stores + 2) * ACTOR + trainers * TRAIN_WORKER
+    if config.ray.placement == "memory":
+        return MemoryPlan(table_of(used), int(BUCKET_COPIES * bucket), trainers, processes)
+    per_index = sum(partition_bytes(config, counts, e) for e in partitioned)
+    held = (partition_buffer + DISK_EXTRA_PARTITIONS) * per_index
+    return MemoryPlan(table_of(whole), int(held + BUCKET_COPIES * table_of(whole)), trainers,
+                      processes)
+
+
+def fit_to_budget(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int,
+                  stores: int, budget: MemoryBudget) -> ConfigSchema:
+    """The config whose plan fits the budget: this one where it does; in disk placement
+    the largest ray.partition_buffer up to the one set that fits (a warning says so).
+    Refused in one line, with the plan's figures and the fix, where nothing fits."""
+    ray_config = config.ray
+    plan = memory_plan(config, counts, trainers, stores, ray_config.partition_buffer)
+    if plan.total <= budget.bytes:
+        return config
+    fix = _fix(config, counts, trainers, stores, budget)
+    if ray_config.placement == "disk":
+        for buffer in range(ray_config.partition_buffer - 1, 1, -1):
+            if memory_plan(config, counts, trainers, stores, buffer).total <= budget.bytes:
+                logger.warning("ray.partition_buffer=%d does not fit the memory budget of %s; "
+                               "training keeps %d partitions per trainer.",
+                               ray_config.partition_buffer, budget, buffer)
+                return dataclasses.replace(config, ray=dataclasses.replace(
+                    ray_config, partition_buffer=buffer))
+    raise PbgRayError(f"this run needs about {plan} in {ray_config.placement} placement, and "
+                      f"may use {budget}. {fix}")
+
+
+def fit_local_run(config: ConfigSchema, counts: Dict[str, List[int]]) -> ConfigSchema:
+    """fit_to_budget for a run on the local Ray pbg_ray starts (or started) on this machine,
+    whose CPUs say how many trainers run; a run that joins a cluster is left as it is (the
+    budget is one machine's, and the cluster's nodes are not this one)."""
+    ray_config = config.ray
+    if not starts_local_ray(ray_config):
+        return config
+    cpus = ray_config.num_cpus or os.cpu_count() or 1
+    trainers = ray_config.num_trainers or max(1, min(int(cpus // ray_config.cpus_per_trainer),
+                                                     config.num_partitions()))
+    return fit_to_budget(config, counts, trainers, ray_config.num_partition_stores or 1,
+                         memory_budget(ray_config))
+
+
+def _fix(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int, stores: int,
+         budget: MemoryBudget) -> str:
+    """What would fit: disk placement, fewer trainers, more partitions, a larger budget."""
+    disk = dataclasses.replace(config, ray=dataclasses.replace(config.ray, placement="disk"))
+    ways = []
+    if config.ray.placement == "memory" and memory_plan(
+            disk, counts, trainers, stores, 2).total <= budget.bytes:
+        ways.append("set ray.placement=disk (partitions stay on disk; each trainer holds "
+                    "a few)")
+    if trainers > 1 and memory_plan(config, counts, 1, stores, 2).total <= budget.bytes:
+        cpus = trainers * config.ray.cpus_per_trainer
+        ways.append(f"run one train task of all its CPUs (ray.num_trainers=1 "
+                    f"ray.cpus_per_trainer={cpus:g})")
+    ways.append("split the entities into more partitions (entities.<type>.num_partitions, "
+                "importing again), or give the run more memory (ray.memory_budget states it "
+                "in bytes where the detected limit is wrong)")
+    return "To fit: " + "; or ".join(ways) + "."
