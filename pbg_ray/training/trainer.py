@@ -41,8 +41,8 @@ from pbg_ray.runtime.tasks import discard, get_results, stop_actors
 from pbg_ray.training.bucket_sources import InitSource, ModelSource, RandomSource, WriterDied
 from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker
 from pbg_ray.training.failures import FailurePolicy
-from pbg_ray.training.parameter_server import ParameterServer
 from pbg_ray.training.memory_plan import fit_local_run
+from pbg_ray.training.parameter_server import ParameterServer
 from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.pass_run import PassRun
 from pbg_ray.training.scheduler import BucketSchedulerActor
