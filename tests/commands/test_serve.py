@@ -164,31 +164,37 @@ def assert_port_closed(port: int) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
+def assert_answers_quietly(started: dict, port: int, lhs: str, relation: str,
+                           answering: str) -> None:
+    """The service listens where it said (`answering`: the process that holds its port),
+    answers /health and a top_rhs, also from `curl -d` without a content type (a form's,
+    read as JSON)."""
+    assert started["url"] == f"http://127.0.0.1:{port}" and started["version"] == 1
+    assert answering in listener(port)  # the router replica itself, or Serve's proxy
+    query = {"queries": [{"lhs": lhs, "relation": relation}], "k": 3}
+    with httpx.Client(base_url=started["url"], timeout=60) as client:
+        assert client.get("/health").json() == {"status": "ok", "version": 1}
+        top = client.post("/top_rhs", json=query)
+        assert top.status_code == 200 and len(top.json()["results"][0]) == 3
+    if shutil.which("curl"):
+        out = subprocess.run(["curl", "-s", f"{started['url']}/top_rhs", "-d",
+                              json.dumps(query)], capture_output=True, text=True,
+                             timeout=60).stdout
+        assert json.loads(out) == top.json()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("ingress, answering", [("direct", "ServeReplica:pbg_ray:Router"),
-                                                ("proxy", "ProxyActor")])
-def test_serve_answers_quietly_over_http_until_ctrl_c_leaves_nothing(tmp_path, ingress,
-                                                                    answering):
+def test_serve_behind_its_proxy_answers_quietly_until_ctrl_c_leaves_nothing(tmp_path):
+    """serve.ingress=proxy: Serve's HTTP proxy holds the port (direct ingress, the default,
+    is test_the_readmes_serve_example_...)."""
     data = tiny_graph(tmp_path)
     random_checkpoint(ConfigSchema.from_dict(data))
     module = pbg_module(tmp_path / "config.py", data)
     port = free_port()
     service = Service([module, f"serve.port={port}", "serve.index=exact",
-                       f"serve.ingress={ingress}", "ray.num_cpus=1"], tmp_path)
+                       "serve.ingress=proxy", "ray.num_cpus=1"], tmp_path)
     try:
-        started = service.started()
-        assert started["url"] == f"http://127.0.0.1:{port}" and started["version"] == 1
-        assert answering in listener(port)  # the router replica itself, or Serve's proxy
-        with httpx.Client(base_url=started["url"], timeout=60) as client:
-            assert client.get("/health").json() == {"status": "ok", "version": 1}
-            top = client.post("/top_rhs", json={"queries": [{"lhs": "user-0-1",
-                                                             "relation": "likes"}], "k": 3})
-            assert top.status_code == 200 and len(top.json()["results"][0]) == 3
-        if shutil.which("curl"):  # curl -d without a content type: a form's, read as JSON
-            body = json.dumps({"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": 3})
-            out = subprocess.run(["curl", "-s", f"{started['url']}/top_rhs", "-d", body],
-                                 capture_output=True, text=True, timeout=60).stdout
-            assert json.loads(out) == top.json()
+        assert_answers_quietly(service.started(), port, "user-0-1", "likes", "ProxyActor")
         assert_stopped_cleanly(service, signal.SIGINT)
     finally:
         service.end()
@@ -309,9 +315,10 @@ def own_graph(root: Path, monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_the_readmes_serve_example_works_as_printed(tmp_path, monkeypatch):
+def test_the_readmes_serve_example_works_as_printed_and_stops_cleanly(tmp_path, monkeypatch):
     """The README's serve command (on a free port instead of 8000) and its curl line, as
-    printed, on the README's own graph."""
+    printed, on the README's own graph: the router replica answers HTTP itself (direct
+    ingress, the default), quietly, until Ctrl-C leaves nothing running."""
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Serve your embeddings\n")[1].split("\n## ")[0]
     serve_line = re.search(r"`(python -m pbg_ray\.serve [^`]*)`", section).group(1)
@@ -322,10 +329,12 @@ def test_the_readmes_serve_example_works_as_printed(tmp_path, monkeypatch):
     port = free_port()
     service = Service(args[3:] + [f"serve.port={port}"], tmp_path)
     try:
-        service.started()
+        started = service.started()
         answer = run_curl(curl, port)
         assert answer["errors"] == 0 and answer["results"][0], answer
         assert {hit["name"] for hit in answer["results"][0]} <= {"book_17", "book_3", "book_9"}
+        assert_answers_quietly(started, port, "alice", "likes", "ServeReplica:pbg_ray:Router")
         assert_stopped_cleanly(service, signal.SIGINT)
     finally:
         service.end()
+    assert_port_closed(port)
