@@ -29,16 +29,29 @@ class Recent:
         self.size = size
         self._kept: "collections.OrderedDict[Hashable, Any]" = collections.OrderedDict()
 
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._kept
+
+    def __getitem__(self, key: Hashable) -> Any:
+        """The value kept for `key`, now the one used last."""
+        self._kept.move_to_end(key)
+        return self._kept[key]
+
     def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The value of `key`, made by `make` and kept if absent."""
         if key in self._kept:
-            self._kept.move_to_end(key)
-            return self._kept[key]
+            return self[key]
         value = make()
+        self.put(key, value)
+        return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Keep `value` as the one used last, dropping the least recently used past size."""
         if self.size is None or self.size > 0:
             self._kept[key] = value
+            self._kept.move_to_end(key)
             while self.size is not None and len(self._kept) > self.size:
                 self._kept.popitem(last=False)
-        return value
 
 
 @dataclasses.dataclass

@@ -277,5 +277,5 @@ class Predictor(ModelByNames):
         jobs = [(self.config, self.params, self.tables, queries, p, k) for p in parts]
         best = Best.none(len(queries.relations))
         for part, (scores, offsets) in zip(parts, self.run(partition_top_k, jobs)):
-            best = best.merge(part, scores, offsets, k)
+            best = best.merge([(part, scores, offsets)], k)
         return best.ranked(self.entity_names, queries.entity)

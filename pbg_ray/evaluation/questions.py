@@ -312,12 +312,14 @@ class Best:
         return cls(np.full((count, 0), -np.inf, np.float32), np.zeros((count, 0), np.int64),
                    np.zeros((count, 0), np.int64))
 
-    def merge(self, part: int, scores: np.ndarray, offsets: np.ndarray, k: int) -> "Best":
-        """These and a partition's hits (exact_top_k's), the k best kept: the merge holds k
-        per query, never a partition's scores."""
-        scores = np.concatenate([self.scores, scores], axis=1)
-        parts = np.concatenate([self.parts, np.full_like(offsets, part)], axis=1)
-        offsets = np.concatenate([self.offsets, offsets], axis=1)
+    def merge(self, hits: Sequence[Tuple[int, np.ndarray, np.ndarray]], k: int) -> "Best":
+        """These and partitions' hits ((partition, scores, offsets), exact_top_k's), the k
+        best kept: one sort however many partitions come at once, and a caller that merges
+        each partition as it comes holds k per query, never a partition's scores."""
+        scores = np.concatenate([self.scores] + [s for _, s, _ in hits], axis=1)
+        parts = np.concatenate([self.parts] + [np.full_like(o, part) for part, _, o in hits],
+                               axis=1)
+        offsets = np.concatenate([self.offsets] + [o for _, _, o in hits], axis=1)
         order = np.lexsort((offsets, parts, -scores), axis=1)[:, :k]
         return Best(np.take_along_axis(scores, order, 1), np.take_along_axis(parts, order, 1),
                     np.take_along_axis(offsets, order, 1))

@@ -6,7 +6,6 @@ merged into the best k with names."""
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -16,7 +15,7 @@ from torch import Tensor
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.evaluation.entity_names import EntityNames, Located
+from pbg_ray.evaluation.entity_names import EntityNames, Located, Recent
 from pbg_ray.evaluation.questions import (
     Answer, Best, Exclusion, ModelByNames, NeighborQuery, Ranked, Triple, by_key,
     edge_scores, neighbor_queries, prepared_queries)
@@ -49,7 +48,7 @@ class ServingModel(ModelByNames):
                  else EntityNames(config, None, self.counts, where))
         super().__init__(config, checkpoint.read_model(version)[0], where, names)
         self.version = version
-        self._rows: "OrderedDict[Tuple[str, int, int], np.ndarray]" = OrderedDict()
+        self._rows = Recent(ROW_CACHE)
         for entity in config.entities:
             names.names(entity)
 
@@ -92,17 +91,16 @@ class ServingModel(ModelByNames):
 
     async def _vectors(self, rows: RowsFn, entity: str, located: Sequence[Located]) -> Tensor:
         """Entity vectors [B, D] (Scorer.entity_vectors) of (partition, offset) pairs; the
-        rows come from the shards, the last ROW_CACHE fetched are kept."""
-        missing = sorted({(entity, p, o) for p, o in located} - set(self._rows))
+        rows come from the shards, the ROW_CACHE used last are kept."""
+        missing = sorted(key for key in {(entity, p, o) for p, o in located}
+                         if key not in self._rows)
         parts = np.array([p for _, p, _ in missing])
         offsets = np.array([o for _, _, o in missing])
         fetched = await asyncio.gather(*(rows(entity, int(p), offsets[parts == p])
                                          for p in np.unique(parts)))
         for p, values in zip(np.unique(parts), fetched):
             for o, row in zip(offsets[parts == p], values):
-                self._rows[entity, int(p), int(o)] = row
-        while len(self._rows) > ROW_CACHE:
-            self._rows.popitem(last=False)
+                self._rows.put((entity, int(p), int(o)), row)
         out = np.stack([self._rows[entity, p, o] for p, o in located])
         return self.scorer.entity_vectors(entity, torch.from_numpy(out))
 
@@ -177,8 +175,6 @@ class ServingModel(ModelByNames):
         answered = await asyncio.gather(*(search(group)(entity, parts, relation, queries, k,
                                                         exact, exclusion, own)
                                           for group, parts in groups.items()))
-        best = Best.none(len(queries))
-        for parts, found in zip(groups.values(), answered):
-            for part, (scores, offsets) in zip(parts, found):
-                best = best.merge(part, scores, offsets, k)
-        return best.ranked(self.entity_names, entity)
+        hits = [(part, scores, offsets) for parts, found in zip(groups.values(), answered)
+                for part, (scores, offsets) in zip(parts, found)]
+        return Best.none(len(queries)).merge(hits, k).ranked(self.entity_names, entity)
