@@ -6,6 +6,7 @@ with per-job paths in a multirun."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -15,7 +16,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import hydra
 import yaml
@@ -60,6 +61,30 @@ def stop_on_sigterm() -> None:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, terminated)
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[threading.Event]:
+    """Within it, Ctrl-C and SIGTERM interrupt nothing: each sets the event it yields, for a
+    loop that waits in slices to see it and end in order. (A KeyboardInterrupt raised
+    inside Ray's or Serve's own calls can leave one of them half done, and the stop then
+    waits on it.) Leaving it after a stop was asked raises KeyboardInterrupt, so that the
+    command ends as a stopped one (report_errors: one line, status 130 or 143)."""
+    stop = threading.Event()
+
+    def asked(signum: int, frame: Any) -> None:
+        if signum == signal.SIGTERM:
+            SIGTERM_RECEIVED.set()
+        stop.set()
+
+    previous = {signum: signal.signal(signum, asked) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if stop.is_set():
+        raise KeyboardInterrupt
 
 
 class CommandFormatter(logging.Formatter):

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
-from pbg_ray.cli import hydra_entry, stop_on_sigterm
+from pbg_ray.cli import hydra_entry, stop_on_sigterm, stop_requests
 from pbg_ray.config import ConfigSchema
 from pbg_ray.runtime.connect import connect_ray, local_ray, shutdown_ray
 from pbg_ray.serving.launch import start_service, stop_service, version_changes
@@ -30,25 +31,26 @@ EXAMPLES = (
 
 def run(config: ConfigSchema) -> None:
     connect_ray(config.ray)
-    stop_on_sigterm()
+    stop_on_sigterm()  # while the service starts; once it serves, a stop is awaited
     try:
         started = start_service(config)
-        try:
-            print(f"serving version {started['version']} of {config.checkpoint_path} at "
-                  f"{started['url']} (API: {started['url']}/docs); Ctrl-C stops", flush=True)
-            print(json.dumps(started), flush=True)
-            report_versions(config, started["version"])
-        finally:  # Serve's controller and proxies end with the local Ray, if it is one
-            stop_service(end_serve=not local_ray())
+        with stop_requests() as stop:
+            try:
+                print(f"serving version {started['version']} of {config.checkpoint_path} at "
+                      f"{started['url']} (API: {started['url']}/docs); Ctrl-C stops", flush=True)
+                print(json.dumps(started), flush=True)
+                report_versions(config, started["version"], stop)
+            finally:  # Serve's controller and proxies end with the local Ray, if it is one
+                stop_service(end_serve=not local_ray())
     finally:
         shutdown_ray()
 
 
-def report_versions(config: ConfigSchema, version: int) -> None:
+def report_versions(config: ConfigSchema, version: int, stop: threading.Event) -> None:
     """A line for each version taken up, and one for each failure to take one up, until
-    the command is stopped."""
+    `stop` is set."""
     failure = None
-    for news in version_changes(version):
+    for news in version_changes(version, stop):
         if news["version"] != version:
             print(f"serving checkpoint version {news['version']} of {config.checkpoint_path} "
                   f"(was version {version})", flush=True)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any, Dict, Iterator
+import threading
+from typing import Any, Dict, Iterator, Optional
 
 import ray
 from ray import serve
+from ray.serve.handle import DeploymentResponse
 from ray.serve._private.constants import (
     SERVE_CONTROLLER_NAME, SERVE_LOGGER_NAME, SERVE_NAMESPACE)
 
@@ -23,6 +25,8 @@ from pbg_ray.serving.index import build_indexes
 
 
 APPLICATION = "pbg_ray"
+# How often the watch of the versions taken up looks whether a stop was asked.
+STOP_CHECK_S = 0.5
 
 
 # Ray Serve's throughput-optimized mode switch by switch (what RAY_SERVE_THROUGHPUT_OPTIMIZED=1
@@ -132,23 +136,32 @@ def serve_running() -> bool:
     return True
 
 
-def version_changes(version: int) -> Iterator[Dict[str, Any]]:
+def version_changes(version: int, stop: threading.Event) -> Iterator[Dict[str, Any]]:
     """Each change of what the service serves, as the router takes up (or fails to take up)
-    a version newer than `version` (Router.newer_version), for ever; {"version": the one
-    served, "failure": {"version", "error"} of the newest failure or None}."""
+    a version newer than `version` (Router.newer_version), until `stop` is set; {"version":
+    the one served, "failure": {"version", "error"} of the newest failure or None}."""
     router = serve.get_app_handle(APPLICATION)
     failure = None
-    while True:
-        response = router.newer_version.remote(version, failure)
+    while not stop.is_set():
+        news = awaited(router.newer_version.remote(version, failure), stop)
+        if news is not None:
+            yield news
+            version, failure = news["version"], news["failure"]
+
+
+def awaited(response: DeploymentResponse, stop: threading.Event) -> Optional[Dict[str, Any]]:
+    """The response's result, waited for STOP_CHECK_S at a time until it comes; None when the
+    router replica asked died (Serve starts another), or once `stop` is set: then the call is
+    cancelled, so that none is left waiting to hold up the router replica's stop."""
+    while not stop.is_set():
         try:
-            news = response.result()
-        except UNAVAILABLE:  # the router replica asked died; Serve starts another
+            return response.result(timeout_s=STOP_CHECK_S)
+        except TimeoutError:
             continue
-        except BaseException:  # stopped (Ctrl-C, SIGTERM): no call left waiting, which
-            response.cancel()  # would hold up the router replica's stop
-            raise
-        yield news
-        version, failure = news["version"], news["failure"]
+        except UNAVAILABLE:
+            return None
+    response.cancel()
+    return None
 
 
 def stop_service(end_serve: bool = True) -> None:

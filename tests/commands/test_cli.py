@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pbg_ray.cli import SIGTERM_RECEIVED, report_errors, stop_requests
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import name_sweep_jobs
 from pbg_ray.importer.demo import demo_checkpoint_path
@@ -67,6 +68,31 @@ def workdir(tmp_path) -> Path:
     path = tmp_path / "work"
     path.mkdir()
     return path
+
+
+@pytest.mark.parametrize("sig, line, status", [(signal.SIGINT, "pbg_ray: interrupted", 130),
+                                               (signal.SIGTERM, "pbg_ray: terminated", 143)])
+def test_a_stop_asked_within_stop_requests_interrupts_nothing_then_ends_the_command(
+        capsys, sig, line, status):
+    """Within stop_requests a signal only sets the stop event (what runs goes on to see it);
+    leaving it ends the command as that signal ends one, and the handlers before it are back."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    went_on = []
+
+    @report_errors
+    def serve_until_stopped() -> None:
+        with stop_requests() as stop:
+            os.kill(os.getpid(), sig)
+            assert stop.wait(60)
+            went_on.append(True)
+
+    try:
+        with pytest.raises(SystemExit) as ended:
+            serve_until_stopped()
+    finally:
+        SIGTERM_RECEIVED.clear()
+    assert (went_on, ended.value.code, capsys.readouterr().err) == ([True], status, line + "\n")
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
 def test_a_mistyped_key_in_a_python_config_file_is_one_line_naming_it(tmp_path, workdir):

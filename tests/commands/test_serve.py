@@ -118,7 +118,11 @@ class Service:
             os.killpg(self.proc.pid, sig)
         else:
             self.proc.send_signal(sig)
-        self.proc.wait(GUARD_S)  # (the test's end() kills it if this fails)
+        try:
+            self.proc.wait(GUARD_S)
+        except subprocess.TimeoutExpired:  # (the test's end() kills it)
+            pytest.fail(f"still running {GUARD_S} s after {signal.Signals(sig).name}; its "
+                        f"stderr: {self.stderr + list(self.error_lines.queue)}")
         for reader in self.readers:
             reader.join(GUARD_S)
         assert self.lines.get_nowait() is None, "a line after those read"
