@@ -4,8 +4,9 @@ Writes a checkpoint's embeddings (global embeddings added, as PBG does) and
 relation parameters as TSV in torchbiggraph_export_to_tsv's layout or as
 Parquet (a dataset of one file per entity partition), to a local directory or a
 URI (s3://, gs://, ...). Settings under `export.`: format (tsv, parquet), version
-(null: the newest), output (null: <checkpoint_path>/export). One Ray task per
-entity partition reads and converts it (ray.* settings as for training);
+(null: the best on validation where training kept one, else the newest), output (null:
+<checkpoint_path>/export). One Ray task per entity partition reads and converts it (ray.*
+settings as for training);
 <output>/_SUCCESS is written last.
 
 export.format=bundle writes <output>/bundle.zip (pbg_ray.checkpoints.bundle): a tag per checkpoint

@@ -3,13 +3,17 @@
 Trains embeddings bucket by bucket on Ray. With no arguments: the built-in demo graph on a
 local Ray. `ray=cluster` (or ray.address=auto) joins the cluster that `ray up cluster.yaml`
 started. A checkpoint version is written after every epoch (every edge chunk), and the same
-command run again resumes from the newest complete one; Ctrl-C stops a run at once.
+command run again resumes from the newest complete one; Ctrl-C stops a run at once. With
+validation.edge_paths, the validation edges are ranked every validation.every epochs, the
+best version is kept in <checkpoint_path>/best/ (what eval, predict and export read by
+default) and validation.patience stops a run that no longer improves.
 
 From Python: `api.train(config)` (pbg_ray.api) trains a ConfigSchema.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -28,8 +32,8 @@ EXAMPLES = (
 )
 KEYS = ("dimension", "num_epochs", "lr", "batch_size", "num_batch_negs", "num_uniform_negs",
         "loss_fn", "comparator", "relations.<index>.operator", "entities.<name>.num_partitions",
-        "checkpoint_path", "init_path", "eval_edge_paths", "ray.address", "ray.num_trainers",
-        "ray.placement")
+        "checkpoint_path", "init_path", "eval_edge_paths", "validation.edge_paths",
+        "validation.patience", "ray.address", "ray.num_trainers", "ray.placement")
 
 
 def run(config: ConfigSchema) -> None:
@@ -61,6 +65,10 @@ def run(config: ConfigSchema) -> None:
         print(f"eval {path} ({negatives}): "
               + "  ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
     print(f"checkpoint: {result.checkpoint_path} (version {result.version})")
+    if result.best is not None:
+        summary["best"] = dataclasses.asdict(result.best)
+        print(f"best on validation: {result.best.describe()}, kept in "
+              f"{result.checkpoint_path}/best (what eval, predict and export read by default)")
     print(json.dumps(summary), file=sys.stdout)
 
 

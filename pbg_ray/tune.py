@@ -4,7 +4,8 @@ A Ray Tune search over config keys: the `tune` option (tune=asha, the default, f
 and a PBG config file alike: conf/tune/asha.yaml) declares the search space (lr loguniform
 in [0.01, 0.5], dimension in {50, 100, 200}, margin uniform in [0.05, 0.5] where
 loss_fn=ranking: a key that changes nothing for the config is left out, with a line saying
-why), the metric (held-out MRR on eval_edge_paths, reported after every epoch), the number
+why), the metric (reported after every epoch: with validation.edge_paths the best validation
+so far, else PBG's sampled MRR on eval_edge_paths), the number
 of trials and the scheduler (ASHA stops poor trials early). Each trial trains the sampled
 config under <checkpoint_path>-<trial id> and prints a line per epoch. The best trial, by
 the metric of each trial's last epoch (the one its checkpoint holds), is printed at the
@@ -21,7 +22,7 @@ from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.tuning.tuner import run_tune
 
 EXAMPLES = (
-    "python -m pbg_ray.tune config.py 'eval_edge_paths=[data/valid]'   # the default search space",
+    "python -m pbg_ray.tune config.py 'validation.edge_paths=[data/valid]'   # the default search",
     "python -m pbg_ray.tune config.py 'eval_edge_paths=[data/valid]' tune.num_samples=16 \\\n"
     "      '+tune.search_space.batch_size={choice:[500,1000]}' '~tune.search_space.margin'",
     "python -m pbg_ray.tune --config-dir my_conf tune=my_space    # my_conf/tune/my_space.yaml",
@@ -33,9 +34,12 @@ def run(config: ConfigSchema) -> None:
     best = run_tune(config)
     print(f"best trial {best['trial_id']} after epoch {best['metrics'].get('epoch')}: "
           + "  ".join(f"{k}={v:.4g}" for k, v in best["metrics"].items()
-                      if k not in ("epoch", "version")))
+                      if k not in ("epoch", "version", "best_version")))
     print("best config: " + " ".join(f"{k}={v}" for k, v in best["config"].items()))
-    print(f"best checkpoint: {best['checkpoint_path']} (version {best['version']})")
+    best_version = best["metrics"].get("best_version")
+    kept = (f"; its best on validation, version {best_version}, is in "
+            f"{best['checkpoint_path']}/best" if best_version else "")
+    print(f"best checkpoint: {best['checkpoint_path']} (version {best['version']}{kept})")
     print(json.dumps(best))
 
 

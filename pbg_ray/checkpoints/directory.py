@@ -9,6 +9,7 @@ Inside `checkpoint_path`:
   embeddings_{type}_{part}.vN.h5   float32 `embeddings` [N, dim] + optimizer/state_dict
   training_stats.json              one JSON object per line
   epoch_{k}/                       preserved versions (checkpoint_preservation_interval)
+  best/                            the version best on validation (validation.edge_paths)
 
 Every file is written under a temporary name and renamed; version N+1 becomes
 current only when checkpoint_version.txt is replaced, after all its files exist.
@@ -51,6 +52,7 @@ OPTIMIZER_STATE_DICT_DATASET = "optimizer/state_dict"
 VERSION_FILE = "checkpoint_version.txt"
 CONFIG_FILE = "config.json"
 STATS_FILE = "training_stats.json"
+BEST_DIR = "best"
 LOCK_FILE = ".pbg_ray.lock"
 _VERSIONED_FILE = re.compile(r".*\.v(\d+)\.h5")
 
@@ -184,6 +186,9 @@ class CheckpointStorage:
 
     def snapshot_path(self, epoch_idx: int) -> StoragePath:
         return self.path / f"epoch_{epoch_idx}"
+
+    def best_path(self) -> StoragePath:
+        return self.path / BEST_DIR
 
     def version_files(self, version: int, config: ConfigSchema) -> List[StoragePath]:
         """Every file that version `version` of this config consists of."""
@@ -460,10 +465,17 @@ class CheckpointStorage:
         for path in self.version_files(version, config):
             path.unlink(missing_ok=True)
 
-    def preserve_version(self, version: int, epoch_idx: int, config: ConfigSchema) -> None:
-        """Keep a copy of `version` in epoch_{epoch_idx}/ (hard links where the
-        filesystem allows: no bytes copied, and dropping the original later is safe)."""
-        snapshot = self.snapshot_path(epoch_idx)
+    def preserve_version(self, version: int, snapshot: StoragePath, config: ConfigSchema) -> None:
+        """Keep a copy of `version` in `snapshot` (an epoch_{k}/ or best/ directory; hard
+        links where the filesystem allows: no bytes copied, and dropping the original later
+        is safe). A version it held before goes first, its version file first of all, so
+        that the directory is never a complete checkpoint of mixed versions."""
+        kept = CheckpointStorage(snapshot)
+        previous = kept.load_version()
+        if previous:
+            kept.version_file().unlink()
+            for path in kept.version_files(previous, config):
+                path.unlink(missing_ok=True)
         snapshot.mkdir(parents=True, exist_ok=True)
         for src in self.version_files(version, config):
             link_or_copy(src, snapshot / src.name)

@@ -8,8 +8,8 @@ speaks in versions:
   never became current dropped), `commit` (stats appended, the new version made current,
   preserved every k epochs, the superseded one dropped), `rollback` (an unfinished
   version's files removed), `read_stats`;
-- readers (eval, predict, export, incremental growth, plot): `locate` a version (here or
-  in an epoch_{k}/ snapshot), `read_config`, `read_model`, `read_partition`;
+- readers (eval, predict, export, incremental growth, plot): `locate` a version (here,
+  in an epoch_{k}/ snapshot or the best on validation in best/), `read_config`, `read_model`, `read_partition`;
 - writers of single files (partition stores, the parameter server, migrate, bundles):
   `write_partition`, `write_model`, `write_config`, `switch_to`, and the swap files of
   disk placement.
@@ -83,19 +83,22 @@ class CheckpointManager:
                 self.rollback()
 
     def commit(self, version: int, stats: List[Dict[str, Any]], config: ConfigSchema,
-               preserve_as_epoch: Optional[int] = None,
+               preserve_as_epoch: Optional[int] = None, best: bool = False,
                release: Callable[[int], None] = lambda superseded: None) -> None:
         """Make `version`, whose files are all written, current: its stats lines are
         appended, the run's config is written, checkpoint_version.txt names it, a copy goes
-        to epoch_{k}/ when
-        `preserve_as_epoch` is k; then `release(version - 1)` lets the writers reuse the
+        to epoch_{k}/ when `preserve_as_epoch` is k and to best/ when it is the `best` on
+        validation so far; then `release(version - 1)` lets the writers reuse the
         superseded version's files (disk placement recycles them as swap files) and what
         is left of that version is dropped."""
         self.storage.append_stats(stats)
         self.storage.save_config(config)
         self.storage.save_version(version)
         if preserve_as_epoch is not None:
-            self.storage.preserve_version(version, preserve_as_epoch, config)
+            self.storage.preserve_version(
+                version, self.storage.snapshot_path(preserve_as_epoch), config)
+        if best:
+            self.storage.preserve_version(version, self.storage.best_path(), config)
         if version > 1:
             release(version - 1)
             self.storage.drop_version(version - 1, config)
@@ -119,23 +122,28 @@ class CheckpointManager:
         """Whether the directory is a v1 checkpoint (it names a current version)."""
         return self.storage.version_file().is_file()
 
-    def locate(self, config: ConfigSchema, version: Optional[int], setting: str
-               ) -> Tuple["CheckpointManager", int]:
-        """(the manager of the directory holding `version`, version): this directory for
-        the newest (version None), an epoch_{k}/ snapshot (checkpoint_preservation_interval)
-        for an older one. `setting` names the key that picks the version, for the message."""
+    def locate(self, config: ConfigSchema, version: Optional[int], setting: str,
+               best: bool = True) -> Tuple["CheckpointManager", int]:
+        """(the manager of the directory holding `version`, version): for version None the
+        one best on validation (best/, which a run with validation.edge_paths keeps) with
+        `best`, else the newest (this directory); an older one from an epoch_{k}/ snapshot
+        (checkpoint_preservation_interval) or best/. `setting` names the key that picks the
+        version, for the message."""
         newest = self.version()
-        snapshots = sorted(self.path.glob("epoch_*"))
-        if newest == 0 and not snapshots:
+        kept = [CheckpointManager(p) for p in sorted(self.path.glob("epoch_*"))]
+        best_kept = CheckpointManager(self.storage.best_path())
+        if best_kept.exists():
+            kept.append(best_kept)
+        if newest == 0 and not kept:
             raise PbgRayError(f"{str(self.path)!r} holds no checkpoint. Train first "
                               "(python -m pbg_ray.train) or check checkpoint_path.")
-        version = newest if version is None else version
-        candidates = [self] + [CheckpointManager(p) for p in snapshots]
-        for candidate in candidates:
+        if version is None:
+            version = best_kept.version() if best and best_kept.exists() else newest
+        for candidate in [self] + kept:
             if version > 0 and candidate.version() == version:
                 candidate.storage.check_version(version, config)
                 return candidate, version
-        found = sorted({c.version() for c in candidates} - {0})
+        found = sorted({c.version() for c in [self] + kept} - {0})
         raise PbgRayError(f"checkpoint version {version} is not in {str(self.path)!r} "
                           f"(versions there: {found or 'none'}). Set {setting} to one of them.")
 

@@ -5,6 +5,7 @@ ray.py          the `ray` section: where and how the work runs
 importer.py     the `importer` section (python -m pbg_ray.import_edges)
 export.py       the `export` section (python -m pbg_ray.export)
 eval.py         the `eval` section (python -m pbg_ray.eval)
+model_selection.py  the `validation` section (validation while training, early stopping)
 incremental.py  the `incremental` section (training a grown graph from init_path)
 tune.py         the `tune` section (python -m pbg_ray.tune)
 serve.py        the `serve` section (python -m pbg_ray.serve)
@@ -23,6 +24,7 @@ from pbg_ray.config.eval import EvalConfig
 from pbg_ray.config.export import ExportConfig
 from pbg_ray.config.importer import ImportConfig
 from pbg_ray.config.incremental import IncrementalConfig
+from pbg_ray.config.model_selection import ValidationConfig
 from pbg_ray.config.pbg_file import load_pbg_config_dict
 from pbg_ray.config.ray import RayConfig
 from pbg_ray.config.schema import ConfigSchema, EntitySchema, RelationSchema, load_pbg_config_file
@@ -32,5 +34,6 @@ from pbg_ray.config.tune import TuneConfig
 __all__ = [
     "ConfigSchema", "EntitySchema", "EvalConfig", "ExportConfig", "ImportConfig",
     "IncrementalConfig", "RayConfig", "RelationSchema", "ServeConfig", "TuneConfig",
+    "ValidationConfig",
     "load_pbg_config_dict", "load_pbg_config_file",
 ]

@@ -13,7 +13,8 @@ class EvalConfig:
     """`python -m pbg_ray.eval`: sampled and filtered metrics of a checkpoint."""
 
     version: Optional[int] = option(None, check=positive, help=
-        "Checkpoint version; null: the newest (older ones from epoch_{k}/ snapshots).")
+        "Checkpoint version; null: the best on validation (best/) where training kept one "
+        "(validation.edge_paths), else the newest (older ones from epoch_{k}/ snapshots).")
     edge_paths: List[str] = option(factory=list, location=True, help=
         "Edges to rank; empty: eval_edge_paths, or edge_paths when that is empty too.")
     filter_paths: Optional[List[str]] = option(None, location=True, help=

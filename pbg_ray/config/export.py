@@ -21,7 +21,8 @@ class ExportConfig:
         "tsv (torchbiggraph_export_to_tsv's layout), parquet (a dataset of one file per "
         "entity partition), or bundle (<output>/bundle.zip); _SUCCESS is written last")
     version: Optional[int] = option(None, help=
-        "The checkpoint version to export; null: the newest.")
+        "The checkpoint version to export; null: the best on validation (best/) where "
+        "training kept one (validation.edge_paths), else the newest.")
     output: Optional[str] = option(None, location=True, help=
         "The output directory, a local path or a URI (s3://bucket/dir, as checkpoint_path); "
         "null: <checkpoint_path>/export.")

@@ -23,6 +23,7 @@ from pbg_ray.config.components import (
     BUCKET_ORDERS, COMPARATORS, LOSS_FUNCTIONS, OPERATORS, REGULARIZERS)
 from pbg_ray.config.convert import convert_fields, field_values
 from pbg_ray.config.eval import EvalConfig
+from pbg_ray.config.model_selection import ValidationConfig
 from pbg_ray.config.export import ExportConfig
 from pbg_ray.config.importer import ImportConfig
 from pbg_ray.config.incremental import IncrementalConfig
@@ -197,6 +198,9 @@ class ConfigSchema:
         "python -m pbg_ray.export: what is written and where (the `export` section).")
     eval: EvalConfig = option(factory=EvalConfig, help=
         "python -m pbg_ray.eval: what is evaluated and how (the `eval` section).")
+    validation: ValidationConfig = option(factory=ValidationConfig, help=
+        "Validation edges ranked while training, early stopping and the best version kept "
+        "(the `validation` section).")
     serve: ServeConfig = option(factory=ServeConfig, help=
         "python -m pbg_ray.serve: scores, top-k and neighbours over HTTP (the `serve` section).")
     tune: TuneConfig = option(factory=TuneConfig, help=

@@ -31,9 +31,11 @@ SAMPLERS: Dict[str, Optional[int]] = {
 }
 SCHEDULERS = ("asha", "fifo")
 MODES = ("max", "min")
-# What a trial reports after each epoch: PBG's sampled metrics on eval_edge_paths,
-# and the epoch's mean training loss.
-TRIAL_METRICS = ("mrr", "r1", "r10", "r50", "auc", "pos_rank", "loss")
+# What a trial reports after each epoch: PBG's sampled metrics on eval_edge_paths, the
+# epoch's mean training loss and, with validation.edge_paths, validation.metric at the
+# latest validation and at the best one so far (whose version best/ keeps).
+VALIDATION_REPORTS = ("validation", "best_validation")
+TRIAL_METRICS = ("mrr", "r1", "r10", "r50", "auc", "pos_rank", "loss") + VALIDATION_REPORTS
 # Keys that change nothing for some configs: key -> (the keys that decide whether it acts,
 # why it doesn't for a config, or None where it does).
 IDLE_KEYS: Dict[str, Tuple[Tuple[str, ...], Callable[["ConfigSchema"], Optional[str]]]] = {
@@ -122,8 +124,10 @@ class TuneConfig:
     search_space: Dict[str, Any] = option(factory=dict, check=check_search_space, help=
         "Config key -> sampling spec ({uniform|loguniform|randint|lograndint: [lo, hi]}, "
         "{quniform: [lo, hi, q]}, {choice|grid_search: [values]}) or a fixed value.")
-    metric: str = option("mrr", check=one_of(TRIAL_METRICS), help=
-        "Reported after every epoch and compared between trials (see TRIAL_METRICS).")
+    metric: Optional[str] = option(None, check=one_of(TRIAL_METRICS), help=
+        "Reported after every epoch and compared between trials (see TRIAL_METRICS); null: "
+        "best_validation where validation.edge_paths is set, else mrr (sampled, on "
+        "eval_edge_paths).")
     mode: str = option("max", check=one_of(MODES), help=
         "Whether the best trial has the highest (max) or lowest (min) metric.")
     num_samples: int = option(1, check=at_least_one, help=
@@ -151,6 +155,13 @@ class TuneConfig:
         "The experiment's name: Ray Tune's experiment directory is <storage_path>/<name>.")
     max_failures: int = option(0, check=not_negative, help=
         "Times a failed trial is restarted from its last checkpoint.")
+
+
+def search_metric(config: "ConfigSchema") -> str:
+    """The metric the search compares trials on: tune.metric, or its default."""
+    if config.tune.metric is not None:
+        return config.tune.metric
+    return "best_validation" if config.validation.edge_paths else "mrr"
 
 
 def idle_keys(config: "ConfigSchema") -> Dict[str, str]:

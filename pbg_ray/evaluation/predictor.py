@@ -147,8 +147,9 @@ class Predictor(ModelByNames):
              entity_path: Optional[str] = None, tag: Optional[str] = None,
              run: Optional[MapPartitions] = None, cache_partitions: int = 2) -> "Predictor":
         """The checkpoint in checkpoint_path (its config.json says the rest), or a model
-        bundle file (pbg_ray.checkpoints.bundle); version None: the newest; tag (bundles) None: the
-        newest; entity_path: where the names are, if not where training found them; run,
+        bundle file (pbg_ray.checkpoints.bundle); version None: the best on validation
+        (best/) where training kept one, else the newest; tag (bundles) None: the newest;
+        entity_path: where the names are, if not where training found them; run,
         cache_partitions: see the constructor."""
         if bundle.is_bundle(checkpoint_path):
             if version is not None:

@@ -107,7 +107,7 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
             "started by pbg_ray (its controller assigns the router's port serve.port when it "
             "starts). Stop the other Serve (`serve shutdown -y`) or set serve.ingress=proxy.")
     checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
-        config, config.serve.version, "serve.version")
+        config, config.serve.version, "serve.version", best=False)
     built = asyncio.run(build_indexes(config, version))
     env = {"env_vars": serve_env(serve_config)}
     serve.start(http_options={"host": serve_config.host, "port": proxy_port(serve_config)},

@@ -41,7 +41,7 @@ class ServingModel(ModelByNames):
         """The model of `version` (None: the newest); the names are read now, or taken
         from `previous` (the version served before) when the entity counts are the same."""
         checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
-            config, version, "serve.version")
+            config, version, "serve.version", best=False)
         where = f"version {version} of {str(checkpoint.path)!r}"
         self.counts = load_entity_counts(config)
         names = (previous.entity_names if previous is not None and previous.counts == self.counts

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import shutil
+import sys
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -42,6 +43,8 @@ from pbg_ray.training.bucket_sources import InitSource, ModelSource, RandomSourc
 from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker
 from pbg_ray.training.failures import FailurePolicy
 from pbg_ray.training.memory_plan import fit_local_run
+from pbg_ray.training.model_selection import (
+    ModelSelection, Validation, choose_ranking, validate)
 from pbg_ray.training.parameter_server import ParameterServer
 from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.pass_run import PassRun
@@ -58,6 +61,7 @@ class TrainResult:
     version: int
     bucket_stats: List[Dict[str, Any]]  # this run's, in training_stats.json's layout
     actor_restarts: int = 0  # passes trained again because an actor died
+    best: Optional[Validation] = None  # the best validation, its version kept in best/
 
 
 class Trainer:
@@ -94,6 +98,12 @@ class Trainer:
         weakref.finalize(self, stop_actors, self.actors)
         # Which buckets are warmed up: by the partitions trained since the actors loaded them.
         self.warm_up = HogwildWarmUp(config, self.num_chunks)
+        # The validations so far (read again when the run starts) and how they rank.
+        self.selection = ModelSelection(config.validation)
+        self.ranking = (choose_ranking(config, [Bucket(l, r) for l in range(self.nparts_lhs)
+                                                for r in range(self.nparts_rhs)],
+                                       self.entity_counts)
+                        if config.validation.edge_paths else None)
         self.actor_restarts = 0
         # A bar per pass, or a line where there is no terminal; a Tune trial, which reports
         # each epoch on a line of the search's own, turns it off.
@@ -223,10 +233,13 @@ class Trainer:
         config = self.config
         start = Position.of(self.version, config.num_epochs, len(config.edge_paths),
                             self.num_chunks)
+        self.selection = ModelSelection.of_stats(config.validation, self.checkpoints.read_stats(),
+                                                 self.version)
         if self.version >= start.num_passes:
             logger.info("checkpoint %s already holds %d passes; nothing to train",
                         self.checkpoints.path, self.version)
-            return TrainResult(str(self.checkpoints.path), self.version, [])
+            return TrainResult(str(self.checkpoints.path), self.version, [],
+                               best=self.selection.best)
         self._warn_idle_cpus()
         # Stats lines of passes that never became current (an interrupted run's) go; the
         # session also removes, whatever ends the run, its unfinished version and swap files.
@@ -236,6 +249,12 @@ class Trainer:
             all_stats: List[Dict[str, Any]] = []
             self.actor_restarts = 0
             for position in start.passes():
+                if self.selection.stopped():
+                    self._say(f"stopped early: no better validation in the last "
+                              f"{config.validation.patience}; the best, "
+                              f"{self.selection.best.describe()}, is kept in "
+                              f"{self.checkpoints.path / 'best'}")
+                    break
                 pass_stats = self._train_pass(position, bucket_index)
                 bucket_index += len(pass_stats)
                 all_stats += pass_stats
@@ -248,7 +267,7 @@ class Trainer:
                     if on_epoch_end is not None:
                         on_epoch_end(epoch_idx)
         return TrainResult(str(self.checkpoints.path), self.version, all_stats,
-                           self.actor_restarts)
+                           self.actor_restarts, self.selection.best)
 
     def _train_pass(self, position: Position, bucket_index: int) -> List[Dict[str, Any]]:
         """Train one pass and commit it as the next version.
@@ -268,7 +287,10 @@ class Trainer:
             try:
                 self._start_actors()  # inside the try: an actor may die while starting too
                 pass_stats = PassRun(self, position, bucket_index).run()
-                self._commit(position, pass_stats)
+                validation = (validate(self.config, self._evaluator(), self.ranking,
+                                       position.epoch_idx + 1, self.version + 1)
+                              if self.selection.due(position) else None)
+                self._commit(position, pass_stats, validation)
                 return pass_stats
             except (RayActorError, OwnerDiedError, RayTaskError) as err:
                 # An actor died: itself, or seen through a task's partition that died with
@@ -292,11 +314,18 @@ class Trainer:
                 self.stores, self.params, self.scheduler = [], None, None
                 self.checkpoints.rollback()
 
-    def _commit(self, position: Position, pass_stats: List[Dict[str, Any]]) -> None:
-        """Write version N+1 completely, then make it current, then drop N."""
+    def _commit(self, position: Position, pass_stats: List[Dict[str, Any]],
+                validation: Optional[Validation]) -> None:
+        """Write version N+1 completely, then make it current (with its validation, if
+        one ranked it, and in best/ when it is the best so far), then drop N."""
         config = self.config
         version = self.version + 1
         metadata = checkpoint_metadata(config, position)
+        selection = self.selection
+        if validation is not None:
+            metadata.update(validation.metadata())
+            selection = selection.after(validation)
+            pass_stats = pass_stats + [validation.stats_line(position)]
         fault_point("driver.before_commit")
         get_results([s.save.remote(version, metadata) for s in self.stores]
                     + [self.params.save.remote(version, metadata)], wait_all=True)
@@ -306,24 +335,38 @@ class Trainer:
         preserve = position.last_of_epoch and interval and epoch % interval == 0
         self.checkpoints.commit(
             version, pass_stats, config, preserve_as_epoch=epoch if preserve else None,
+            best=validation is not None and selection.best is validation,
             release=lambda superseded: get_results(
                 [s.recycle.remote(superseded) for s in self.stores], wait_all=True))
         if self.init_scratch is not None:  # the stores load from this version now
             shutil.rmtree(self.init_scratch, ignore_errors=True)
             self.init_scratch = None
         self.version = version
+        self.selection = selection
+        if validation is not None:
+            self._say(f"validation after epoch {epoch}: {validation.ranking} "
+                      f"{validation.metric} {validation.value:.4f}; best: "
+                      f"{selection.best.describe()}")
         fault_point("driver.after_commit")
+
+    def _say(self, line: str) -> None:
+        """A line on stderr, beside the passes' lines (not in a Tune trial, which reports
+        its own)."""
+        if self.progress:
+            print(line, file=sys.stderr, flush=True)
+
+    def _evaluator(self) -> Evaluator:
+        """An Evaluator of the embeddings the run's actors hold now."""
+        self._start_actors()
+        keys = sorted(self.store_of)
+        refs = ray.get([self.store_of[k].get.remote(k) for k in keys])
+        return Evaluator(self.config, {k: r[0] for k, r in zip(keys, refs)},
+                         self.params.get.remote(), self.num_relation_ids)
 
     def evaluate(self, edge_path: str) -> Dict[str, float]:
         """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
         edges of `edge_path`, with the current embeddings, against the negatives of
         held-out edges (SampledNegatives.of_held_out); one task per bucket."""
-        self._start_actors()
-        keys = sorted(self.store_of)
-        refs = ray.get([self.store_of[k].get.remote(k) for k in keys])
-        evaluator = Evaluator(self.config, {k: r[0] for k, r in zip(keys, refs)},
-                              self.params.get.remote(), self.num_relation_ids)
-        stats = evaluator.sampled(edge_path, SampledNegatives.of_held_out(self.config),
-                                  per_relation=False).get(ALL)
+        stats = self._evaluator().sampled(edge_path, SampledNegatives.of_held_out(self.config),
+                                          per_relation=False).get(ALL)
         return {"count": stats["count"], **stats_mean([stats])} if stats else {"count": 0}
-

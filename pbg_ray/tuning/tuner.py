@@ -26,7 +26,8 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.config.tune import TRIAL_METRICS, flat_search_space, idle_keys, is_spec
+from pbg_ray.config.tune import (
+    TRIAL_METRICS, VALIDATION_REPORTS, flat_search_space, idle_keys, is_spec, search_metric)
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
 from pbg_ray.io.storage import join, sibling
@@ -90,6 +91,10 @@ def held_out_metrics(trainer: Trainer, epoch_idx: int) -> Dict[str, float]:
         count = means.pop("count")
         if count:
             held_out.append(as_sums(count, means))
+    selection = trainer.selection
+    if selection.history:
+        metrics.update(validation=selection.history[-1].value, best_validation=selection.best.value,
+                       best_version=selection.best.version)
     return {**metrics, **stats_mean(held_out)}
 
 
@@ -97,7 +102,7 @@ def result_line(trial_id: str, result: Mapping[str, Any], sampled: Mapping[str, 
                 config: ConfigSchema) -> str:
     """A trial's line after an epoch: the metric searched on first, the training loss,
     the trial's sampled keys, and whether the scheduler stopped it there."""
-    metric = config.tune.metric
+    metric = search_metric(config)
     shown = [metric] + ["loss"] * (metric != "loss" and "loss" in result)
     values = "  ".join(f"{key}={result[key]:.4g}" for key in shown)
     keys = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -119,12 +124,14 @@ class ResultLines(tune.Callback):
         config, settings = self.config, self.config.tune
         idle = idle_keys(config)
         searched = [k for k in flat_search_space(settings.search_space) if k not in idle]
-        measured = ("the epoch's training loss" if settings.metric == "loss"
-                    else "on eval_edge_paths")
+        metric = search_metric(config)
+        measured = ("the epoch's training loss" if metric == "loss"
+                    else f"{config.validation.metric} on validation.edge_paths"
+                    if metric in VALIDATION_REPORTS else "on eval_edge_paths")
         stops = ("ASHA stops the poor ones early" if settings.scheduler == "asha"
                  else "each runs them all")
         print(f"{total_num_samples} trials of {', '.join(searched) or 'the config as it is'}: "
-              f"each reports {settings.metric} ({measured}) after each of its "
+              f"each reports {metric} ({measured}) after each of its "
               f"{config.num_epochs} epochs; {stops}", flush=True)
         for key, why in idle.items():
             print(f"{key} is left out of the search: it changes nothing here ({why})",
@@ -154,7 +161,7 @@ class ResultLines(tune.Callback):
         counts = [f"{ended[how]} {how}" for how in hows + [h for h in ("failed", "unfinished")
                                                            if ended[h]]]
         print(f"{len(trials)} trials: {', '.join(counts)}; the best has the "
-              f"{'highest' if settings.mode == 'max' else 'lowest'} {settings.metric} at its "
+              f"{'highest' if settings.mode == 'max' else 'lowest'} {search_metric(self.config)} at its "
               "last epoch (which its checkpoint holds)", flush=True)
 
 
@@ -197,11 +204,16 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
     "experiment_path"}. Rerunning with the same experiment directory resumes it."""
     config = config.checked()
     settings = config.tune
-    if settings.metric != "loss" and not config.eval_edge_paths:
+    metric = search_metric(config)
+    if metric in VALIDATION_REPORTS and not config.validation.edge_paths:
         raise PbgRayError(
-            f"tune.metric={settings.metric} is measured on eval_edge_paths, which is empty. "
-            "Set eval_edge_paths=[<held-out edges, e.g. a validation split>], or tune on "
-            "tune.metric=loss tune.mode=min.")
+            f"tune.metric={metric} is measured on validation.edge_paths, which is empty. Set "
+            "validation.edge_paths=[<validation edges>], or tune on another tune.metric.")
+    if metric not in VALIDATION_REPORTS + ("loss",) and not config.eval_edge_paths:
+        raise PbgRayError(
+            f"tune.metric={metric} is measured on eval_edge_paths, which is empty. "
+            "Set validation.edge_paths=[<validation edges>] (and tune.metric=null), or "
+            "eval_edge_paths=[<held-out edges>], or tune on tune.metric=loss tune.mode=min.")
     check_cpus_per_trainer(config.ray)
     base = config.to_dict()
     base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
@@ -223,7 +235,7 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
         tuner = tune.Tuner(
             trainable, param_space=search_space(config),
             tune_config=tune.TuneConfig(
-                metric=settings.metric, mode=settings.mode, num_samples=settings.num_samples,
+                metric=metric, mode=settings.mode, num_samples=settings.num_samples,
                 max_concurrent_trials=settings.max_concurrent, scheduler=scheduler),
             run_config=tune.RunConfig(
                 name=settings.name, storage_path=storage_path, callbacks=[ResultLines(config)],
@@ -236,16 +248,16 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
     for error in results.errors:
         logger.warning("a trial failed: %s", error)
     try:
-        best = results.get_best_result(settings.metric, settings.mode, scope="last")
+        best = results.get_best_result(metric, settings.mode, scope="last")
     except RuntimeError:
         best = None
     if best is None or best.checkpoint is None:
         first = f" The first error: {results.errors[0]}" if results.errors else ""
-        raise PbgRayError(f"no trial of {experiment_path} reported {settings.metric}.{first}")
+        raise PbgRayError(f"no trial of {experiment_path} reported {metric}.{first}")
     with best.checkpoint.as_directory() as directory:
         with open(os.path.join(directory, ENGINE_FILE)) as f:
             engine = json.load(f)
-    reported = ("epoch", "version", *TRIAL_METRICS)  # Tune adds bookkeeping keys of its own
+    reported = ("epoch", "version", "best_version", *TRIAL_METRICS)  # Tune adds bookkeeping keys of its own
     return {"trial_id": best.metrics["trial_id"], "config": dict(best.config),
             "metrics": {k: best.metrics[k] for k in reported if k in best.metrics},
             "checkpoint_path": engine["checkpoint_path"], "version": engine["version"],

@@ -47,7 +47,7 @@ def two_versions(tmp_path):
     write_random_graph(config, num_edges=50, counts={"user": 300, "item": 200, "tag": 20})
     storage = CheckpointStorage(config.checkpoint_path)
     checkpoint_with_optimizer(config, 1, seed=1)
-    storage.preserve_version(1, 0, config)
+    storage.preserve_version(1, storage.snapshot_path(0), config)
     storage.drop_version(1, config)
     checkpoint_with_optimizer(config, 2, seed=2)
     return config

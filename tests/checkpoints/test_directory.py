@@ -145,7 +145,7 @@ def test_version_lifecycle(storage):
     assert storage.version_file().read_text() == "1\n"
     storage.check_version(1, config)
     write_version(storage, config, 2, value=2.0)
-    storage.preserve_version(1, 1, config)
+    storage.preserve_version(1, storage.snapshot_path(1), config)
     storage.save_version(2)
     storage.drop_version(1, config)
     assert not storage.model_file(1).exists()

@@ -56,7 +56,7 @@ def test_parquet_and_older_versions(make_config, tmp_path):
     write_random_graph(config)
     random_checkpoint(config, version=1, seed=1)
     storage = CheckpointStorage(config.checkpoint_path)
-    storage.preserve_version(1, 0, config)
+    storage.preserve_version(1, storage.snapshot_path(0), config)
     storage.drop_version(1, config)
     random_checkpoint(config, version=2, seed=2)
 

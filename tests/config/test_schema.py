@@ -58,7 +58,7 @@ def test_the_storage_locations_are_the_keys_declared_as_locations():
         "entity_path", "edge_paths", "eval_edge_paths", "checkpoint_path", "init_path",
         "tensorboard_dir", "importer.inputs", "importer.previous_entity_path",
         "importer.previous_edge_paths", "eval.edge_paths", "eval.filter_paths",
-        "export.output", "tune.storage_path"}
+        "export.output", "tune.storage_path", "validation.edge_paths"}
 
 
 def test_every_path_like_key_is_a_storage_location():

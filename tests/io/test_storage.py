@@ -107,7 +107,7 @@ def test_checkpoint_versions_and_snapshots_on_s3(s3_root, make_config):
                 checkpoint.save_entity_partition(version, entity, part, embs * version, None)
         checkpoint.save_model(version, {}, None)
         checkpoint.save_version(version)
-        checkpoint.preserve_version(version, version, config)
+        checkpoint.preserve_version(version, checkpoint.snapshot_path(version), config)
         if version > 1:
             checkpoint.drop_version(version - 1, config)
     assert checkpoint.load_version() == 2

@@ -100,8 +100,12 @@ def test_tune_without_held_out_edges_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_session, tmp_path):
-    config = tune_config(tmp_path)
+def test_tune_reports_every_epoch_and_returns_the_best_checkpoint_with_its_best_version(
+        ray_session, tmp_path):
+    """With validation.edge_paths, trials are compared on their best validation (the
+    default tune.metric), and the best trial's best version is named and kept."""
+    config = ConfigSchema.from_dict(dict(tune_config(tmp_path).to_dict(), validation={
+        "edge_paths": [str(tmp_path / "valid")]}))
     write_random_graph(config, num_edges=200)
     write_random_graph(ConfigSchema.from_dict(
         dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=40, seed=1)
@@ -116,6 +120,9 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
         # the worse trial after its first epoch.
         assert [r["epoch"] for r in results] == list(range(1, len(results) + 1))
         assert all(0 < r["mrr"] <= 1 and r["loss"] > 0 for r in results)
+        assert all(0 < r["validation"] <= r["best_validation"] <= 1 for r in results)
+        assert [r["best_validation"] for r in results] == sorted(r["best_validation"]
+                                                                 for r in results)
         assert all(r["checkpoint_dir_name"] for r in results)
         epochs_reported.append(len(results))
     assert max(epochs_reported) == 2
@@ -125,6 +132,11 @@ def test_tune_reports_mrr_every_epoch_and_returns_the_best_checkpoint(ray_sessio
     best_config = ConfigSchema.from_dict(dict(config.to_dict(), checkpoint_path=best["checkpoint_path"],
                                               lr=best["config"]["lr"]))
     assert_valid_checkpoint(best_config, best["version"])
+    assert CheckpointStorage(f"{best['checkpoint_path']}/best").load_version() == \
+        best["metrics"]["best_version"]
+    assert best["metrics"]["best_validation"] == max(
+        r["best_validation"] for trial_dir in trial_dirs for r in
+        map(json.loads, (trial_dir / "result.json").read_text().splitlines()))
     trial_config_file = tmp_path / f"checkpoints-{best['trial_id']}" / "config.json"
     assert json.loads(trial_config_file.read_text())["lr"] == best["config"]["lr"]
 
