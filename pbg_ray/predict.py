@@ -25,6 +25,8 @@ import json
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from pbg_ray.checkpoints.directory import BEST_DIR
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.errors import PbgRayError
@@ -58,7 +60,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("checkpoint_path",
                         help="a checkpoint directory or a model bundle file (default: the demo's)")
     parser.add_argument("--version", type=int, default=None,
-                        help="checkpoint version (default: newest)")
+                        help="checkpoint version (default: the best on validation, where "
+                        "training kept one in best/, else the newest)")
     parser.add_argument("--tag", default=None, help="a model bundle's tag (default: newest)")
     parser.add_argument("--entity-path", default=None, help="where the entity names are "
                         "(default: the checkpoint config's entity_path)")
@@ -186,7 +189,12 @@ def load_model(args: argparse.Namespace) -> Predictor:
     if path.endswith(".py"):
         config = load_pbg_config_file(path).with_absolute_paths()
         path, entity_path = config.checkpoint_path, entity_path or config.entity_path
-    return Predictor.load(path, args.version, entity_path, args.tag)
+    model = Predictor.load(path, args.version, entity_path, args.tag)
+    best = CheckpointManager(storage_path(path) / BEST_DIR)
+    if args.version is None and args.tag is None and best.exists():
+        print(f"pbg_ray: reading version {best.version()}, the best on validation, kept in "
+              f"{best.path} (--version N reads another)", file=sys.stderr)
+    return model
 
 
 @report_errors

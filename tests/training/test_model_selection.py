@@ -114,3 +114,18 @@ def test_validation_lines_and_the_train_commands_last_line_name_the_best(ray_ses
     assert "validation after epoch 1: filtered mrr " in err
     assert "best on validation: filtered mrr " in out
     assert json.loads(out.splitlines()[-1])["best"]["version"] == 1
+
+
+def test_predict_says_it_reads_the_best_version(ray_session, tmp_path, capsys):
+    from pbg_ray.predict import main
+
+    config = graph_with_validation(tmp_path, num_epochs=3, lr=0.0)
+    Trainer(config).run()
+    capsys.readouterr()  # the run's lines
+    main([config.checkpoint_path, "score", "user-0-1", "follows", "user-0-2"])
+    out, err = capsys.readouterr()
+    assert err == (f"pbg_ray: reading version 1, the best on validation, kept in "
+                   f"{config.checkpoint_path}/best (--version N reads another)\n")
+    assert "score" in json.loads(out)
+    main([config.checkpoint_path, "--version", "3", "score", "user-0-1", "follows", "user-0-2"])
+    assert capsys.readouterr().err == ""
