@@ -51,3 +51,17 @@ def test_hydra_composition_gives_validated_config(tmp_path, monkeypatch):
     assert config.relations[1].name == "likes"
     assert config.entity_path == str(tmp_path / "cache" / "demo-v1" / "entities")
     assert (tmp_path / "cache" / "demo-v1" / "edges" / "train" / "edges_3_3.h5").is_file()
+
+
+def test_the_quality_recipe_is_a_training_option_over_the_model(tmp_path, monkeypatch):
+    """training=quality (docs/quality.md) sets the recipe's keys over model=complex's and
+    validates early stopping; the graph's keys stay the graph's."""
+    monkeypatch.setenv("PBG_RAY_CACHE", str(tmp_path / "cache"))
+    with initialize_config_module("pbg_ray.conf", version_base=None):
+        cfg = compose("config", overrides=["training=quality",
+                                           f"checkpoint_path={tmp_path / 'ckpt'}"])
+    config = to_config(cfg)
+    assert (config.dimension, config.comparator, config.loss_fn, config.batch_size,
+            config.eval_fraction) == (200, "dot", "softmax", 100, 0.0)
+    assert (config.validation.every, config.validation.patience) == (1, 3)
+    assert config.relations[1].name == "likes" and config.num_batch_negs == 50

@@ -1,0 +1,131 @@
+"""Quality on WN18RR: PBG's recipe against pbg_ray's quality recipe (+training=quality).
+
+WN18RR (Dettmers et al. 2018, the official split: ../shared/data/wn18rr/, with the published
+figures in ../shared/data/README.md) run through the commands as a user runs them: a PBG
+config file, `python -m pbg_ray.import_edges` (train, valid, test), `python -m pbg_ray.train`
+with validation.edge_paths=[valid] (the best version kept in best/), then
+`python -m pbg_ray.eval` of that best version on test, filtered (train, valid and test edges
+filtered, both sides ranked). Entities first seen in valid or test are not in the training
+graph (210 test edges name one); they count here as missed queries (reciprocal rank 0), as
+they are for the published models, whose embeddings of them never trained.
+
+Arms: `pbg` (PBG's recipe: the demo's model and training options, d=100, 10 epochs, 50
+batch + 100 uniform negatives, a fixed number of epochs), `quality` (+training=quality) and,
+with --partitions 1 4, `quality` on 4 partitions too. Prints a line per arm (filtered MRR,
+Hits@1/3/10, the epoch of the best version, training seconds) and ends with one JSON line.
+
+    python benchmarks/wn18rr_bench.py
+    python benchmarks/wn18rr_bench.py --arms quality --partitions 1 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wn18rr"
+SPLITS = ("train", "valid", "test")
+# What each arm adds to the PBG config file on the command line (Hydra options and keys).
+ARMS: Dict[str, List[str]] = {
+    "pbg": ["+model=complex", "+training=default"],
+    "quality": ["+training=quality"],
+}
+
+
+def config_file(root: Path, relations: Sequence[str], partitions: int, quality: bool) -> Path:
+    """A PBG config file of the graph under root: one entity type, complex_diagonal
+    operators; for the quality recipe, the graph's part of it: reciprocal relations (PBG's
+    dynamic relations, one relation schema for every relation type, each type with its own
+    operator for each side) and every entity of the partition a negative (all_negs)."""
+    schemas = ([{"name": "all", "lhs": "entity", "rhs": "entity", "all_negs": True,
+                 "operator": "complex_diagonal"}] if quality else
+               [{"name": r, "lhs": "entity", "rhs": "entity", "operator": "complex_diagonal"}
+                for r in relations])
+    config = {
+        "entity_path": str(root / "data"),
+        "edge_paths": [str(root / "data" / "train")],
+        "checkpoint_path": str(root / "model"),
+        "entities": {"entity": {"num_partitions": partitions}},
+        "relations": schemas,
+        "dynamic_relations": quality,
+        "global_emb": False,
+        "eval_fraction": 0.0,
+    }
+    path = root / "config.py"
+    path.write_text(f"def get_torchbiggraph_config():\n    return {config!r}\n")
+    return path
+
+
+def command(name: str, args: Sequence[Any]) -> Dict[str, Any]:
+    """`python -m pbg_ray.<name> ARGS`: its last line, as JSON; stops the benchmark with
+    the command's error output when it fails."""
+    proc = subprocess.run([sys.executable, "-m", f"pbg_ray.{name}", *map(str, args)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"python -m pbg_ray.{name} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_arm(name: str, partitions: int, work: Path, data: Path) -> Dict[str, Any]:
+    root = work / f"{name}-{partitions}p"
+    root.mkdir(parents=True)
+    # One partition: one trainer, with both CPUs' Hogwild threads.
+    options = ARMS[name] + ["ray.cpus_per_trainer=2"] * (partitions == 1)
+    relations = sorted({line.split("\t")[1] for line in (data / "train.txt").read_text().splitlines()})
+    config = config_file(root, relations, partitions, quality=name != "pbg")
+    inputs = ",".join(str(data / f"{split}.txt") for split in SPLITS)
+    imported = command("import_edges", [config, *options, f"importer.inputs=[{inputs}]",
+                                        f"eval_edge_paths=[{root}/data/valid,{root}/data/test]"])
+    test = imported["inputs"][2]
+    start = time.perf_counter()
+    trained = command("train", [config, *options, f"validation.edge_paths=[{root}/data/valid]"])
+    seconds = time.perf_counter() - start
+    report = command("eval", [config, *options, "eval.sampled=false", "eval.per_relation=false",
+                              f"eval.edge_paths=[{root}/data/test]",
+                              f"eval.filter_paths=[{root}/data/train,{root}/data/valid,"
+                              f"{root}/data/test]"])
+    kept = test["edges"] / (test["edges"] + test["dropped_unseen"])
+    filtered = report["metrics"]["all"]["filtered"]
+    best = trained.get("best", {})
+    return {"arm": name, "partitions": partitions, "options": options,
+            "mrr": filtered["mrr"] * kept, "hits@1": filtered["hits@1"] * kept,
+            "hits@3": filtered["hits@3"] * kept, "hits@10": filtered["hits@10"] * kept,
+            "mrr_of_ranked_edges": filtered["mrr"], "test_edges_ranked": test["edges"],
+            "test_edges_unseen": test["dropped_unseen"], "best_epoch": best.get("epoch"),
+            "epochs_trained": trained["version"], "version_evaluated": report["version"],
+            "train_seconds": round(seconds, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=DATA, help="the WN18RR directory")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--partitions", type=int, nargs="+", default=[1],
+                        help="partition counts of the quality arm (pbg runs on 1)")
+    parser.add_argument("--work-dir", type=Path, default=None)
+    args = parser.parse_args()
+    missing = [s for s in SPLITS if not (args.data / f"{s}.txt").is_file()]
+    if missing:
+        sys.exit(f"{args.data} lacks {', '.join(f'{s}.txt' for s in missing)}: give the WN18RR "
+                 "directory with --data")
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="wn18rr-"))
+    results = []
+    for name in args.arms:
+        for partitions in ([1] if name == "pbg" else args.partitions):
+            result = run_arm(name, partitions, work, args.data)
+            results.append(result)
+            print(f"{name:8s} {partitions}p  MRR {result['mrr']:.4f}  Hits@1 {result['hits@1']:.4f}  "
+                  f"Hits@3 {result['hits@3']:.4f}  Hits@10 {result['hits@10']:.4f}  best epoch "
+                  f"{result['best_epoch']} of {result['epochs_trained']}  train "
+                  f"{result['train_seconds']:.0f} s", flush=True)
+    print(json.dumps({"benchmark": "wn18rr", "data": str(args.data), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
