@@ -8,8 +8,9 @@ speaks in versions:
   never became current dropped), `commit` (stats appended, the new version made current,
   preserved every k epochs, the superseded one dropped), `rollback` (an unfinished
   version's files removed), `read_stats`;
-- readers (eval, predict, export, incremental growth, plot): `locate` a version (here,
-  in an epoch_{k}/ snapshot or the best on validation in best/), `read_config`, `read_model`, `read_partition`;
+- readers (eval, predict, export, incremental growth, plot): `locate` a version (here, in
+  an epoch_{k}/ snapshot, or the best on validation in best/), `read_config`, `read_model`,
+  `read_partition`;
 - writers of single files (partition stores, the parameter server, migrate, bundles):
   `write_partition`, `write_model`, `write_config`, `switch_to`, and the swap files of
   disk placement.

@@ -12,9 +12,9 @@ from typing import Any, Dict, Iterator, Optional
 
 import ray
 from ray import serve
-from ray.serve.handle import DeploymentResponse
 from ray.serve._private.constants import (
     SERVE_CONTROLLER_NAME, SERVE_LOGGER_NAME, SERVE_NAMESPACE)
+from ray.serve.handle import DeploymentResponse
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema, ServeConfig

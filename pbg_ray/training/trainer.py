@@ -250,9 +250,9 @@ class Trainer:
             self.actor_restarts = 0
             for position in start.passes():
                 if self.selection.stopped():
-                    self._say(f"stopped early: no better validation in the last "
-                              f"{config.validation.patience}; the best, "
-                              f"{self.selection.best.describe()}, is kept in "
+                    self._say(f"stopped early: the last {config.validation.patience} "
+                              f"validations did not beat the best, "
+                              f"{self.selection.best.describe()}, kept in "
                               f"{self.checkpoints.path / 'best'}")
                     break
                 pass_stats = self._train_pass(position, bucket_index)

@@ -104,28 +104,23 @@ def test_validation_on_a_metric_sampled_ranking_lacks_is_refused_before_training
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_validation_lines_and_the_train_commands_last_line_name_the_best(ray_session, tmp_path,
-                                                                        capsys):
-    from pbg_ray.train import run
+def test_the_train_commands_lines_name_the_best_and_predict_says_it_reads_it(
+        ray_session, tmp_path, capsys):
+    from pbg_ray.predict import main as predict
+    from pbg_ray.train import run as train
 
     config = graph_with_validation(tmp_path, num_epochs=2, lr=0.0)
-    run(config)
+    train(config)
     out, err = capsys.readouterr()
     assert "validation after epoch 1: filtered mrr " in err
     assert "best on validation: filtered mrr " in out
     assert json.loads(out.splitlines()[-1])["best"]["version"] == 1
 
-
-def test_predict_says_it_reads_the_best_version(ray_session, tmp_path, capsys):
-    from pbg_ray.predict import main
-
-    config = graph_with_validation(tmp_path, num_epochs=3, lr=0.0)
-    Trainer(config).run()
-    capsys.readouterr()  # the run's lines
-    main([config.checkpoint_path, "score", "user-0-1", "follows", "user-0-2"])
+    question = ["score", "user-0-1", "follows", "user-0-2"]
+    predict([config.checkpoint_path, *question])
     out, err = capsys.readouterr()
     assert err == (f"pbg_ray: reading version 1, the best on validation, kept in "
                    f"{config.checkpoint_path}/best (--version N reads another)\n")
     assert "score" in json.loads(out)
-    main([config.checkpoint_path, "--version", "3", "score", "user-0-1", "follows", "user-0-2"])
+    predict([config.checkpoint_path, "--version", "2", *question])
     assert capsys.readouterr().err == ""
