@@ -138,8 +138,10 @@ class TuneConfig:
     scheduler: str = option("asha", check=one_of(SCHEDULERS), help=
         '"asha" stops poor trials early (asynchronous successive halving over epochs); "fifo" '
         "runs every trial to num_epochs.")
-    grace_period: int = option(1, check=at_least_one, help=
-        "ASHA: epochs every trial runs before it may be stopped.")
+    grace_period: Optional[int] = option(None, check=at_least_one.with_fix(
+        "Set it to 1 or more, or null for a third of num_epochs."), help=
+        "ASHA: epochs every trial runs before it may be stopped; null: a third of num_epochs "
+        "(at least 1), so that a trial learns before it is compared.")
     reduction_factor: float = option(2.0, check=Bounds(
         "must be above 1", "Use e.g. 2 (half the trials go on at each rung) or 4.", low=1,
         low_open=True), help=
@@ -162,6 +164,13 @@ def search_metric(config: "ConfigSchema") -> str:
     if config.tune.metric is not None:
         return config.tune.metric
     return "best_validation" if config.validation.edge_paths else "mrr"
+
+
+def grace_period(config: "ConfigSchema") -> int:
+    """The epochs every ASHA trial runs: tune.grace_period, or its default, at most
+    num_epochs."""
+    chosen = config.tune.grace_period or max(1, config.num_epochs // 3)
+    return min(chosen, config.num_epochs)
 
 
 def idle_keys(config: "ConfigSchema") -> Dict[str, str]:

@@ -27,7 +27,8 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import (
-    TRIAL_METRICS, VALIDATION_REPORTS, flat_search_space, idle_keys, is_spec, search_metric)
+    TRIAL_METRICS, VALIDATION_REPORTS, flat_search_space, grace_period, idle_keys, is_spec,
+    search_metric)
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
 from pbg_ray.io.storage import join, sibling
@@ -128,7 +129,8 @@ class ResultLines(tune.Callback):
         measured = ("the epoch's training loss" if metric == "loss"
                     else f"{config.validation.metric} on validation.edge_paths"
                     if metric in VALIDATION_REPORTS else "on eval_edge_paths")
-        stops = ("ASHA stops the poor ones early" if settings.scheduler == "asha"
+        stops = (f"ASHA stops the poor ones early (from epoch {grace_period(config)} on)"
+                 if settings.scheduler == "asha"
                  else "each runs them all")
         print(f"{total_num_samples} trials of {', '.join(searched) or 'the config as it is'}: "
               f"each reports {metric} ({measured}) after each of its "
@@ -228,7 +230,7 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
         if settings.scheduler == "asha":
             # time_attr "epoch" (not Tune's report count) stays right for resumed trials.
             scheduler = ASHAScheduler(time_attr="epoch", max_t=config.num_epochs,
-                                      grace_period=min(settings.grace_period, config.num_epochs),
+                                      grace_period=grace_period(config),
                                       reduction_factor=settings.reduction_factor)
         else:
             scheduler = FIFOScheduler()

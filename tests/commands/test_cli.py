@@ -259,7 +259,7 @@ def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpo
     lines = out.splitlines()
     assert lines[:2] == [
         "2 trials of lr, dimension: each reports mrr (on eval_edge_paths) after each of its 2 "
-        "epochs; ASHA stops the poor ones early",
+        "epochs; ASHA stops the poor ones early (from epoch 1 on)",
         "margin is left out of the search: it changes nothing here (the ranking loss's margin, "
         "and loss_fn=softmax)"], out
     results = [re.fullmatch(r"trial (\w+) epoch (\d)/2: mrr=(\S+)  loss=\S+  \| "

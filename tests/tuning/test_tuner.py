@@ -7,7 +7,7 @@ import pytest
 
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
-from pbg_ray.config.tune import idle_keys
+from pbg_ray.config.tune import grace_period, idle_keys
 from pbg_ray.errors import PbgRayError
 from pbg_ray.tuning.tuner import run_tune, search_space, trial_config, trial_resources
 from tests.fault_injection import armed, edges_lost_or_doubled
@@ -41,6 +41,15 @@ def test_search_space_and_resources_come_from_the_config(tmp_path, monkeypatch):
     config = ConfigSchema.from_dict(dict(config.to_dict(), ray={"num_trainers": 3,
                                                                 "cpus_per_trainer": 2}))
     assert trial_resources(config).bundles == [{"CPU": 0.5}] + [{"CPU": 2.0}] * 3
+
+
+@pytest.mark.parametrize("num_epochs, set_to, runs", [(9, None, 3), (2, None, 1), (3, 5, 3),
+                                                     (9, 1, 1)])
+def test_asha_lets_every_trial_learn_a_third_of_its_epochs_unless_told(tmp_path, num_epochs,
+                                                                       set_to, runs):
+    config = ConfigSchema.from_dict(dict(tune_config(tmp_path, grace_period=set_to).to_dict(),
+                                         num_epochs=num_epochs))
+    assert grace_period(config) == runs
 
 
 NONE_OPERATORS = [{"name": "likes", "lhs": "user", "rhs": "item", "operator": "none"}]
