@@ -21,7 +21,6 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.config.model_selection import ValidationConfig
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.distributed import Evaluator, filtered_stats
-from pbg_ray.evaluation.filtered import check_rankable
 from pbg_ray.evaluation.metrics import ALL, SampledNegatives, stats_mean
 from pbg_ray.io.edges import count_edges
 from pbg_ray.types import Bucket
@@ -100,25 +99,33 @@ def choose_ranking(config: ConfigSchema, buckets: Sequence[Bucket],
                    entity_counts: Mapping[str, List[int]]) -> str:
     """validation.filtered as set, or for null, filtered while 2 x validation edges (in
     `buckets`) x the entities of their types stay within validation.max_filtered_scores.
-    Filtered ranking needs embeddings to rank against; sampled metrics have no hits@3."""
+    Filtered ranking needs embeddings to rank against (no featurized type); sampled metrics
+    have no hits@3."""
     settings = config.validation
+    featurized = sorted(e for e, c in config.entities.items() if c.featurized)
     filtered = settings.filtered
     if filtered is None:
         edges = sum(count_edges(path, bucket) for path in settings.edge_paths
                     for bucket in buckets)
         candidates = max(sum(entity_counts[t]) for r in config.relations for t in (r.lhs, r.rhs))
-        filtered = 2 * edges * candidates <= settings.max_filtered_scores
+        filtered = not featurized and 2 * edges * candidates <= settings.max_filtered_scores
         logger.info("validation ranks %s (validation.filtered=null: %d edges x %d entities x 2 "
-                    "sides %s validation.max_filtered_scores)", FILTERED if filtered else SAMPLED,
-                    edges, candidates, "within" if filtered else "over")
+                    "sides %s validation.max_filtered_scores%s)", FILTERED if filtered else SAMPLED,
+                    edges, candidates, "within" if 2 * edges * candidates <=
+                    settings.max_filtered_scores else "over",
+                    f"; featurized types {featurized}" if featurized else "")
+    if filtered and featurized:
+        raise PbgRayError(f"validation.filtered=true ranks against every entity's embedding, and "
+                          f"the entity types {featurized} are featurized (bags of features, no "
+                          "embedding of their own). Set validation.filtered=null or false.")
     if filtered:
-        check_rankable(config)
         return FILTERED
     if settings.metric not in SAMPLED_NAMES:
         raise PbgRayError(f"validation.metric={settings.metric} is not among the sampled metrics "
-                          f"that validation ranks with here (validation.filtered=false or over "
-                          f"validation.max_filtered_scores). Set validation.metric to one of "
-                          f"{sorted(SAMPLED_NAMES)} or validation.filtered=true.")
+                          f"that validation ranks with here (validation.filtered=false, over "
+                          f"validation.max_filtered_scores or featurized types). Set "
+                          f"validation.metric to one of {sorted(SAMPLED_NAMES)}, or "
+                          f"validation.filtered=true.")
     return SAMPLED
 
 

@@ -124,3 +124,14 @@ def test_the_train_commands_lines_name_the_best_and_predict_says_it_reads_it(
     assert "score" in json.loads(out)
     predict([config.checkpoint_path, "--version", "2", *question])
     assert capsys.readouterr().err == ""
+
+
+def test_filtered_validation_of_featurized_types_is_refused_and_null_picks_sampled(tmp_path):
+    config = graph_with_validation(tmp_path)
+    entities = dict(config.entities, tag=dataclasses.replace(config.entities["tag"],
+                                                             featurized=True))
+    featurized = dataclasses.replace(config, entities=entities)
+    with pytest.raises(PbgRayError, match=r"\['tag'\] are featurized.*validation\.filtered=null"):
+        Trainer(dataclasses.replace(featurized, validation=dataclasses.replace(
+            config.validation, filtered=True)))
+    assert Trainer(featurized).ranking == "sampled"
