@@ -356,12 +356,17 @@ class Trainer:
             print(line, file=sys.stderr, flush=True)
 
     def _evaluator(self) -> Evaluator:
-        """An Evaluator of the embeddings the run's actors hold now."""
+        """An Evaluator of the embeddings the run's actors hold now. In disk placement its
+        tasks get where a swapped partition's newest values are and read them themselves,
+        so that memory holds those of the tasks in flight, not the table."""
         self._start_actors()
         keys = sorted(self.store_of)
-        refs = ray.get([self.store_of[k].get.remote(k) for k in keys])
-        return Evaluator(self.config, {k: r[0] for k, r in zip(keys, refs)},
-                         self.params.get.remote(), self.num_relation_ids)
+        sources = dict(zip(keys, ray.get([self.store_of[k].source.remote(k) for k in keys])))
+        held = [k for k in keys if sources[k] is None]
+        refs = ray.get([self.store_of[k].get.remote(k) for k in held])
+        partitions = {**sources, **{k: r[0] for k, r in zip(held, refs)}}
+        return Evaluator(self.config, partitions, self.params.get.remote(),
+                         self.num_relation_ids)
 
     def evaluate(self, edge_path: str) -> Dict[str, float]:
         """PBG's sampled metrics (mrr, r1, r10, r50, auc, pos_rank) over all the
