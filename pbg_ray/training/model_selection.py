@@ -55,7 +55,8 @@ class Validation:
                 "validation/value": self.value}
 
     def describe(self) -> str:
-        return f"{self.ranking} {self.metric} {self.value:.4f} (version {self.version}, epoch {self.epoch})"
+        return (f"{self.ranking} {self.metric} {self.value:.4f} (version {self.version}, "
+                f"epoch {self.epoch})")
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,11 @@ class ModelSelection:
     def of_stats(cls, settings: ValidationConfig, lines: Iterable[Mapping[str, Any]],
                  version: int) -> "ModelSelection":
         """From the validation lines among training_stats.json's `lines` of versions up to
-        `version` (the current one; those of an interrupted run's unfinished one go)."""
+        `version` (the current one; those of an interrupted run's unfinished one go) on
+        settings.metric (a rerun that changed it compares like with like)."""
         validations = (Validation(**line["validation"]) for line in lines if "validation" in line)
-        return cls(settings, tuple(v for v in validations if v.version <= version))
+        return cls(settings, tuple(v for v in validations
+                                   if v.version <= version and v.metric == settings.metric))
 
     @property
     def best(self) -> Optional[Validation]:

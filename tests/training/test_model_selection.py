@@ -135,3 +135,15 @@ def test_filtered_validation_of_featurized_types_is_refused_and_null_picks_sampl
         Trainer(dataclasses.replace(featurized, validation=dataclasses.replace(
             config.validation, filtered=True)))
     assert Trainer(featurized).ranking == "sampled"
+
+
+def test_a_rerun_reads_back_the_validations_of_its_metric_and_committed_versions():
+    lines = [{"epoch_idx": 0, "index": 0, "stats": {}},
+             {"validation": dataclasses.asdict(validation(1, 0.3))},
+             {"validation": dataclasses.asdict(dataclasses.replace(validation(2, 0.9),
+                                                                   metric="hits@10"))},
+             {"validation": dataclasses.asdict(validation(3, 0.4))},
+             {"validation": dataclasses.asdict(validation(4, 0.8))}]  # version 4: not committed
+    selection = ModelSelection.of_stats(ValidationConfig(), lines, version=3)
+    assert [v.epoch for v in selection.history] == [1, 3]
+    assert selection.best == validation(3, 0.4)
