@@ -94,8 +94,8 @@ def held_out_metrics(trainer: Trainer, epoch_idx: int) -> Dict[str, float]:
             held_out.append(as_sums(count, means))
     selection = trainer.selection
     if selection.history:
-        metrics.update(validation=selection.history[-1].value, best_validation=selection.best.value,
-                       best_version=selection.best.version)
+        metrics.update(validation=selection.history[-1].value,
+                       best_validation=selection.best.value, best_version=selection.best.version)
     return {**metrics, **stats_mean(held_out)}
 
 
@@ -163,8 +163,9 @@ class ResultLines(tune.Callback):
         counts = [f"{ended[how]} {how}" for how in hows + [h for h in ("failed", "unfinished")
                                                            if ended[h]]]
         print(f"{len(trials)} trials: {', '.join(counts)}; the best has the "
-              f"{'highest' if settings.mode == 'max' else 'lowest'} {search_metric(self.config)} at its "
-              "last epoch (which its checkpoint holds)", flush=True)
+              f"{'highest' if settings.mode == 'max' else 'lowest'} "
+              f"{search_metric(self.config)} at its last epoch (which its checkpoint holds)",
+              flush=True)
 
 
 def last_epoch(trial: Any) -> int:

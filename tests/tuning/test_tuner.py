@@ -52,6 +52,16 @@ def test_asha_lets_every_trial_learn_a_third_of_its_epochs_unless_told(tmp_path,
     assert grace_period(config) == runs
 
 
+def test_a_search_with_no_edges_to_measure_its_metric_on_is_refused_naming_the_keys(tmp_path):
+    plain = dict(tune_config(tmp_path).to_dict(), eval_edge_paths=[])
+    with pytest.raises(PbgRayError, match=r"tune\.metric=mrr is measured on eval_edge_paths, "
+                                          r"which is empty\. Set validation\.edge_paths="):
+        run_tune(ConfigSchema.from_dict(plain))
+    plain["tune"]["metric"] = "best_validation"
+    with pytest.raises(PbgRayError, match=r"measured on validation\.edge_paths, which is empty"):
+        run_tune(ConfigSchema.from_dict(plain))
+
+
 NONE_OPERATORS = [{"name": "likes", "lhs": "user", "rhs": "item", "operator": "none"}]
 
 
