@@ -62,7 +62,7 @@ def test_help_says_the_defaults_a_run_composes(monkeypatch, capsys):
             '200]}, "margin": {"uniform": [0.05, 0.5]}} (tune=asha).') in text
     assert "every edge. Default: 1 (the demo: 10)." in text
     assert "found there. Required (the demo sets it)." in text
-    assert 'Default: "mrr".' in text  # the schema's, which tune=asha keeps
+    assert "eval_edge_paths). Default: null." in text  # tune.metric: the schema's, as tune=asha
 
 
 @pytest.mark.parametrize("flags, expected", [
