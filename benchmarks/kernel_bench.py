@@ -8,7 +8,8 @@ Both trainers run Hogwild with `--workers` workers on identical initial embeddin
 torchbiggraph as its train loop does (a spawn pool of processes, each running
 process_in_batches with its Trainer and RowAdagrad), pbg_ray through `train_bucket`.
 
-Also measures the machine's float32 matmul GFLOP/s (with --workers threads) right before
+Also measures the machine's float32 matmul GFLOP/s (with --workers threads, or on the GPU
+with --device cuda) right before
 and after each of pbg_ray's runs and prints the matmul FLOPs per edge pbg_ray needs, so that
 each run is given as a fraction of the compute bound of the machine as it was during that
 run; the setting's fraction is the median over runs. A shared machine's rate drifts
@@ -56,17 +57,21 @@ SETTINGS: Dict[str, Dict[str, Any]] = {
 DIM = 100
 
 
-def matmul_gflops(threads: int, seconds: float = 2.0) -> float:
-    """Sustained float32 matmul GFLOP/s with `threads` torch threads."""
+def matmul_gflops(threads: int, seconds: float = 2.0, device: str = "cpu") -> float:
+    """Sustained float32 matmul GFLOP/s with `threads` torch threads, or on the GPU."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    out = torch.empty(2048, 2048)
+    a, b = torch.randn(2048, 2048, device=device), torch.randn(2048, 2048, device=device)
+    out = torch.empty(2048, 2048, device=device)
     torch.mm(a, b, out=out)
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         torch.mm(a, b, out=out)
         count += 1
+        if device != "cpu" and count % 50 == 0:
+            torch.cuda.synchronize()
+    if device != "cpu":
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     torch.set_num_threads(old)
     return 2 * 2048 ** 3 * count / elapsed / 1e9
@@ -175,18 +180,23 @@ def main() -> None:
 
     result: Dict[str, Any] = {"workers": args.workers, "device": args.device,
                               "repeats": args.repeats}
+    if args.device == "cpu":
+        matmul_unit = f"{args.workers} threads"
+    else:
+        matmul_unit = torch.cuda.get_device_name()
+        result["device_name"] = matmul_unit
     for name, num_edges in (("A", args.edges_a), ("B", args.edges_b)):
         setting = SETTINGS[name]
         embs, edges = make_bucket(args.entities, num_edges, seed=0)
         flops = flops_per_edge(setting)
         runs, rates, fractions = [], [], []
         for repeat in range(args.repeats):
-            before = matmul_gflops(args.workers, seconds=1.0)
+            before = matmul_gflops(args.workers, seconds=1.0, device=args.device)
             runs.append(run_pbg_ray(setting, embs, edges, args.workers, args.device))
-            rates.append((before + matmul_gflops(args.workers, seconds=1.0)) / 2)
+            rates.append((before + matmul_gflops(args.workers, 1.0, args.device)) / 2)
             fractions.append(runs[-1] * flops / (rates[-1] * 1e9))
             print(f"setting {name} run {repeat + 1}: pbg_ray {runs[-1]:,.0f} edges/s; float32 "
-                  f"matmul around it, {args.workers} threads: {rates[-1]:.1f} GFLOP/s; "
+                  f"matmul around it, {matmul_unit}: {rates[-1]:.1f} GFLOP/s; "
                   f"{fractions[-1]:.0%} of the compute bound")
         ours, gflops = max(runs), statistics.median(rates)
         fraction = statistics.median(fractions)

@@ -265,16 +265,20 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     thread trains it. With `warmup_s` the first thread trains alone for that long before
     the others join (BatchQueue), as PBG's first Hogwild process does in the first epoch.
 
-    Returns PBG's stats layout, metrics summed over batches:
-    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.
+    Returns PBG's stats layout, metrics summed over batches, with the rate and the
+    seconds spent copying the tables, params and edges to a GPU and back (0 on CPU):
+    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s",
+    "device_copy_s"}.
     """
     start = time.perf_counter()
     dev = torch.device(device)
     num_workers = max(1, num_threads) if dev.type == "cpu" else 1
     batches = edge_batches(config, edges.rel, config.batch_size, np.random.default_rng(seed))
     queue = BatchQueue(len(batches), warmup_s)
+    copy_start = time.perf_counter()
     state = KernelState(config, partitions, params, dev, writable=True, known=known)
     tensors = EdgeTensors(edges, dev)
+    copy_s = _synchronized(dev, copy_start)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
 
     def work(worker: int) -> np.ndarray:
@@ -290,14 +294,25 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
 
     with cpu_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
         totals = sum(_run_workers(num_workers, queue, work), np.zeros(4))
+    _synchronized(dev, 0.0)
+    copy_start = time.perf_counter()
     state.copy_back(partitions, params)
+    copy_s += _synchronized(dev, copy_start)
     elapsed = time.perf_counter() - start
     return {
         "count": len(edges),
         "metrics": {"loss": float(totals[0]), "reg": float(totals[1]),
                     "violators_lhs": int(totals[2]), "violators_rhs": int(totals[3])},
         "edges_per_s": len(edges) / elapsed if elapsed > 0 else 0.0,
+        "device_copy_s": copy_s if dev.type != "cpu" else 0.0,
     }
+
+
+def _synchronized(device: torch.device, since: float) -> float:
+    """Seconds since `since` once the device's queued work is done (a GPU runs behind)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - since
 
 
 def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:

@@ -125,6 +125,8 @@ class TaskTiming:
     outside_kernel_s: float
     warmup_s: float
     bucket_wall_s: Optional[float] = None
+    # Within kernel_s: copying the bucket's tables and edges to the GPU and back (0 on CPU).
+    device_copy_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,8 +194,8 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
-    trained, before, after = _train(config, work, held_out, train_edges, arrays, local,
-                                    num_threads, device, known)
+    trained, copy_s, before, after = _train(config, work, held_out, train_edges, arrays,
+                                            local, num_threads, device, known)
     t_trained = time.perf_counter()
     results = _results(config, work, partitions, arrays, copies, disk)
     delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
@@ -201,7 +203,7 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
     t_end = time.perf_counter()
     timing = TaskTiming(total_s=t_end - t_start, kernel_s=t_trained - t_ready,
                         outside_kernel_s=(t_ready - t_start) + (t_end - t_trained),
-                        warmup_s=work.warmup_s)
+                        warmup_s=work.warmup_s, device_copy_s=copy_s)
     swapped = any(isinstance(p, SwapFile) for p in partitions)
     stats = BucketStats(trained, timing, before, after,
                         partition_io=copies.take_io() if swapped else {})
@@ -232,8 +234,8 @@ def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partition
 def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edges: EdgeList,
            arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], local: ModelParams,
            num_threads: int, device: str, known: Optional[KnownRows]) -> Tuple[Any, ...]:
-    """Train the bucket's edges in place: (training stats, the held-out edges' before and
-    after, None without held-out edges)."""
+    """Train the bucket's edges in place: (training stats, seconds of copies to the GPU and
+    back, the held-out edges' before and after, None without held-out edges)."""
     from pbg_ray.model.kernel import evaluate_bucket, train_bucket
 
     seed = task_seed(config, work.position.iteration, work.bucket)
@@ -250,7 +252,8 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
     trained = train_bucket(config, work.bucket, train_edges, arrays, local,
                            num_threads=num_threads, device=device, seed=seed,
                            warmup_s=work.warmup_s, known=known)
-    return {"count": trained["count"], "metrics": trained["metrics"]}, before, held_out_stats()
+    return ({"count": trained["count"], "metrics": trained["metrics"]}, trained["device_copy_s"],
+            before, held_out_stats())
 
 
 def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
