@@ -30,17 +30,29 @@ from pbg_ray.evaluation.filtered import (
     QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
 from pbg_ray.evaluation.metrics import (
     ALL, SampledNegatives, add_stats, format_table, rank_stats, sampled_stats, stats_mean)
-from pbg_ray.io.edges import check_edges, count_edges, read_edges
+from pbg_ray.io.edges import check_edges, count_edges, edges_file, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.model.native import release_free_heap
 from pbg_ray.model.params import (
     ModelParams, params_from_checkpoint, partition_counts, partition_key, partition_keys)
-from pbg_ray.runtime.connect import check_cpus_per_trainer, connect_ray
+from pbg_ray.runtime.budget import (
+    DRIVER, MIB, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan)
+from pbg_ray.runtime.connect import (
+    check_cpus_per_trainer, check_plan_fits, connect_ray, local_task_slots)
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, get_results, on_task_threads
 from pbg_ray.types import SIDES, Bucket
 
 PartitionKey = Tuple[str, int]
 logger = logging.getLogger("pbg_ray")
+
+# What an evaluation task holds besides partitions and known edges: its query chunk's
+# edges, score blocks and ranks.
+TASK_SCRATCH = 64 * MIB
+# Bytes per known edge of a filtered-ranking task: the edges (3 int64) and, for the side
+# it ranks, their sorted keys and ids (2 int64).
+KNOWN_EDGE_BYTES = 40
+# Partitions a disk-placement task reads itself: its bucket's two and the candidates'.
+TASK_PARTITIONS = 3
 
 
 @dataclass(frozen=True)
@@ -231,6 +243,56 @@ def checkpoint_partitions(config: ConfigSchema, checkpoint: CheckpointManager, v
     return refs, params
 
 
+def evaluation_plan(config: ConfigSchema, counts: Mapping[str, Sequence[int]],
+                    filter_edges: int, tasks: int) -> MemoryPlan:
+    """What an evaluation holds at its peak: in memory placement every partition's
+    embeddings in the object store (never the optimizer state); per task, in disk placement
+    the partitions it reads, and for filtered ranking the known edges of the two filter
+    buckets its ranking leaves out (filter_edges spread over the buckets)."""
+    rows = lambda e: [n * config.entity_dimension(e) * 4 for n in counts[e]]  # noqa: E731
+    largest = max(max(rows(e), default=0) for e in config.entities)
+    buckets = (max(c.num_partitions for c in config.entities.values())) ** 2
+    per_task = TASK_SCRATCH + 2 * KNOWN_EDGE_BYTES * filter_edges // buckets
+    placement = config.ray.placement
+    if placement == "disk":
+        table, per_task = 0, per_task + TASK_PARTITIONS * largest
+    else:
+        table = sum(sum(rows(e)) for e in config.entities)
+    return MemoryPlan("this evaluation", placement, table, per_task, tasks,
+                      RAY_PROCESSES + DRIVER + tasks * TASK_WORKER)
+
+
+def check_evaluation_fits(config: ConfigSchema, filter_paths: Sequence[str]) -> None:
+    """Refuse an evaluation on the local Ray whose plan exceeds the memory budget, naming
+    what would fit (runtime.connect.check_plan_fits)."""
+    counts = load_entity_counts(config)
+    nparts = {side: max(config.entities[getattr(r, side)].num_partitions
+                        for r in config.relations) for side in SIDES}
+    filter_edges = sum(count_edges(path, Bucket(lhs, rhs)) for path in filter_paths
+                       for lhs in range(nparts["lhs"]) for rhs in range(nparts["rhs"])
+                       if edges_file(path, Bucket(lhs, rhs)).is_file())
+    tasks = local_task_slots(config.ray)
+
+    def fix(budget: MemoryBudget) -> str:
+        fits = lambda placement, n: evaluation_plan(  # noqa: E731
+            dataclasses.replace(config, ray=dataclasses.replace(config.ray, placement=placement)),
+            counts, filter_edges, n).total <= budget.bytes
+        one_task = f"ray.num_cpus={config.ray.cpus_per_trainer:g} (one task at a time)"
+        ways = []
+        if config.ray.placement == "memory" and fits("disk", tasks):
+            ways.append("set ray.placement=disk (each task reads the partitions it ranks from "
+                        "the checkpoint)")
+        elif config.ray.placement == "memory" and fits("disk", 1):
+            ways.append(f"set ray.placement=disk and {one_task}")
+        elif tasks > 1 and fits(config.ray.placement, 1):
+            ways.append(f"set {one_task}")
+        return "; or ".join(ways + [
+            "split the entities into more partitions, or give it more memory "
+            "(ray.memory_budget states it in bytes where the detected limit is wrong)"])
+
+    check_plan_fits(config.ray, evaluation_plan(config, counts, filter_edges, tasks), fix)
+
+
 def _unique(paths: Sequence[str]) -> List[str]:
     return list(dict.fromkeys(paths))
 
@@ -258,6 +320,7 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     if settings.filtered:
         check_rankable(config)
     num_rel = num_relation_ids(config)
+    check_evaluation_fits(config, filter_paths if settings.filtered else ())
     start = time.perf_counter()
     connect_ray(config.ray)
     check_cpus_per_trainer(config.ray)

@@ -1,6 +1,7 @@
 """The memory a run may use: ray.memory_budget where the config states it, else the limit of
 the memory cgroup this process runs in (a container's, a Kubernetes pod's, a Slurm job's),
-else the machine's RAM; and the object store of a local Ray sized to fit it.
+else the machine's RAM; the object store of a local Ray sized to fit it; and a command's
+plan (MemoryPlan: what it holds at its peak) checked against it before the command starts.
 
 Ray sizes a local object store from the host's RAM, or from the limit of the root cgroup
 only (/sys/fs/cgroup/memory.max), not from the cgroup a process actually runs in; a run
@@ -16,6 +17,7 @@ from typing import Iterator, Optional, Tuple
 import psutil
 
 from pbg_ray.config import RayConfig
+from pbg_ray.errors import PbgRayError
 
 GIB = 2 ** 30
 MIB = 2 ** 20
@@ -25,6 +27,12 @@ UNLIMITED = 2 ** 62
 # the machine (Ray's own default share of the machine's RAM), and the least Ray accepts.
 OBJECT_STORE_SHARE = 0.3
 OBJECT_STORE_MIN = 80 * MIB
+
+# Proportional set sizes measured by footprint_bench (docs/sizing.md), rounded up.
+RAY_PROCESSES = 360 * MIB  # raylet, GCS, agents, log monitor
+DRIVER = 120 * MIB
+ACTOR = 100 * MIB  # a partition store, the parameter server, the scheduler
+TASK_WORKER = 380 * MIB  # a task's process with torch and the kernel loaded, between tasks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,3 +104,32 @@ def object_store_memory(ray_config: RayConfig, budget: MemoryBudget) -> Optional
     if budget.bytes >= psutil.virtual_memory().total:
         return None
     return max(OBJECT_STORE_MIN, int(OBJECT_STORE_SHARE * budget.bytes))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """The bytes a command holds at its peak on one machine: what it keeps for its whole
+    length (`table`: a table in Ray's object store, the indexes a service holds), each of
+    its tasks' working set, and the processes."""
+
+    command: str  # what holds it, for messages: "this run", "this evaluation", ...
+    placement: Optional[str]  # where a run's table lives (ray.placement), None: no choice
+    table: int
+    per_task: int
+    tasks: int
+    processes: int
+
+    @property
+    def total(self) -> int:
+        return self.table + self.tasks * self.per_task + self.processes
+
+    def __str__(self) -> str:
+        gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+        return (f"{gib(self.total)}: table {gib(self.table)}, {self.tasks} task(s) x "
+                f"{gib(self.per_task)}, processes {gib(self.processes)}")
+
+    def refuse(self, budget: MemoryBudget, fix: str) -> PbgRayError:
+        """The one-line refusal of a plan over the budget, with what would fit."""
+        where = f" in {self.placement} placement" if self.placement else ""
+        return PbgRayError(f"{self.command}{where} needs about {self}, and may use {budget}. "
+                           f"To fit: {fix}.")

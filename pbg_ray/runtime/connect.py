@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import psutil
 import ray
 
 from pbg_ray.config import RayConfig
 from pbg_ray.errors import PbgRayError
-from pbg_ray.runtime.budget import memory_budget, object_store_memory
+from pbg_ray.runtime.budget import (
+    MemoryBudget, MemoryPlan, memory_budget, object_store_memory)
 
 logger = logging.getLogger("pbg_ray")
 
@@ -70,6 +71,25 @@ def starts_local_ray(ray_config: RayConfig) -> bool:
     if ray.is_initialized():
         return local_ray()
     return ray_config.address is None and not os.environ.get("RAY_ADDRESS")
+
+
+def local_task_slots(ray_config: RayConfig) -> int:
+    """Tasks of ray.cpus_per_trainer CPUs each that the local Ray runs at once."""
+    cpus = ray_config.num_cpus or os.cpu_count() or 1
+    return max(1, int(cpus // ray_config.cpus_per_trainer))
+
+
+def check_plan_fits(ray_config: RayConfig, plan: MemoryPlan,
+                    fix: Callable[[MemoryBudget], str]) -> None:
+    """Refuse in one line (PbgRayError, with the plan's figures and what `fix` says would
+    fit the budget) a command that starts a local Ray and whose plan exceeds the memory it
+    may use. A command that joins a cluster is not checked: the budget is one machine's,
+    and the cluster's nodes are others."""
+    if not starts_local_ray(ray_config):
+        return
+    budget = memory_budget(ray_config)
+    if plan.total > budget.bytes:
+        raise plan.refuse(budget, fix(budget))
 
 
 def stop_autoscaler_monitor() -> None:

@@ -133,6 +133,31 @@ def index_kind(config: ConfigSchema, rows: int) -> str:
     return "hnsw" if rows < serve.ivf_min_rows else "ivf"
 
 
+def index_bytes(config: ConfigSchema, kind: str, rows: int, dim: int) -> int:
+    """Bytes a faiss index of `kind` holds for `rows` vectors of `dim` floats: HNSW the
+    vectors and about 2 x hnsw_m links of 4 bytes per row on its base layer (its upper
+    layers add a few percent), IVF the vectors and an 8-byte id per row."""
+    vectors = rows * dim * 4
+    if kind == "hnsw":
+        return int(vectors + rows * 2 * config.serve.hnsw_m * 4 * 1.1)
+    return vectors + 8 * rows if kind == "ivf" else 0
+
+
+def replica_bytes(config: ConfigSchema, counts: Dict[str, Sequence[int]], shard: int) -> int:
+    """Bytes one replica of shard group `shard` holds (ShardTables): each partition's
+    table, each candidate set's prepared vectors, and the indexes of the sets with their
+    own."""
+    total = 0
+    for entity, part, relation in set_keys(config, shard):
+        rows, dim = counts[entity][part], config.entity_dimension(entity)
+        total += rows * dim * 4  # the set's prepared vectors
+        if relation is None:
+            total += rows * dim * 4  # the partition's table, read once per partition
+        if not shares_index(config, (entity, part, relation)):
+            total += index_bytes(config, index_kind(config, rows), rows, dim)
+    return total
+
+
 def index_file(config: ConfigSchema, version: int, key: SetKey, kind: str) -> StoragePath:
     """Where a set's index of `version` is saved: beside the version, named by its build
     settings (so changed settings build a new one)."""

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import socket
 import threading
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 import ray
 from ray import serve
@@ -19,9 +19,12 @@ from ray.serve.handle import DeploymentResponse
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema, ServeConfig
 from pbg_ray.errors import PbgRayError
-from pbg_ray.runtime.connect import connect_ray
+from pbg_ray.io.entities import load_entity_counts
+from pbg_ray.runtime.budget import (
+    ACTOR, DRIVER, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan)
+from pbg_ray.runtime.connect import check_plan_fits, connect_ray
 from pbg_ray.serving.http_api import UNAVAILABLE, Router, Shard
-from pbg_ray.serving.index import build_indexes
+from pbg_ray.serving.index import build_indexes, replica_bytes
 
 
 APPLICATION = "pbg_ray"
@@ -99,6 +102,7 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     serve_logger = logging.getLogger(SERVE_LOGGER_NAME)
     serve_logger.setLevel(logging.WARNING)
     serve_logger.addFilter(DRIVER_ROUTER_NOTICES)
+    check_serving_fits(config)
     connect_ray(config.ray)
     serve_config = config.serve
     if serve_config.ingress == "direct" and serve_running():
@@ -125,6 +129,34 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     serve.run(router, name=APPLICATION, route_prefix="/")
     return {"url": f"http://{serve_config.host}:{serve_config.port}", "version": version,
             "index": built}
+
+
+def serving_plan(config: ConfigSchema, counts: Dict[str, Sequence[int]]) -> MemoryPlan:
+    """What the service holds on a local Ray: every shard replica's tables, candidate
+    vectors and indexes, and the processes (Serve's controller, the router replicas and
+    the shard replicas each a process with torch loaded)."""
+    serve_config = config.serve
+    held = serve_config.shard_replicas * sum(
+        replica_bytes(config, counts, g) for g in range(serve_config.shard_groups))
+    replicas = serve_config.router_replicas + serve_config.shard_groups * serve_config.shard_replicas
+    return MemoryPlan("this service", None, held, 0, 0,
+                      RAY_PROCESSES + DRIVER + ACTOR + replicas * TASK_WORKER)
+
+
+def check_serving_fits(config: ConfigSchema) -> None:
+    """Refuse a service on the local Ray whose plan exceeds the memory budget."""
+    serve_config = config.serve
+
+    def fix(budget: MemoryBudget) -> str:
+        ways = []
+        if serve_config.shard_replicas > 1:
+            ways.append("serve.shard_replicas=1 (one copy of each shard group)")
+        return "; or ".join(ways + [
+            "serve from a Ray cluster whose nodes each hold a shard group (ray.address, "
+            "serve.shard_groups=<nodes>); or give it more memory (ray.memory_budget states "
+            "it in bytes where the detected limit is wrong)"])
+
+    check_plan_fits(config.ray, serving_plan(config, load_entity_counts(config)), fix)
 
 
 def serve_running() -> bool:

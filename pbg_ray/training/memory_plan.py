@@ -14,47 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Dict, List
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.errors import PbgRayError
-from pbg_ray.runtime.budget import GIB, MIB, MemoryBudget, memory_budget
-from pbg_ray.runtime.connect import starts_local_ray
+from pbg_ray.runtime.budget import (
+    ACTOR, DRIVER, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan, memory_budget)
+from pbg_ray.runtime.connect import local_task_slots, starts_local_ray
 
 logger = logging.getLogger("pbg_ray")
 
-# Proportional set sizes measured by footprint_bench (docs/sizing.md), rounded up.
-RAY_PROCESSES = 360 * MIB  # raylet, GCS, agents, log monitor
-DRIVER = 120 * MIB
-ACTOR = 100 * MIB  # a partition store, the parameter server, the scheduler
-TRAIN_WORKER = 380 * MIB  # a train task's process between buckets: torch, the kernel
 # Bytes a train task holds per byte of its bucket's partitions in memory placement: its
 # writable copy, and the trained result put in the object store before the store lets the
 # older go (train_bench's 1-partition run: 2.2 beyond the table itself).
 BUCKET_COPIES = 2.2
 # Disk placement: partitions a trainer holds besides its buffer (ray.partition_buffer).
 DISK_EXTRA_PARTITIONS = 4
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryPlan:
-    """The bytes a run holds at its peak: the table kept for the run, each trainer's
-    partitions, and the processes."""
-
-    table: int
-    per_trainer: int
-    trainers: int
-    processes: int
-
-    @property
-    def total(self) -> int:
-        return self.table + self.trainers * self.per_trainer + self.processes
-
-    def __str__(self) -> str:
-        gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
-        return (f"{gib(self.total)}: table {gib(self.table)}, {self.trainers} trainer(s) x "
-                f"{gib(self.per_trainer)} of partitions, processes {gib(self.processes)}")
 
 
 def partition_bytes(config: ConfigSchema, counts: Dict[str, List[int]], entity: str) -> int:
@@ -75,13 +49,15 @@ def memory_plan(config: ConfigSchema, counts: Dict[str, List[int]], trainers: in
     # type whole.
     bucket = (sum(2 * partition_bytes(config, counts, e) for e in partitioned)
               + table_of(whole))
-    processes = RAY_PROCESSES + DRIVER + (stores + 2) * ACTOR + trainers * TRAIN_WORKER
-    if config.ray.placement == "memory":
-        return MemoryPlan(table_of(used), int(BUCKET_COPIES * bucket), trainers, processes)
+    processes = RAY_PROCESSES + DRIVER + (stores + 2) * ACTOR + trainers * TASK_WORKER
+    placement = config.ray.placement
+    if placement == "memory":
+        return MemoryPlan("this run", placement, table_of(used), int(BUCKET_COPIES * bucket),
+                          trainers, processes)
     per_index = sum(partition_bytes(config, counts, e) for e in partitioned)
     held = (partition_buffer + DISK_EXTRA_PARTITIONS) * per_index
-    return MemoryPlan(table_of(whole), int(held + BUCKET_COPIES * table_of(whole)), trainers,
-                      processes)
+    return MemoryPlan("this run", placement, table_of(whole),
+                      int(held + BUCKET_COPIES * table_of(whole)), trainers, processes)
 
 
 def fit_to_budget(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int,
@@ -102,8 +78,7 @@ def fit_to_budget(config: ConfigSchema, counts: Dict[str, List[int]], trainers: 
                                ray_config.partition_buffer, budget, buffer)
                 return dataclasses.replace(config, ray=dataclasses.replace(
                     ray_config, partition_buffer=buffer))
-    raise PbgRayError(f"this run needs about {plan} in {ray_config.placement} placement, and "
-                      f"may use {budget}. {fix}")
+    raise plan.refuse(budget, fix)
 
 
 def fit_local_run(config: ConfigSchema, counts: Dict[str, List[int]]) -> ConfigSchema:
@@ -113,9 +88,8 @@ def fit_local_run(config: ConfigSchema, counts: Dict[str, List[int]]) -> ConfigS
     ray_config = config.ray
     if not starts_local_ray(ray_config):
         return config
-    cpus = ray_config.num_cpus or os.cpu_count() or 1
-    trainers = ray_config.num_trainers or max(1, min(int(cpus // ray_config.cpus_per_trainer),
-                                                     config.num_partitions()))
+    trainers = ray_config.num_trainers or min(local_task_slots(ray_config),
+                                              config.num_partitions())
     return fit_to_budget(config, counts, trainers, ray_config.num_partition_stores or 1,
                          memory_budget(ray_config))
 
@@ -136,4 +110,4 @@ def _fix(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int, stor
     ways.append("split the entities into more partitions (entities.<type>.num_partitions, "
                 "importing again), or give the run more memory (ray.memory_budget states it "
                 "in bytes where the detected limit is wrong)")
-    return "To fit: " + "; or ".join(ways) + "."
+    return "; or ".join(ways)

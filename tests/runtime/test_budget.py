@@ -98,7 +98,8 @@ def test_a_memory_placement_run_that_cannot_fit_is_refused_with_the_figures_and_
         fit_to_budget(config, counts, 2, 1, budget)
     message = str(refused.value)
     assert "\n" not in message
-    assert message.startswith(f"this run needs about {plan.total / GIB:.2f} GiB: table "
+    assert message.startswith(f"this run in memory placement needs about "
+                              f"{plan.total / GIB:.2f} GiB: table "
                               f"{plan.table / GIB:.2f} GiB")
     assert "may use 4.00 GiB (the limit of this process's cgroup, /x/memory.max)" in message
     assert "set ray.placement=disk" in message  # which fits: two trainers of 6 partitions
@@ -159,7 +160,7 @@ def test_the_demo_in_a_container_too_small_for_it_is_refused_in_one_line(tmp_pat
     assert out.returncode == 2, out.stderr
     demo, line = out.stderr.strip().splitlines()
     assert demo.startswith("pbg_ray: no config file given")
-    assert line.startswith("pbg_ray: error: this run needs about ")
+    assert line.startswith("pbg_ray: error: this run in memory placement needs about ")
     assert f"may use 1.20 GiB (the limit of this process's cgroup, {memory_cgroup}" in line
     assert "ray.num_trainers=1 ray.cpus_per_trainer=2" in line
     budget = run_in(memory_cgroup, limit, [

@@ -1,0 +1,85 @@
+"""eval, export and serve on a local Ray check their plan against the memory they may use
+before Ray starts: a plan over the budget is refused in one line with its figures and what
+would fit (docs/sizing.md); the plans' figures follow the tables they hold."""
+
+import dataclasses
+import pytest
+
+from pbg_ray.config import ConfigSchema
+from pbg_ray.evaluation.distributed import TASK_PARTITIONS, TASK_SCRATCH, evaluation_plan
+from pbg_ray.export import EXPORT_COPIES, export_plan
+from pbg_ray.runtime.budget import GIB
+from pbg_ray.serving.index import index_bytes
+from pbg_ray.serving.launch import serving_plan
+from tests.commands.test_cli import assert_one_error_line, pbg_module, run
+from tests.util import config_dict, partitioned_checkpoint
+
+ROWS = 50_000  # per partition, 8 partitions, d=16: 3.05 MiB a partition
+ONE_TASK = ["ray.num_cpus=1", "ray.cpus_per_trainer=1"]
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> ConfigSchema:
+    """A random checkpoint of 8 partitions of one type (no training), and its config file."""
+    config = partitioned_checkpoint(tmp_path, 8, 8 * ROWS, 16)
+    pbg_module(tmp_path / "config.py", config.to_dict())
+    return config
+
+
+def with_ray(config: ConfigSchema, **ray) -> ConfigSchema:
+    return dataclasses.replace(config, ray=dataclasses.replace(config.ray, **ray))
+
+
+def test_the_plans_hold_what_each_command_keeps(checkpoint):
+    counts = {"node": [ROWS] * 8, "user": [30, 31], "item": [20, 21], "tag": [7]}
+    partition = ROWS * 16 * 4
+    memory = evaluation_plan(checkpoint, counts, filter_edges=0, tasks=2)
+    disk = evaluation_plan(with_ray(checkpoint, placement="disk"), counts, 0, 2)
+    assert memory.table == 8 * partition and memory.per_task == TASK_SCRATCH
+    assert disk.table == 0 and disk.per_task == TASK_SCRATCH + TASK_PARTITIONS * partition
+    assert memory.processes == disk.processes
+    known = evaluation_plan(checkpoint, counts, filter_edges=64_000, tasks=2)
+    assert known.per_task > memory.per_task  # the filter buckets' known edges
+
+    exact = serving_plan(dataclasses.replace(checkpoint, serve=dataclasses.replace(
+        checkpoint.serve, index="exact")), counts)
+    hnsw = dataclasses.replace(checkpoint, serve=dataclasses.replace(
+        checkpoint.serve, index="hnsw", shard_replicas=2))
+    assert exact.table >= 8 * 2 * partition  # a table and prepared vectors per partition
+    assert serving_plan(hnsw, counts).table >= 2 * (exact.table + 8 * index_bytes(
+        hnsw, "hnsw", ROWS, 16))
+    assert index_bytes(hnsw, "hnsw", ROWS, 16) > partition > index_bytes(hnsw, "exact", ROWS, 16)
+
+    tsv = export_plan(checkpoint, counts, tasks=1)
+    assert tsv.per_task == int(EXPORT_COPIES["tsv"] * partition) and tsv.tasks == 2
+
+
+def test_an_evaluation_over_its_budget_is_refused_before_ray_starts_with_the_fix(
+        checkpoint, tmp_path):
+    counts = {"node": [ROWS] * 8}
+    config = with_ray(checkpoint, num_cpus=1)
+    memory = evaluation_plan(config, counts, filter_edges=0, tasks=1).total
+    disk = evaluation_plan(with_ray(config, placement="disk"), counts, 0, 1).total
+    assert disk < memory
+    budget = (disk + memory) // 2
+    code, _, err = run("eval", [tmp_path / "config.py", *ONE_TASK, f"ray.memory_budget={budget}",
+                                "eval.filtered=false"], tmp_path)
+    assert code == 2
+    trained_edges = "pbg_ray: warning: eval scores edges the model was trained on"
+    assert_one_error_line("\n".join(line for line in err.splitlines()
+                                     if not line.startswith(trained_edges)),
+                          f"this evaluation in memory placement needs about {memory / GIB:.2f} GiB",
+                          "(ray.memory_budget)", "set ray.placement=disk")
+
+
+def test_an_export_and_a_service_over_their_budget_are_refused_in_one_line(
+        checkpoint, tmp_path):
+    code, _, err = run("export", [tmp_path / "config.py", *ONE_TASK, "ray.memory_budget=100000000"],
+                       tmp_path)
+    assert code == 2
+    assert_one_error_line(err, "this export needs about", "export.format=parquet")
+    assert not (tmp_path / "checkpoints" / "export").exists()
+    code, _, err = run("serve", [tmp_path / "config.py", *ONE_TASK, "ray.memory_budget=100000000",
+                                 "serve.shard_replicas=2"], tmp_path)
+    assert code == 2
+    assert_one_error_line(err, "this service needs about", "serve.shard_replicas=1")
