@@ -8,12 +8,15 @@ The graph: `user` (the big type, --partitions partitions) and `item` (small), on
 `likes` user -> item with a diagonal operator and the dot comparator; the queries are
 top_lhs (the best users for an item), whose query vector is the item transformed by the
 relation operator, searched in the users' index with inner product. The service runs with
-serve.index=hnsw (router answering HTTP itself: serve.ingress=direct, or
---ingress proxy) on a local Ray and is driven on 127.0.0.1 by an async httpx load loop at
+serve.index=hnsw, or --index ivfpq (the partitions held as compressed codes, their vectors
+read from the checkpoint for the hits), the router answering HTTP itself (serve.ingress=direct,
+or --ingress proxy) on a local Ray and is driven on 127.0.0.1 by an async httpx load loop at
 rising concurrency, each level bounded in requests and seconds. Prints per mode and concurrency QPS, p50 and p99, the
 CPU time all of Ray's processes and the load generator spent per request, the
 approximate/exact QPS ratio, recall@10 of the index against exact search, the index build
-time, and at which concurrency the targets are met; ends with one JSON line.
+time, the shard replicas' resident memory (anonymous, and file pages such as IVF-PQ's
+mapped vectors, which the kernel may drop) against the table's bytes, and at which
+concurrency the targets are met; ends with one JSON line.
 
     python benchmarks/serve_bench.py --workdir /tmp/serve_bench     # 4M users, d=128
     (a rerun with the same --workdir reuses the checkpoint and its saved indexes)
@@ -176,6 +179,26 @@ def in_process(config: Any, items: List[str], requests: int) -> Dict[str, Dict[s
     return figures
 
 
+def shard_memory() -> Dict[str, int]:
+    """Resident bytes of the shard replicas' processes (Serve's Shard deployments), from
+    /proc/<pid>/status: RssAnon (their own memory) and RssFile (file pages, a memory map's
+    included, which the kernel may drop under pressure)."""
+    import psutil
+
+    found = {"anon": 0, "file": 0}
+    for proc in psutil.process_iter(["cmdline"]):
+        if "Shard" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        for key, field in (("anon", "RssAnon:"), ("file", "RssFile:")):
+            line = next(x for x in status.splitlines() if x.startswith(field))
+            found[key] += int(line.split()[1]) * 1024
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -199,6 +222,7 @@ def main() -> None:
     parser.add_argument("--hnsw-m", type=int, default=24)
     parser.add_argument("--ef-construction", type=int, default=48)
     parser.add_argument("--ef-search", type=int, default=128)
+    parser.add_argument("--index", choices=["hnsw", "ivfpq"], default="hnsw", help="serve.index")
     parser.add_argument("--ingress", choices=["direct", "proxy"], default="direct",
                         help="serve.ingress: the router answers HTTP itself, or behind Serve's proxy")
     parser.add_argument("--in-process", type=int, default=50, help=(
@@ -230,7 +254,7 @@ def main() -> None:
               f"entities would outlast the benchmark): {args.users} users in "
               f"{args.partitions} partitions, {args.items} items, dimension {args.dimension}, "
               f"ready in {time.perf_counter() - start:.1f} s", flush=True)
-        data["serve"] = {"port": free_port(), "index": "hnsw", "shard_groups": args.shard_groups,
+        data["serve"] = {"port": free_port(), "index": args.index, "shard_groups": args.shard_groups,
                          "ingress": args.ingress,
                          "hnsw_m": args.hnsw_m, "hnsw_ef_construction": args.ef_construction,
                          "hnsw_ef_search": args.ef_search, "reload_interval": 0,
@@ -253,6 +277,12 @@ def main() -> None:
             recall = asyncio.run(recall_at_10(started["url"], items, args.recall_samples))
             print(f"recall@10 of the index against exact search: {recall:.4f} "
                   f"({args.recall_samples} queries)", flush=True)
+            resident = shard_memory()
+            table = args.users * args.dimension * 4
+            print(f"shard replicas resident: {resident['anon'] / 2**20:,.0f} MiB anonymous, "
+                  f"{resident['file'] / 2**20:,.0f} MiB file pages; the users' table is "
+                  f"{table / 2**20:,.0f} MiB (anonymous {resident['anon'] / table:.2f}x of it)",
+                  flush=True)
             levels: Dict[str, Dict[int, Dict[str, float]]] = {"exact": {}, "approx": {}}
             for concurrency in args.levels:
                 for mode in ("exact", "approx"):
@@ -292,7 +322,8 @@ def main() -> None:
           f"concurrency: {meeting or 'none'}")
     print(json.dumps({
         "users": args.users, "items": args.items, "partitions": args.partitions,
-        "shard_groups": args.shard_groups, "ingress": args.ingress, "dimension": args.dimension, "clusters": args.clusters, "generated": True, "index": "hnsw",
+        "shard_groups": args.shard_groups, "ingress": args.ingress, "dimension": args.dimension, "clusters": args.clusters, "generated": True, "index": args.index,
+        "shard_resident_anon_bytes": resident["anon"], "shard_resident_file_bytes": resident["file"],
         "hnsw_m": args.hnsw_m, "ef_construction": args.ef_construction,
         "ef_search": args.ef_search, "index_build_s": round(build["seconds"], 2),
         "index_task_s": round(task_seconds, 2), "recall_at_10": round(recall, 4),

@@ -8,8 +8,10 @@ from typing import Optional
 
 from pbg_ray.config.options import not_negative, one_of, option, positive, tcp_port
 
-# exact: every candidate scored (the reference); hnsw and ivf: faiss indexes; auto: by size.
-INDEX_KINDS = ("exact", "hnsw", "ivf", "auto")
+# exact: every candidate scored (the reference); hnsw and ivf: faiss indexes over the vectors;
+# ivfpq: faiss's IVF over product-quantized codes, the vectors left on disk; auto: by size,
+# and ivfpq where the rest does not fit the memory budget.
+INDEX_KINDS = ("exact", "hnsw", "ivf", "ivfpq", "auto")
 INGRESS_KINDS = ("direct", "proxy")
 
 
@@ -46,8 +48,12 @@ class ServeConfig:
         "index builds or train tasks from being placed.")
     index: str = option("auto", check=one_of(INDEX_KINDS), help=
         "Top-k search: exact (every candidate scored: the reference), hnsw or ivf (faiss "
-        "indexes per entity type and partition), auto (exact below index_min_rows rows, "
-        "hnsw below ivf_min_rows, ivf above). Approximate hits are rescored exactly.")
+        "indexes per entity type and partition, the vectors in memory), ivfpq (IVF over "
+        "product-quantized codes of pq_bytes per row; the vectors stay in the checkpoint's "
+        "files, read for the hits only: tables larger than memory), auto (exact below "
+        "index_min_rows rows, hnsw below ivf_min_rows, ivf above; ivfpq for every indexed "
+        "partition where that does not fit the memory budget). Approximate hits are "
+        "rescored exactly.")
     index_min_rows: int = option(20000, check=not_negative, help=
         "index=auto: partitions below this many rows are searched exactly.")
     ivf_min_rows: int = option(2000000, check=not_negative, help=
@@ -59,6 +65,12 @@ class ServeConfig:
         "HNSW: candidate list size while searching (raised to k).")
     ivf_lists: int = option(0, check=not_negative, help="IVF: number of clusters; 0: 4 sqrt(rows).")
     ivf_probes: int = option(16, check=positive, help="IVF: clusters searched per query.")
+    pq_bytes: int = option(0, check=not_negative, help=
+        "IVF-PQ: bytes of each row's code (sub-quantizers of 8 bits; must divide the "
+        "dimension); 0: the largest divisor of the dimension up to half of it.")
+    pq_rerank: int = option(10, check=positive, help=
+        "IVF-PQ: hits fetched and rescored from the stored vectors per answer wanted (k x "
+        "this): more, better recall at more reads.")
     index_cpus: float = option(1.0, check=positive, help=
         "CPUs of each Ray task that builds an index.")
     max_k: int = option(1000, check=positive, help="The largest k a request may ask for.")

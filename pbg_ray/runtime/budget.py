@@ -125,8 +125,8 @@ class MemoryPlan:
 
     def __str__(self) -> str:
         gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
-        return (f"{gib(self.total)}: table {gib(self.table)}, {self.tasks} task(s) x "
-                f"{gib(self.per_task)}, processes {gib(self.processes)}")
+        tasks = f", {self.tasks} task(s) x {gib(self.per_task)}" if self.tasks else ""
+        return f"{gib(self.total)}: table {gib(self.table)}{tasks}, processes {gib(self.processes)}"
 
     def refuse(self, budget: MemoryBudget, fix: str) -> PbgRayError:
         """The one-line refusal of a plan over the budget, with what would fit."""

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema, ServeConfig
+from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.files import write_bytes_atomic
 from pbg_ray.io.storage import StoragePath, is_uri, storage_path
@@ -36,6 +37,8 @@ from pbg_ray.model.params import operator_key, params_from_checkpoint
 
 # (entity type, partition, relation index or None): one candidate set (module docstring).
 SetKey = Tuple[str, int, Optional[int]]
+# Rows from which an IVF-PQ index's 256-code codebooks learn (faiss asks 39 per code).
+PQ_MIN_ROWS = 39 * 256
 
 
 INDEX_DIRECTORY = "serve_index"  # in checkpoint_path, one v{N}/ per checkpoint version
@@ -124,8 +127,12 @@ def candidate_vectors(scorer: Scorer, entity: str, rows: Tensor, relation: Optio
 
 
 def index_kind(config: ConfigSchema, rows: int) -> str:
-    """exact, hnsw or ivf for a set of `rows` candidates (serve.index; auto: by size)."""
+    """exact, hnsw, ivf or ivfpq for a set of `rows` candidates (serve.index; auto: by
+    size). IVF-PQ's codebooks of 256 codes each learn from PQ_MIN_ROWS rows at least:
+    smaller sets are searched exactly (and held in memory: they are small)."""
     serve = config.serve
+    if serve.index == "ivfpq":
+        return "ivfpq" if rows >= PQ_MIN_ROWS else "exact"
     if serve.index != "auto":
         return serve.index
     if config.bias or rows < serve.index_min_rows:
@@ -133,28 +140,48 @@ def index_kind(config: ConfigSchema, rows: int) -> str:
     return "hnsw" if rows < serve.ivf_min_rows else "ivf"
 
 
+def pq_subquantizers(config: ConfigSchema, dim: int) -> int:
+    """Bytes of an IVF-PQ code of a `dim`-float vector: serve.pq_bytes, which must divide
+    dim; 0: the largest divisor of dim up to dim / 2 (a byte per two floats: an eighth of
+    the vector, whose hits then rescore to a recall@10 near 1)."""
+    pq_bytes = config.serve.pq_bytes
+    if pq_bytes == 0:
+        return max(m for m in range(1, max(1, dim // 2) + 1) if dim % m == 0)
+    if dim % pq_bytes:
+        divisors = [m for m in range(1, dim + 1) if dim % m == 0]
+        raise PbgRayError(f"serve.pq_bytes={pq_bytes} does not divide the dimension {dim}: "
+                          f"IVF-PQ splits each vector into pq_bytes equal parts. Set one of "
+                          f"{divisors}, or 0 for the largest up to half of it.")
+    return pq_bytes
+
+
 def index_bytes(config: ConfigSchema, kind: str, rows: int, dim: int) -> int:
     """Bytes a faiss index of `kind` holds for `rows` vectors of `dim` floats: HNSW the
     vectors and about 2 x hnsw_m links of 4 bytes per row on its base layer (its upper
-    layers add a few percent), IVF the vectors and an 8-byte id per row."""
+    layers add a few percent), IVF the vectors and an 8-byte id per row, IVF-PQ a code
+    and an id per row."""
     vectors = rows * dim * 4
     if kind == "hnsw":
         return int(vectors + rows * 2 * config.serve.hnsw_m * 4 * 1.1)
+    if kind == "ivfpq":
+        return rows * (pq_subquantizers(config, dim) + 8)
     return vectors + 8 * rows if kind == "ivf" else 0
 
 
 def replica_bytes(config: ConfigSchema, counts: Dict[str, Sequence[int]], shard: int) -> int:
     """Bytes one replica of shard group `shard` holds (ShardTables): each partition's
     table, each candidate set's prepared vectors, and the indexes of the sets with their
-    own."""
+    own; an IVF-PQ partition's codes alone (its vectors stay on disk)."""
     total = 0
     for entity, part, relation in set_keys(config, shard):
         rows, dim = counts[entity][part], config.entity_dimension(entity)
-        total += rows * dim * 4  # the set's prepared vectors
-        if relation is None:
-            total += rows * dim * 4  # the partition's table, read once per partition
+        kind = index_kind(config, rows)
+        if kind != "ivfpq":
+            total += rows * dim * 4  # the set's prepared vectors
+            if relation is None:
+                total += rows * dim * 4  # the partition's table, read once per partition
         if not shares_index(config, (entity, part, relation)):
-            total += index_bytes(config, index_kind(config, rows), rows, dim)
+            total += index_bytes(config, kind, rows, dim)
     return total
 
 
@@ -163,6 +190,7 @@ def index_file(config: ConfigSchema, version: int, key: SetKey, kind: str) -> St
     settings (so changed settings build a new one)."""
     serve = config.serve
     settings = (f"{kind} {serve.hnsw_m} {serve.hnsw_ef_construction}" if kind == "hnsw"
+                else f"{kind} {serve.ivf_lists} {serve.pq_bytes}" if kind == "ivfpq"
                 else f"{kind} {serve.ivf_lists}")
     tag = hashlib.sha1(settings.encode()).hexdigest()[:8]
     entity, part, relation = key
@@ -170,13 +198,16 @@ def index_file(config: ConfigSchema, version: int, key: SetKey, kind: str) -> St
     return storage_path(config.checkpoint_path) / INDEX_DIRECTORY / f"v{version}" / name
 
 
-def build_index(vectors: np.ndarray, kind: str, comparator: str, serve: ServeConfig) -> Any:
-    """A faiss index (hnsw or ivf) of vectors float32 [N, D] with the comparator's metric."""
+def build_index(vectors: np.ndarray, kind: str, config: ConfigSchema) -> Any:
+    """A faiss index (hnsw, ivf or ivfpq) of vectors float32 [N, D] with the comparator's
+    metric."""
     import faiss
 
+    serve = config.serve
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     n, dim = vectors.shape
-    metric = faiss.METRIC_INNER_PRODUCT if comparator in IP_COMPARATORS else faiss.METRIC_L2
+    metric = (faiss.METRIC_INNER_PRODUCT if config.comparator in IP_COMPARATORS
+              else faiss.METRIC_L2)
     if kind == "hnsw":
         index = faiss.IndexHNSWFlat(dim, serve.hnsw_m, metric)
         index.hnsw.efConstruction = serve.hnsw_ef_construction
@@ -185,9 +216,14 @@ def build_index(vectors: np.ndarray, kind: str, comparator: str, serve: ServeCon
         lists = max(1, min(lists, n // 39 or 1))  # faiss wants 39 training points per list
         quantizer = (faiss.IndexFlatIP if metric == faiss.METRIC_INNER_PRODUCT
                      else faiss.IndexFlatL2)(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, lists, metric)
-        sample = vectors[np.random.default_rng(0).permutation(n)[:lists * 256]]
-        index.train(sample)
+        if kind == "ivfpq":
+            index = faiss.IndexIVFPQ(quantizer, dim, lists, pq_subquantizers(config, dim), 8,
+                                     metric)
+        else:
+            index = faiss.IndexIVFFlat(quantizer, dim, lists, metric)
+        # The coarse quantizer (and each PQ codebook of 256 codes) learn from a sample.
+        size = lists * 256 if kind == "ivf" else max(lists, 64) * 256
+        index.train(vectors[np.random.default_rng(0).permutation(n)[:size]])
     index.add(vectors)
     return index
 
@@ -208,7 +244,7 @@ def build_set_index(config: ConfigSchema, version: int, key: SetKey) -> Dict[str
     start = time.perf_counter()
     vectors = candidate_vectors(version_scorer(config, version), entity, torch.from_numpy(rows),
                                 relation)
-    index = build_index(vectors.numpy(), kind, config.comparator, config.serve)
+    index = build_index(vectors.numpy(), kind, config)
     write_bytes_atomic(path, faiss.serialize_index(index).tobytes())
     figures["seconds"] = time.perf_counter() - start
     return figures

@@ -5,6 +5,7 @@ nothing of the service running."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import threading
@@ -21,12 +22,13 @@ from pbg_ray.config import ConfigSchema, ServeConfig
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.runtime.budget import (
-    ACTOR, DRIVER, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan)
-from pbg_ray.runtime.connect import check_plan_fits, connect_ray
+    ACTOR, DRIVER, GIB, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan, memory_budget)
+from pbg_ray.runtime.connect import check_plan_fits, connect_ray, starts_local_ray
 from pbg_ray.serving.http_api import UNAVAILABLE, Router, Shard
 from pbg_ray.serving.index import build_indexes, replica_bytes
 
 
+logger = logging.getLogger("pbg_ray")
 APPLICATION = "pbg_ray"
 # How often the watch of the versions taken up looks whether a stop was asked.
 STOP_CHECK_S = 0.5
@@ -102,6 +104,8 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     serve_logger = logging.getLogger(SERVE_LOGGER_NAME)
     serve_logger.setLevel(logging.WARNING)
     serve_logger.addFilter(DRIVER_ROUTER_NOTICES)
+    config = index_for_budget(
+        config, memory_budget(config.ray) if starts_local_ray(config.ray) else None)
     check_serving_fits(config)
     connect_ray(config.ray)
     serve_config = config.serve
@@ -143,12 +147,35 @@ def serving_plan(config: ConfigSchema, counts: Dict[str, Sequence[int]]) -> Memo
                       RAY_PROCESSES + DRIVER + ACTOR + replicas * TASK_WORKER)
 
 
+def index_for_budget(config: ConfigSchema, budget: Optional[MemoryBudget]) -> ConfigSchema:
+    """The config to serve: serve.index=auto becomes ivfpq (the vectors left in the
+    checkpoint's files) where the auto choice's plan does not fit `budget` (the local Ray's;
+    None on a cluster), with a warning saying so; any other config as it is."""
+    if config.serve.index != "auto" or budget is None:
+        return config
+    plan = serving_plan(config, load_entity_counts(config))
+    if plan.total <= budget.bytes:
+        return config
+    logger.warning("serve.index=auto: the vectors and their indexes need about %.2f GiB, and "
+                   "the service may use %s; serving with serve.index=ivfpq (compressed codes "
+                   "in memory, the vectors read from the checkpoint for the hits).",
+                   plan.total / GIB, budget)
+    return dataclasses.replace(config, serve=dataclasses.replace(config.serve, index="ivfpq"))
+
+
 def check_serving_fits(config: ConfigSchema) -> None:
     """Refuse a service on the local Ray whose plan exceeds the memory budget."""
     serve_config = config.serve
+    counts = load_entity_counts(config)
 
     def fix(budget: MemoryBudget) -> str:
         ways = []
+        compressed = dataclasses.replace(config, serve=dataclasses.replace(
+            serve_config, index="ivfpq"))
+        if serve_config.index != "ivfpq" and \
+                serving_plan(compressed, counts).total <= budget.bytes:
+            ways.append("serve.index=ivfpq (compressed codes in memory, the vectors read from "
+                        "the checkpoint for the hits)")
         if serve_config.shard_replicas > 1:
             ways.append("serve.shard_replicas=1 (one copy of each shard group)")
         return "; or ".join(ways + [
@@ -156,7 +183,7 @@ def check_serving_fits(config: ConfigSchema) -> None:
             "serve.shard_groups=<nodes>); or give it more memory (ray.memory_budget states "
             "it in bytes where the detected limit is wrong)"])
 
-    check_plan_fits(config.ray, serving_plan(config, load_entity_counts(config)), fix)
+    check_plan_fits(config.ray, serving_plan(config, counts), fix)
 
 
 def serve_running() -> bool:

@@ -1,22 +1,29 @@
 """A shard group's partitions of a checkpoint version (their candidate sets and indexes) and
 their top-k search, exact or approximate: approximate hits are rescored exactly with the
 comparator, so every score returned is the model's own; only which candidates make the top
-k may differ from exact search."""
+k may differ from exact search.
+
+A partition under IVF-PQ (serve.index=ivfpq) is held as its codes only: its vectors stay in
+the checkpoint's embeddings file (StoredRows), the index's hits are read from it and
+rescored, and an exact search streams the file in blocks."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from pbg_ray.checkpoints.directory import EMBEDDING_DATASET
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.filtered import KnownEdges
 from pbg_ray.evaluation.questions import Exclusion, exact_top_k, left_out
 from pbg_ray.io.edges import read_edges
+from pbg_ray.io.storage import StoragePath, open_h5
 from pbg_ray.serving.index import (
     SetKey, adjoint_queries, candidate_vectors, index_file, index_kind, set_keys, shard_of,
     shares_index, version_scorer)
@@ -24,10 +31,48 @@ from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.types import Bucket
 
 
+# Rows of an out-of-core partition an exact search scores at a time.
+STREAM_ROWS = 65536
+
+
+class StoredRows:
+    """A partition's embeddings where the checkpoint keeps them, read on demand: a memory map
+    of the HDF5 dataset where the file is local and the dataset contiguous float32 (pages
+    the kernel may drop, not the process's own memory), else reads through h5py."""
+
+    def __init__(self, path: StoragePath) -> None:
+        self.path = path
+        self.mapped: Optional[np.ndarray] = None
+        with open_h5(path) as hf:
+            ds = hf[EMBEDDING_DATASET]
+            self.shape = ds.shape
+            offset = ds.id.get_offset() if isinstance(path, Path) else None
+            if offset is not None and ds.chunks is None and ds.dtype == np.float32:
+                self.mapped = np.memmap(path, np.float32, "r", offset, ds.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def take(self, offsets: np.ndarray) -> np.ndarray:
+        """float32 rows [len(offsets), D] (offsets in any order, repeats allowed)."""
+        if self.mapped is not None:
+            return np.asarray(self.mapped[offsets])
+        unique, inverse = np.unique(offsets, return_inverse=True)
+        with open_h5(self.path) as hf:
+            return hf[EMBEDDING_DATASET][unique].astype(np.float32)[inverse]
+
+    def block(self, start: int, stop: int) -> np.ndarray:
+        if self.mapped is not None:
+            return np.asarray(self.mapped[start:stop])
+        with open_h5(self.path) as hf:
+            return hf[EMBEDDING_DATASET][start:stop].astype(np.float32)
+
+
 @dataclasses.dataclass
 class CandidateSet:
-    vectors: Tensor  # prepared candidates [N, D]
+    vectors: Optional[Tensor]  # prepared candidates [N, D]; None: out of core (`stored`)
     index: Any  # the faiss index, None: exact search
+    stored: Optional[StoredRows] = None  # the partition's rows, for an out-of-core set
 
 
 class ShardTables:
@@ -44,13 +89,20 @@ class ShardTables:
         self.num_relations = num_relation_ids(config)
         self.tables: Dict[Tuple[str, int], Tensor] = {}
         self.sets: Dict[SetKey, CandidateSet] = {}
+        self.stored: Dict[Tuple[str, int], StoredRows] = {}
         for key in set_keys(config, shard):
             entity, part, relation = key
-            if (entity, part) not in self.tables:
-                self.tables[entity, part] = torch.from_numpy(
-                    checkpoint.read_partition(version, entity, part)[0])
-            vectors = candidate_vectors(self.scorer, entity, self.tables[entity, part], relation)
-            kind = index_kind(config, len(vectors))
+            if (entity, part) not in self.tables and (entity, part) not in self.stored:
+                stored = StoredRows(checkpoint.partition_file(version, entity, part))
+                if index_kind(config, len(stored)) == "ivfpq":
+                    self.stored[entity, part] = stored
+                else:
+                    self.tables[entity, part] = torch.from_numpy(
+                        checkpoint.read_partition(version, entity, part)[0])
+            stored = self.stored.get((entity, part))
+            vectors = None if stored else candidate_vectors(
+                self.scorer, entity, self.tables[entity, part], relation)
+            kind = index_kind(config, len(stored) if stored else len(vectors))
             index = None
             if kind != "exact" and not shares_index(config, key):
                 path = index_file(config, version, key, kind)
@@ -59,12 +111,38 @@ class ShardTables:
                     index.hnsw.efSearch = config.serve.hnsw_ef_search
                 else:
                     index.nprobe = config.serve.ivf_probes
-            self.sets[key] = CandidateSet(vectors, index)
+            self.sets[key] = CandidateSet(vectors, index, stored)
         self._known: Dict[Tuple[str, Bucket], KnownEdges] = {}
 
     def rows(self, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
         """Raw embeddings [len(offsets), D] of a partition."""
-        return self.tables[entity, part][torch.from_numpy(np.asarray(offsets, np.int64))].numpy()
+        offsets = np.asarray(offsets, np.int64)
+        if (entity, part) in self.stored:
+            return self.stored[entity, part].take(offsets)
+        return self.tables[entity, part][torch.from_numpy(offsets)].numpy()
+
+    def _prepared(self, key: SetKey, offsets: np.ndarray) -> Tensor:
+        """The prepared candidate vectors of an out-of-core set's rows at `offsets`."""
+        entity, part, relation = key
+        raw = torch.from_numpy(self.sets[key].stored.take(offsets))
+        return candidate_vectors(self.scorer, entity, raw, relation)
+
+    def _streamed_top_k(self, key: SetKey, q: Tensor, k: int, banned: List[np.ndarray]
+                        ) -> Tuple[np.ndarray, np.ndarray]:
+        """exact_top_k over an out-of-core set, STREAM_ROWS of its rows at a time."""
+        stored = self.sets[key].stored
+        best = (np.full((len(q), 0), -np.inf, np.float32), np.zeros((len(q), 0), np.int64))
+        for start in range(0, len(stored), STREAM_ROWS):
+            stop = min(start + STREAM_ROWS, len(stored))
+            raw = torch.from_numpy(stored.block(start, stop))
+            vectors = candidate_vectors(self.scorer, key[0], raw, key[2])
+            inside = [b[(b >= start) & (b < stop)] - start for b in banned]
+            scores, offsets = exact_top_k(self.scorer, q, vectors, k, inside)
+            scores = np.concatenate([best[0], scores], axis=1)
+            offsets = np.concatenate([best[1], np.where(offsets < 0, -1, offsets + start)], axis=1)
+            order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+            best = (np.take_along_axis(scores, order, 1), np.take_along_axis(offsets, order, 1))
+        return best
 
     def known(self, path: str, bucket: Bucket) -> KnownEdges:
         """The edges of a bucket of an edge path (the last few buckets kept)."""
@@ -87,14 +165,23 @@ class ShardTables:
         if shares_index(self.config, key):
             index = self.sets[key[0], key[1], None].index
             probe = adjoint_queries(self.scorer, key[2], q)
+        if (exact or index is None) and cands.vectors is None:
+            return self._streamed_top_k(key, q, k, banned)
         if exact or index is None:
             return exact_top_k(self.scorer, q, cands.vectors, k, banned)
-        wanted = min(len(cands.vectors), k + max(len(b) for b in banned))
+        size = len(cands.stored) if cands.vectors is None else len(cands.vectors)
+        wanted = k + max(len(b) for b in banned)
+        if cands.vectors is None:  # codes rank the hits roughly: fetch more, rescore them
+            wanted *= self.config.serve.pq_rerank
+        wanted = min(size, wanted)
         if hasattr(index, "hnsw"):
             index.hnsw.efSearch = max(self.config.serve.hnsw_ef_search, wanted)
         _, hits = index.search(np.ascontiguousarray(probe.numpy()), wanted)
         offsets = torch.from_numpy(hits)
-        found = cands.vectors[offsets.clamp_min(0)]
+        if cands.vectors is None:
+            found = self._prepared(key, hits.clip(0).ravel()).view(len(q), wanted, -1)
+        else:
+            found = cands.vectors[offsets.clamp_min(0)]
         # The comparator's exact scores of the hits: [B, 1, D] x [B, wanted, D].
         values = self.scorer.comparator.matrix(q.unsqueeze(1), found)[:, 0]
         values[offsets < 0] = -float("inf")

@@ -12,7 +12,7 @@ from pbg_ray.runtime.budget import GIB
 from pbg_ray.serving.index import index_bytes
 from pbg_ray.serving.launch import serving_plan
 from tests.commands.test_cli import assert_one_error_line, pbg_module, run
-from tests.util import config_dict, partitioned_checkpoint
+from tests.util import partitioned_checkpoint
 
 ROWS = 50_000  # per partition, 8 partitions, d=16: 3.05 MiB a partition
 ONE_TASK = ["ray.num_cpus=1", "ray.cpus_per_trainer=1"]
@@ -79,7 +79,16 @@ def test_an_export_and_a_service_over_their_budget_are_refused_in_one_line(
     assert code == 2
     assert_one_error_line(err, "this export needs about", "export.format=parquet")
     assert not (tmp_path / "checkpoints" / "export").exists()
-    code, _, err = run("serve", [tmp_path / "config.py", *ONE_TASK, "ray.memory_budget=100000000",
+    replicated = dataclasses.replace(checkpoint, serve=dataclasses.replace(
+        checkpoint.serve, index="hnsw", shard_replicas=2))
+    counts = {"node": [ROWS] * 8, "user": [30, 31], "item": [20, 21], "tag": [7]}
+    hnsw = serving_plan(replicated, counts).total
+    compressed = serving_plan(dataclasses.replace(replicated, serve=dataclasses.replace(
+        replicated.serve, index="ivfpq")), counts).total
+    assert compressed < hnsw
+    code, _, err = run("serve", [tmp_path / "config.py", *ONE_TASK, "serve.index=hnsw",
+                                 f"ray.memory_budget={(compressed + hnsw) // 2}",
                                  "serve.shard_replicas=2"], tmp_path)
     assert code == 2
-    assert_one_error_line(err, "this service needs about", "serve.shard_replicas=1")
+    assert_one_error_line(err, f"this service needs about {hnsw / GIB:.2f} GiB", "serve.index=ivfpq",
+                          "serve.shard_replicas=1")

@@ -33,23 +33,23 @@ def test_candidate_sets_follow_the_operators(tmp_path):
 
 @pytest.mark.parametrize("comparator,metric", [("dot", 0), ("cos", 0), ("l2", 1),
                                                ("squared_l2", 1)])
-def test_the_index_searches_with_the_comparators_metric(comparator, metric):
+def test_the_index_searches_with_the_comparators_metric(tmp_path, comparator, metric):
     """faiss's METRIC_INNER_PRODUCT is 0, METRIC_L2 1; an IVF index probing every list
     finds exact search's top 10 under that metric."""
     import faiss
-    from pbg_ray.config import ServeConfig
 
     rng = np.random.default_rng(0)
     vectors = rng.normal(size=(2000, 16)).astype(np.float32)
-    serve = ServeConfig(ivf_lists=8)
-    index = build_index(vectors, "ivf", comparator, serve)
+    config = ConfigSchema.from_dict(config_dict(tmp_path, comparator=comparator,
+                                                serve={"ivf_lists": 8}))
+    index = build_index(vectors, "ivf", config)
     assert index.metric_type == metric
     index.nprobe = 8
     query = rng.normal(size=(5, 16)).astype(np.float32)
     _, hits = index.search(query, 10)
     exact = query @ vectors.T if metric == 0 else -((query[:, None] - vectors[None]) ** 2).sum(-1)
     np.testing.assert_array_equal(np.sort(hits, 1), np.sort(np.argsort(-exact, 1)[:, :10], 1))
-    assert isinstance(build_index(vectors, "hnsw", comparator, serve), faiss.IndexHNSWFlat)
+    assert isinstance(build_index(vectors, "hnsw", config), faiss.IndexHNSWFlat)
 
 
 def test_index_kind_by_size(tmp_path):
