@@ -63,7 +63,7 @@ class StoredRows:
 
     def block(self, start: int, stop: int) -> np.ndarray:
         if self.mapped is not None:
-            return np.asarray(self.mapped[start:stop])
+            return np.array(self.mapped[start:stop])  # a copy: torch wants writable arrays
         with open_h5(self.path) as hf:
             return hf[EMBEDDING_DATASET][start:stop].astype(np.float32)
 
