@@ -4,8 +4,11 @@ batch queries over every partition of a table, each task reading its partition i
 Results come back in the jobs' order, with at most `window` tasks submitted and not yet
 consumed, so that memory (the object store's and the driver's) holds the results of a
 few partitions per CPU, whatever the number of partitions. A failed task stops the map:
-the tasks still pending are cancelled and waited for, so none writes after the caller
-has cleaned up, and the task's PbgRayError is raised as itself.
+the tasks still in flight (the window's, a few per CPU) are waited for, so none writes
+after the caller has cleaned up, and the task's PbgRayError is raised as itself. They are
+not cancelled: ray.cancel interrupts a running task with KeyboardInterrupt, which can land
+where Python only prints it ("Exception ignored in ..."), on the user's terminal through
+the worker's log, beside the one error line.
 """
 
 from __future__ import annotations
@@ -52,9 +55,7 @@ class RayPartitionMap:
                 yield get_results(pending.popleft())
         finally:  # a failure, or a caller that stopped early
             if pending:
-                for ref in pending:
-                    ray.cancel(ref)
-                discard(list(pending))
+                discard(list(pending), timeout=None)
 
 
 def partition_map(config: ConfigSchema) -> MapPartitions:
