@@ -1,5 +1,8 @@
 """Filtered full ranking speed: 10,000 test edges ranked on both sides against 100,000
 entities at d=100 (dot comparator, one partition), 100,000 known training edges filtered.
+With --partitions P and --placement disk, the same out of core: the entities in P
+partitions, the edges in P x P buckets, each task reading the partitions it needs from the
+checkpoint.
 
 Prints ranked queries per second (one query = one side of one edge, so 20,000 queries),
 the matmul FLOP rate they imply (2·d per candidate score) and its fraction of the
@@ -47,23 +50,32 @@ def matmul_rate(threads: int, size: int = 2048, repeats: int = 7) -> float:
     return 2 * size ** 3 / float(np.median(times)) / 1e9
 
 
-def build(root: Path, num_entities: int, num_edges: int, seed: int = 0) -> ConfigSchema:
+def build(root: Path, num_entities: int, num_edges: int, partitions: int, placement: str,
+          seed: int = 0) -> ConfigSchema:
     rng = np.random.default_rng(seed)
-    save_entity_count(root / "entities", "node", 0, num_entities)
+    size = num_entities // partitions
+    for part in range(partitions):
+        save_entity_count(root / "entities", "node", part, size)
     for split, n in (("train", 10 * num_edges), ("test", num_edges)):
-        write_edges(root / split, Bucket(0, 0), EdgeList(
-            rng.integers(num_entities, size=n), rng.integers(num_entities, size=n),
-            np.zeros(n, np.int64)))
+        parts = rng.integers(partitions, size=(2, n))
+        for lhs in range(partitions):
+            for rhs in range(partitions):
+                m = int(np.count_nonzero((parts[0] == lhs) & (parts[1] == rhs)))
+                write_edges(root / split, Bucket(lhs, rhs), EdgeList(
+                    rng.integers(size, size=m), rng.integers(size, size=m), np.zeros(m, np.int64)))
     config = ConfigSchema.from_dict(dict(
-        entities={"node": {}}, relations=[{"name": "link", "lhs": "node", "rhs": "node"}],
+        entities={"node": {"num_partitions": partitions}},
+        relations=[{"name": "link", "lhs": "node", "rhs": "node"}],
         dimension=DIM, comparator="dot", global_emb=False, entity_path=str(root / "entities"),
         edge_paths=[str(root / "train")], eval_edge_paths=[str(root / "test")],
-        checkpoint_path=str(root / "checkpoints"), eval={"sampled": False, "per_relation": False}))
+        checkpoint_path=str(root / "checkpoints"), ray={"placement": placement},
+        eval={"sampled": False, "per_relation": False}))
     storage = CheckpointStorage(config.checkpoint_path)
     storage.prepare()
     storage.save_config(config)
-    embs = rng.standard_normal((num_entities, DIM), dtype=np.float32)
-    storage.save_entity_partition(1, "node", 0, embs, None)
+    for part in range(partitions):
+        embs = rng.standard_normal((size, DIM), dtype=np.float32)
+        storage.save_entity_partition(1, "node", part, embs, None)
     storage.save_model(1, {}, None)
     storage.save_version(1)
     return config
@@ -73,12 +85,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--edges", type=int, default=10_000)
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--placement", choices=["memory", "disk"], default="memory")
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args()
+    args.entities -= args.entities % args.partitions
     cores = os.cpu_count() or 1
     peak = matmul_rate(cores)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-        config = build(Path(tmp), args.entities, args.edges)
+        config = build(Path(tmp), args.entities, args.edges, args.partitions, args.placement)
         ray.init(num_cpus=cores, include_dashboard=False, logging_level="WARNING")
         load_1 = os.getloadavg()[0]
         evaluate_checkpoint(config)  # warm-up: starts the workers
@@ -92,13 +107,15 @@ def main() -> None:
     gflops = qps * 2 * DIM * args.entities / 1e9
     result = {
         "edges": args.edges, "entities": args.entities, "dimension": DIM, "queries": queries,
+        "partitions": args.partitions, "placement": args.placement,
         "seconds": round(elapsed, 3), "queries_per_s": round(qps), "ranking_gflops": round(gflops, 1),
         "matmul_gflops": round(peak, 1), "fraction_of_matmul": round(gflops / peak, 3),
         "cores": cores, "load_average_1min": [round(load_1, 2), round(load_2, 2)],
         "filtered_mrr": report["metrics"]["all"]["filtered"]["mrr"], "target_queries_per_s": 5000,
     }
     print(f"filtered ranking: {queries} queries ({args.edges} edges x 2 sides) against "
-          f"{args.entities} entities, d={DIM}: {elapsed:.2f} s, {qps:,.0f} queries/s")
+          f"{args.entities} entities in {args.partitions} partition(s), {args.placement} "
+          f"placement, d={DIM}: {elapsed:.2f} s, {qps:,.0f} queries/s")
     print(f"matmul: {gflops:.1f} GFLOP/s of a measured {peak:.1f} GFLOP/s on {cores} cores "
           f"({100 * gflops / peak:.0f}%); load average {load_1:.2f} -> {load_2:.2f}")
     print(json.dumps(result))

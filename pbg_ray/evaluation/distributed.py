@@ -27,7 +27,8 @@ from pbg_ray.checkpoints.sources import CheckpointSource, Partition, resolved
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
-    QUERY_BLOCK, KnownEdges, check_rankable, filter_buckets, rank_counts, read_known)
+    QUERY_BLOCK, GatheredRows, KnownEdges, buckets_rank_counts, check_rankable, filter_buckets,
+    read_known, relation_groups)
 from pbg_ray.evaluation.metrics import (
     ALL, SampledNegatives, add_stats, format_table, rank_stats, sampled_stats, stats_mean)
 from pbg_ray.io.edges import check_edges, count_edges, edges_file, read_edges
@@ -51,13 +52,11 @@ TASK_SCRATCH = 64 * MIB
 # Bytes per known edge of a filtered-ranking task: the edges (3 int64) and, for the side
 # it ranks, their sorted keys and ids (2 int64).
 KNOWN_EDGE_BYTES = 40
-# Partitions a disk-placement task reads itself: its bucket's two and the candidates'.
-TASK_PARTITIONS = 3
 
 
 @dataclass(frozen=True)
 class RankJob:
-    """One filtered-ranking task's share: query chunk `chunk_idx` of `num_chunks` of a
+    """A share of a filtered-ranking task: query chunk `chunk_idx` of `num_chunks` of a
     bucket's edges, ranked against candidate partition `cand_part`, the edges of
     `filter_paths` left out of the ranks."""
 
@@ -70,38 +69,55 @@ class RankJob:
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
+def gather_rows_task(config: ConfigSchema, key: PartitionKey, offsets: np.ndarray,
+                     partition: Partition) -> GatheredRows:
+    """The rows at `offsets` (sorted, unique) of one partition: what the ranking tasks
+    need of it as queries and positives."""
+    (embeddings, _), = resolved(config, [key], [partition])
+    return GatheredRows(offsets, np.ascontiguousarray(embeddings[offsets]))
+
+
+@ray.remote(runtime_env=TASK_RUNTIME_ENV)
 @release_free_heap
 @on_task_threads
-def filtered_rank_task(config: ConfigSchema, job: RankJob, num_rel: int,
-                       keys: List[PartitionKey], params: ModelParams,
-                       *partitions: Partition) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
-    """(relation ids [E], per side the counts [E] of the job's candidate partition) of the
-    job's query chunk (see evaluation.filtered)."""
+def filtered_rank_task(config: ConfigSchema, jobs: List[RankJob], num_rel: int,
+                       keys: List[PartitionKey], gathered_keys: List[PartitionKey],
+                       params: ModelParams, *arrays: Any
+                       ) -> List[Tuple[np.ndarray, Dict[str, np.ndarray]]]:
+    """Per job (all of one candidate partition), (relation ids [E], per side the counts
+    [E] of the candidate partition) of its query chunk (see evaluation.filtered). arrays:
+    the candidate partitions of `keys`, read once for every job, then the GatheredRows of
+    `gathered_keys`: the rows the jobs' edges name in the other partitions."""
     import torch
 
     from pbg_ray.evaluation.scoring import Scorer
 
-    partitions = resolved(config, keys, partitions)
-    counts = partition_counts(keys, partitions)
-    bucket, cand_part = job.bucket, job.cand_part
-    edges = read_edges(job.edge_path, bucket, job.chunk_idx, job.num_chunks)
-    check_edges(edges, bucket, config, counts, num_rel,
-                f"edge file {job.edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
-    known: Dict[str, Optional[KnownEdges]] = {}
-    if job.filter_paths:
-        entity_counts = load_entity_counts(config)
-        for side, other_part in (("rhs", bucket.lhs), ("lhs", bucket.rhs)):
+    partitions = resolved(config, keys, arrays[:len(keys)])
+    tables: Dict[PartitionKey, Any] = dict(zip(gathered_keys, arrays[len(keys):]))
+    with warnings.catch_warnings():  # the arrays are read-only and nothing writes them
+        warnings.simplefilter("ignore", UserWarning)
+        tables.update({k: torch.from_numpy(e) for k, (e, _) in zip(keys, partitions)})
+    scorer = Scorer(config, params.arrays)
+    entity_counts = load_entity_counts(config)
+    known_of: Dict[Tuple[str, int], KnownEdges] = {}  # (side, other part): its filter buckets
+    shares = []
+    for job in jobs:
+        bucket, cand_part = job.bucket, job.cand_part
+        edges = read_edges(job.edge_path, bucket, job.chunk_idx, job.num_chunks)
+        known: Dict[str, Optional[KnownEdges]] = {}
+        for side, other_part in (("rhs", bucket.lhs), ("lhs", bucket.rhs)) if job.filter_paths else ():
             # Partitions past 0 only rank partitioned types: a side without any has no
             # bucket file there.
             if cand_part == 0 or _partitioned(config, side):
-                known[side] = read_known(config, list(job.filter_paths),
-                                         filter_buckets(config, side, other_part, cand_part),
-                                         entity_counts, num_rel)
-    with warnings.catch_warnings():  # the arrays are read-only and nothing writes them
-        warnings.simplefilter("ignore", UserWarning)
-        tables = {k: torch.from_numpy(e) for k, (e, _) in zip(keys, partitions)}
-    return edges.rel, rank_counts(Scorer(config, params.arrays), bucket, edges, cand_part,
-                                  tables, known)
+                if (side, other_part) not in known_of:
+                    known_of[side, other_part] = read_known(
+                        config, list(job.filter_paths),
+                        filter_buckets(config, side, other_part, cand_part), entity_counts,
+                        num_rel)
+                known[side] = known_of[side, other_part]
+        shares.append((bucket, edges, known))
+    counts = buckets_rank_counts(scorer, shares, jobs[0].cand_part, tables)
+    return [(edges.rel, job_counts) for (_, edges, _), job_counts in zip(shares, counts)]
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
@@ -171,39 +187,60 @@ class Evaluator:
 
     def filtered_ranks(self, edge_path: str, filter_paths: Sequence[str]
                        ) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
-        """(relation ids [E], per side the filtered ranks [E]) of every edge of edge_path."""
+        """(relation ids [E], per side the filtered ranks [E]) of every edge of edge_path:
+        the rows its edges name gathered once per partition, then per candidate partition
+        a task or a few (enough for every CPU) ranking every bucket's edges against it,
+        so that each partition is read about twice whatever the number of buckets."""
         config = self.config
         buckets = self._buckets(edge_path)
-        cand_parts = range(config.num_partitions())
-        # Enough query chunks that every CPU has a task even with a single bucket.
-        cpus = ray.cluster_resources().get("CPU", 1) / config.ray.cpus_per_trainer
-        per_bucket = max(1, math.ceil(cpus / max(1, len(buckets) * len(cand_parts))))
-        jobs = []
-        for bucket, num_edges in buckets:
-            num_chunks = max(1, min(per_bucket, num_edges // QUERY_BLOCK))
-            for cand_part in cand_parts:
-                keys = list(dict.fromkeys(partition_keys(config, bucket) + [
-                    partition_key(config, getattr(r, side), cand_part)
-                    for side in SIDES for r in config.relations]))
-                for chunk in range(num_chunks):
-                    job = RankJob(bucket, edge_path, chunk, num_chunks, cand_part,
-                                  tuple(filter_paths))
-                    jobs.append(((bucket, chunk), filtered_rank_task.options(**self._options()).remote(
-                        config, job, self.num_rel, keys, self.params,
-                        *[self.partitions[k] for k in keys])))
-        results = get_results([ref for _, ref in jobs])
-        rels: Dict[Any, np.ndarray] = {}
-        ranks: Dict[Any, Dict[str, np.ndarray]] = {}
-        for (where, _), (rel, counts) in zip(jobs, results):
-            rels[where] = rel
-            acc = ranks.setdefault(where, {side: np.ones(len(rel), np.int64) for side in SIDES})
-            for side in SIDES:
-                acc[side] += counts[side]
-        order = list(rels)
-        if not order:
+        if not buckets:
             return np.empty(0, np.int64), {side: np.empty(0, np.int64) for side in SIDES}
-        return (np.concatenate([rels[w] for w in order]),
-                {side: np.concatenate([ranks[w][side] for w in order]) for side in SIDES})
+        gathered = self._gather(edge_path, [b for b, _ in buckets])
+        cand_parts = range(config.num_partitions())
+        cpus = ray.cluster_resources().get("CPU", 1) / config.ray.cpus_per_trainer
+        groups = max(1, math.ceil(cpus / len(cand_parts)))
+        per_bucket = max(1, math.ceil(groups / len(buckets)))
+        chunks = {b: max(1, min(per_bucket, n // QUERY_BLOCK)) for b, n in buckets}
+        tasks = []
+        for cand_part in cand_parts:
+            keys = list(dict.fromkeys(partition_key(config, getattr(r, side), cand_part)
+                                      for side in SIDES for r in config.relations))
+            jobs = [RankJob(b, edge_path, c, chunks[b], cand_part, tuple(filter_paths))
+                    for b, _ in buckets for c in range(chunks[b])]
+            for group in (jobs[i::groups] for i in range(min(groups, len(jobs)))):
+                named = sorted({k for job in group for k in partition_keys(config, job.bucket)
+                                if k not in keys})
+                tasks.append((group, filtered_rank_task.options(**self._options()).remote(
+                    config, group, self.num_rel, keys, named, self.params,
+                    *[self.partitions[k] for k in keys], *[gathered[k] for k in named])))
+        ranks: Dict[Any, Tuple[np.ndarray, Dict[str, np.ndarray]]] = {}
+        for (group, _), results in zip(tasks, get_results([ref for _, ref in tasks])):
+            for job, (rel, counts) in zip(group, results):
+                _, acc = ranks.setdefault((job.bucket, job.chunk_idx), (rel, {
+                    side: np.ones(len(rel), np.int64) for side in SIDES}))
+                for side in SIDES:
+                    acc[side] += counts[side]
+        order = [(b, c) for b, _ in buckets for c in range(chunks[b])]
+        return (np.concatenate([ranks[w][0] for w in order]),
+                {side: np.concatenate([ranks[w][1][side] for w in order]) for side in SIDES})
+
+    def _gather(self, edge_path: str, buckets: Sequence[Bucket]) -> Dict[PartitionKey, Any]:
+        """Per partition the edges of edge_path name, a ref to their rows (GatheredRows)."""
+        config = self.config
+        counts = load_entity_counts(config)
+        wanted: Dict[PartitionKey, List[np.ndarray]] = {}
+        for bucket in buckets:
+            edges = read_edges(edge_path, bucket)
+            check_edges(edges, bucket, config, counts, self.num_rel,
+                        f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
+            for relation, idx in relation_groups(config, edges.rel):
+                rconf = config.relations[relation]
+                for side, part in zip(SIDES, bucket):
+                    key = partition_key(config, getattr(rconf, side), part)
+                    wanted.setdefault(key, []).append(getattr(edges, side)[idx])
+        return {key: gather_rows_task.options(**self._options()).remote(
+            config, key, np.unique(np.concatenate(ids)), self.partitions[key])
+            for key, ids in wanted.items()}
 
 
 def filtered_stats(rel: np.ndarray, ranks: Mapping[str, np.ndarray], hits_at: Sequence[int],
@@ -244,39 +281,46 @@ def checkpoint_partitions(config: ConfigSchema, checkpoint: CheckpointManager, v
 
 
 def evaluation_plan(config: ConfigSchema, counts: Mapping[str, Sequence[int]],
-                    filter_edges: int, tasks: int) -> MemoryPlan:
+                    filter_edges: int, query_edges: int, tasks: int) -> MemoryPlan:
     """What an evaluation holds at its peak: in memory placement every partition's
     embeddings in the object store (never the optimizer state); per task, in disk placement
-    the partitions it reads, and for filtered ranking the known edges of the two filter
-    buckets its ranking leaves out (filter_edges spread over the buckets)."""
+    the candidate partition it reads (one per entity type), and for filtered ranking the
+    rows of the query edges it ranks (both sides) and the known edges of the filter
+    buckets of its candidate partition (filter_edges spread over the partitions)."""
     rows = lambda e: [n * config.entity_dimension(e) * 4 for n in counts[e]]  # noqa: E731
-    largest = max(max(rows(e), default=0) for e in config.entities)
-    buckets = (max(c.num_partitions for c in config.entities.values())) ** 2
-    per_task = TASK_SCRATCH + 2 * KNOWN_EDGE_BYTES * filter_edges // buckets
+    nparts = max(c.num_partitions for c in config.entities.values())
+    dim = max(config.entity_dimension(e) for e in config.entities)
+    per_task = (TASK_SCRATCH + 2 * KNOWN_EDGE_BYTES * filter_edges // nparts
+                + 2 * dim * 4 * query_edges)
     placement = config.ray.placement
     if placement == "disk":
-        table, per_task = 0, per_task + TASK_PARTITIONS * largest
+        table = 0
+        per_task += sum(max(rows(e), default=0) for e in config.entities)
     else:
         table = sum(sum(rows(e)) for e in config.entities)
     return MemoryPlan("this evaluation", placement, table, per_task, tasks,
                       RAY_PROCESSES + DRIVER + tasks * TASK_WORKER)
 
 
-def check_evaluation_fits(config: ConfigSchema, filter_paths: Sequence[str]) -> None:
+def check_evaluation_fits(config: ConfigSchema, edge_paths: Sequence[str],
+                          filter_paths: Sequence[str]) -> None:
     """Refuse an evaluation on the local Ray whose plan exceeds the memory budget, naming
     what would fit (runtime.connect.check_plan_fits)."""
     counts = load_entity_counts(config)
     nparts = {side: max(config.entities[getattr(r, side)].num_partitions
                         for r in config.relations) for side in SIDES}
-    filter_edges = sum(count_edges(path, Bucket(lhs, rhs)) for path in filter_paths
-                       for lhs in range(nparts["lhs"]) for rhs in range(nparts["rhs"])
-                       if edges_file(path, Bucket(lhs, rhs)).is_file())
+    edges_of = lambda paths: sum(  # noqa: E731
+        count_edges(path, Bucket(lhs, rhs)) for path in paths
+        for lhs in range(nparts["lhs"]) for rhs in range(nparts["rhs"])
+        if edges_file(path, Bucket(lhs, rhs)).is_file())
+    filter_edges = edges_of(filter_paths)
+    query_edges = edges_of(edge_paths) if filter_paths else 0
     tasks = local_task_slots(config.ray)
 
     def fix(budget: MemoryBudget) -> str:
         fits = lambda placement, n: evaluation_plan(  # noqa: E731
             dataclasses.replace(config, ray=dataclasses.replace(config.ray, placement=placement)),
-            counts, filter_edges, n).total <= budget.bytes
+            counts, filter_edges, query_edges, n).total <= budget.bytes
         one_task = f"ray.num_cpus={config.ray.cpus_per_trainer:g} (one task at a time)"
         ways = []
         if config.ray.placement == "memory" and fits("disk", tasks):
@@ -290,7 +334,8 @@ def check_evaluation_fits(config: ConfigSchema, filter_paths: Sequence[str]) -> 
             "split the entities into more partitions, or give it more memory "
             "(ray.memory_budget states it in bytes where the detected limit is wrong)"])
 
-    check_plan_fits(config.ray, evaluation_plan(config, counts, filter_edges, tasks), fix)
+    check_plan_fits(config.ray, evaluation_plan(config, counts, filter_edges, query_edges, tasks),
+                    fix)
 
 
 def _unique(paths: Sequence[str]) -> List[str]:
@@ -320,7 +365,7 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
     if settings.filtered:
         check_rankable(config)
     num_rel = num_relation_ids(config)
-    check_evaluation_fits(config, filter_paths if settings.filtered else ())
+    check_evaluation_fits(config, edge_paths, filter_paths if settings.filtered else ())
     start = time.perf_counter()
     connect_ray(config.ray)
     check_cpus_per_trainer(config.ray)

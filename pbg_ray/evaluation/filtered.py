@@ -11,11 +11,15 @@ other side). Each (bucket, p) is one task; the driver adds the counts up. Known 
 the rhs side of bucket (l, r) and partition p live in the filter paths' bucket (l, p), for
 the lhs side in bucket (p, r) (any bucket index for unpartitioned types). Exclusions are looked up in the very score blocks that are
 counted, so rounding can never count an excluded candidate once and subtract it zero times.
+A task holds its candidate partition whole and, of the bucket's other partitions, only the
+rows its edges name (GatheredRows), so one task can rank many buckets' edges against the
+partition it read once.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,6 +70,28 @@ class KnownEdges:
         rows = np.repeat(np.arange(len(query)), n)
         starts = np.repeat(lo - (np.cumsum(n) - n), n)
         return rows, values[starts + np.arange(len(rows))]
+
+
+@dataclass(frozen=True)
+class GatheredRows:
+    """The rows of a partition that a ranking task needs without holding the partition:
+    sorted unique offsets and their raw embeddings, indexed by offsets as the partition's
+    tensor is."""
+
+    offsets: np.ndarray  # int64 [M], sorted, unique
+    rows: np.ndarray  # float32 [M, D]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def __getitem__(self, ids: "Tensor") -> "Tensor":
+        import torch
+
+        wanted = ids.numpy()
+        pos = np.searchsorted(self.offsets, wanted).clip(max=max(0, len(self.offsets) - 1))
+        if not np.array_equal(self.offsets[pos], wanted):
+            raise PbgRayError("a ranking task was asked for rows it was not given (a bug)")
+        return torch.from_numpy(self.rows)[torch.from_numpy(pos)]
 
 
 def filter_buckets(config: ConfigSchema, side: str, other_part: int, cand_part: int
@@ -163,42 +189,63 @@ def rank_counts(scorer: Scorer, bucket: Bucket, edges: EdgeList, cand_part: int,
                 known: Mapping[str, Optional[KnownEdges]]) -> Dict[str, np.ndarray]:
     """count_p (module docstring) of every edge of `bucket` for candidate partition
     cand_part, per side: {"lhs": int64 [E], "rhs": int64 [E]}. tables: the raw embeddings
-    [N, D] of the bucket's partitions and of partition cand_part of each type; known:
-    per side, the known edges of its filter bucket (None: unfiltered)."""
+    [N, D] of partition cand_part of each type, and of the bucket's partitions (or their
+    rows the edges name, GatheredRows); known: per side, the known edges of its filter
+    bucket (None: unfiltered)."""
+    return buckets_rank_counts(scorer, [(bucket, edges, known)], cand_part, tables)[0]
+
+
+def buckets_rank_counts(scorer: Scorer, shares: Sequence[Tuple[Bucket, EdgeList, Mapping[
+                            str, Optional[KnownEdges]]]], cand_part: int,
+                        tables: Mapping[PartitionKey, Tensor]) -> List[Dict[str, np.ndarray]]:
+    """rank_counts of several buckets' edges (each with its known edges) against one
+    candidate partition: the candidates prepared once, and the queries of every bucket
+    scored together, so that score blocks stay full however few edges a bucket has."""
     import torch
 
     config = scorer.config
-    counts = {side: np.zeros(len(edges), np.int64) for side in SIDES}
-    ids = {side: getattr(edges, side) for side in SIDES}
-    rel_ids = torch.from_numpy(edges.rel)
-    candidate_cache: Dict[Tuple[str, str, int], Tensor] = {}
-    for relation, idx in relation_groups(config, edges.rel):
-        rconf = config.relations[relation]
-        keys = {side: partition_key(config, getattr(rconf, side), part)
-                for side, part in zip(SIDES, bucket)}
-        vectors = {side: scorer.entity_vectors(key[0], tables[key][torch.from_numpy(ids[side][idx])])
-                   for side, key in keys.items()}
-        for side, other in (("lhs", "rhs"), ("rhs", "lhs")):
-            entity = getattr(rconf, side)
-            cand_key = partition_key(config, entity, cand_part)
-            if cand_key[1] != cand_part:
-                continue  # an unpartitioned type is ranked by the tasks of partition 0 only
-            queries = scorer.queries(side, relation, rel_ids[idx], vectors[other])
-            pos = scorer.pos(queries, scorer.candidates(side, relation, vectors[side]))
-            cache_key = (side, entity, relation if scorer.relation_specific(side) else -1)
-            if cache_key not in candidate_cache:
-                candidate_cache[cache_key] = scorer.candidates(
-                    side, relation, scorer.entity_vectors(entity, tables[cand_key]))
-            rows, cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
-            if keys[side] == cand_key:  # the true entity is a candidate here
-                rows.append(np.arange(len(idx)))
-                cols.append(ids[side][idx])
-            if known.get(side) is not None:
-                r, c = known[side].true_entities(side, ids[other][idx], edges.rel[idx])
-                rows.append(r)
-                cols.append(c)
-            num = len(candidate_cache[cache_key])
-            pairs = np.unique(np.concatenate(rows) * num + np.concatenate(cols))
-            counts[side][idx] = count_above(scorer, queries, pos, candidate_cache[cache_key],
-                                            pairs // num, pairs % num)
+    counts = [{side: np.zeros(len(edges), np.int64) for side in SIDES} for _, edges, _ in shares]
+    candidates: Dict[Tuple[str, str, int], Tensor] = {}
+    # Per candidate set: (share, side, edge positions, queries, positives, excluded pairs).
+    pending: Dict[Tuple[str, str, int], List[Tuple[Any, ...]]] = {}
+    for share, (bucket, edges, known) in enumerate(shares):
+        ids = {side: getattr(edges, side) for side in SIDES}
+        rel_ids = torch.from_numpy(edges.rel)
+        for relation, idx in relation_groups(config, edges.rel):
+            rconf = config.relations[relation]
+            keys = {side: partition_key(config, getattr(rconf, side), part)
+                    for side, part in zip(SIDES, bucket)}
+            vectors = {side: scorer.entity_vectors(key[0], tables[key][torch.from_numpy(ids[side][idx])])
+                       for side, key in keys.items()}
+            for side, other in (("lhs", "rhs"), ("rhs", "lhs")):
+                entity = getattr(rconf, side)
+                cand_key = partition_key(config, entity, cand_part)
+                if cand_key[1] != cand_part:
+                    continue  # an unpartitioned type is ranked by the tasks of partition 0 only
+                queries = scorer.queries(side, relation, rel_ids[idx], vectors[other])
+                pos = scorer.pos(queries, scorer.candidates(side, relation, vectors[side]))
+                cache_key = (side, entity, relation if scorer.relation_specific(side) else -1)
+                if cache_key not in candidates:
+                    candidates[cache_key] = scorer.candidates(
+                        side, relation, scorer.entity_vectors(entity, tables[cand_key]))
+                rows, cols = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+                if keys[side] == cand_key:  # the true entity is a candidate here
+                    rows.append(np.arange(len(idx)))
+                    cols.append(ids[side][idx])
+                if known.get(side) is not None:
+                    r, c = known[side].true_entities(side, ids[other][idx], edges.rel[idx])
+                    rows.append(r)
+                    cols.append(c)
+                pending.setdefault(cache_key, []).append(
+                    (share, side, idx, queries, pos, np.concatenate(rows), np.concatenate(cols)))
+    for cache_key, items in pending.items():
+        num = len(candidates[cache_key])
+        starts = np.cumsum([0] + [len(item[2]) for item in items])
+        pairs = np.unique(np.concatenate([(rows + start) * num + cols for start, (*_, rows, cols)
+                                          in zip(starts, items)]))
+        above = count_above(scorer, torch.cat([item[3] for item in items]),
+                            torch.cat([item[4] for item in items]), candidates[cache_key],
+                            pairs // num, pairs % num)
+        for start, (share, side, idx, *_) in zip(starts, items):
+            counts[share][side][idx] = above[start:start + len(idx)]
     return counts

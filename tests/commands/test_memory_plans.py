@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.evaluation.distributed import TASK_PARTITIONS, TASK_SCRATCH, evaluation_plan
+from pbg_ray.evaluation.distributed import TASK_SCRATCH, evaluation_plan
 from pbg_ray.export import EXPORT_COPIES, export_plan
 from pbg_ray.runtime.budget import GIB
 from pbg_ray.serving.index import index_bytes
@@ -33,13 +33,15 @@ def with_ray(config: ConfigSchema, **ray) -> ConfigSchema:
 def test_the_plans_hold_what_each_command_keeps(checkpoint):
     counts = {"node": [ROWS] * 8, "user": [30, 31], "item": [20, 21], "tag": [7]}
     partition = ROWS * 16 * 4
-    memory = evaluation_plan(checkpoint, counts, filter_edges=0, tasks=2)
-    disk = evaluation_plan(with_ray(checkpoint, placement="disk"), counts, 0, 2)
+    memory = evaluation_plan(checkpoint, counts, filter_edges=0, query_edges=0, tasks=2)
+    disk = evaluation_plan(with_ray(checkpoint, placement="disk"), counts, 0, 0, 2)
     assert memory.table == 8 * partition and memory.per_task == TASK_SCRATCH
-    assert disk.table == 0 and disk.per_task == TASK_SCRATCH + TASK_PARTITIONS * partition
+    assert disk.table == 0 and disk.per_task == TASK_SCRATCH + partition  # its candidates
     assert memory.processes == disk.processes
-    known = evaluation_plan(checkpoint, counts, filter_edges=64_000, tasks=2)
+    known = evaluation_plan(checkpoint, counts, filter_edges=64_000, query_edges=0, tasks=2)
     assert known.per_task > memory.per_task  # the filter buckets' known edges
+    queries = evaluation_plan(checkpoint, counts, filter_edges=0, query_edges=1000, tasks=2)
+    assert queries.per_task == TASK_SCRATCH + 1000 * 2 * 16 * 4  # both sides' rows
 
     exact = serving_plan(dataclasses.replace(checkpoint, serve=dataclasses.replace(
         checkpoint.serve, index="exact")), counts)
@@ -58,8 +60,8 @@ def test_an_evaluation_over_its_budget_is_refused_before_ray_starts_with_the_fix
         checkpoint, tmp_path):
     counts = {"node": [ROWS] * 8}
     config = with_ray(checkpoint, num_cpus=1)
-    memory = evaluation_plan(config, counts, filter_edges=0, tasks=1).total
-    disk = evaluation_plan(with_ray(config, placement="disk"), counts, 0, 1).total
+    memory = evaluation_plan(config, counts, filter_edges=0, query_edges=0, tasks=1).total
+    disk = evaluation_plan(with_ray(config, placement="disk"), counts, 0, 0, 1).total
     assert disk < memory
     budget = (disk + memory) // 2
     code, _, err = run("eval", [tmp_path / "config.py", *ONE_TASK, f"ray.memory_budget={budget}",

@@ -17,6 +17,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation import filtered
 from pbg_ray.evaluation.distributed import (
     RankJob, checkpoint_partitions, evaluate_bucket_task, evaluate_checkpoint, filtered_rank_task,
+    gather_rows_task,
     print_report)
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.metrics import SampledNegatives
@@ -303,9 +304,10 @@ def eval_tasks_in_process(checkpoint_path):
     assert evaluate_bucket_task._function(config, bucket, path, num_rel, keys, params,
                                           *[on_disk] * len(keys),
                                           negatives=SampledNegatives.of_edge_paths(config))
-    keys = list(dict.fromkeys(keys + [("node", last)]))
-    filtered_rank_task._function(config, RankJob(bucket, path, 0, 1, last, (path,)), num_rel,
-                                 keys, params, *[on_disk] * len(keys))
+    lhs_rows = gather_rows_task._function(config, ("node", 0),
+                                          np.unique(read_edges(path, bucket).lhs), on_disk)
+    filtered_rank_task._function(config, [RankJob(bucket, path, 0, 1, last, (path,))], num_rel,
+                                 [("node", last)], [("node", 0)], params, on_disk, lhs_rows)
 
 
 @pytest.mark.slow
