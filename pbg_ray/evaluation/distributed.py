@@ -1,5 +1,7 @@
-"""Evaluation on Ray: PBG's sampled metrics with one task per bucket, filtered full ranking
-with one task per (bucket, candidate partition, query chunk); the driver adds them up.
+"""Evaluation on Ray: PBG's sampled metrics with one task per bucket; filtered full ranking
+with one task per partition gathering the rows the edges name, then one task per candidate
+partition (or a few, for the CPUs) ranking every bucket's edges against it; the driver adds
+them up.
 
 Partitions reach the tasks as ObjectRefs (zero-copy numpy): the trainer's partition
 stores during training, or load tasks reading any checkpoint version
