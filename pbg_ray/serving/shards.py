@@ -93,10 +93,11 @@ class ShardTables:
         for key in set_keys(config, shard):
             entity, part, relation = key
             if (entity, part) not in self.tables and (entity, part) not in self.stored:
-                stored = StoredRows(checkpoint.partition_file(version, entity, part))
-                if index_kind(config, len(stored)) == "ivfpq":
+                stored = (StoredRows(checkpoint.partition_file(version, entity, part))
+                          if config.serve.index == "ivfpq" else None)
+                if stored is not None and index_kind(config, len(stored)) == "ivfpq":
                     self.stored[entity, part] = stored
-                else:
+                else:  # held in memory
                     self.tables[entity, part] = torch.from_numpy(
                         checkpoint.read_partition(version, entity, part)[0])
             stored = self.stored.get((entity, part))
