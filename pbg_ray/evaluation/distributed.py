@@ -211,7 +211,7 @@ class Evaluator:
                     for b, _ in buckets for c in range(chunks[b])]
             for group in (jobs[i::groups] for i in range(min(groups, len(jobs)))):
                 named = sorted({k for job in group for k in partition_keys(config, job.bucket)
-                                if k not in keys})
+                                if k not in keys and k in gathered})  # what edges name
                 tasks.append((group, filtered_rank_task.options(**self._options()).remote(
                     config, group, self.num_rel, keys, named, self.params,
                     *[self.partitions[k] for k in keys], *[gathered[k] for k in named])))

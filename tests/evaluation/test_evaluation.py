@@ -22,7 +22,7 @@ from pbg_ray.evaluation.distributed import (
 from pbg_ray.evaluation.filtered import KnownEdges, rank_counts
 from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.evaluation.scoring import Scorer
-from pbg_ray.io.edges import read_edges
+from pbg_ray.io.edges import read_edges, write_edges
 from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.model.params import (
     global_emb_key, operator_key, params_from_checkpoint, partition_keys)
@@ -161,6 +161,23 @@ def test_filtered_ranks_over_partitions_match_brute_force(ray_session, tmp_path)
     raw = evaluate_checkpoint(config)["metrics"]["all"]
     assert "sampled" not in raw and raw["filtered"]["mr"] >= report["metrics"]["all"]["filtered"]["mr"]
     assert len((tmp_path / "checkpoints" / "eval_stats.json").read_text().splitlines()) == 2
+
+
+def test_edges_naming_some_of_their_buckets_types_rank_as_brute_force(ray_session, tmp_path):
+    """Test edges of one relation (user -> user) in buckets whose partitions also hold
+    items and tags: each ranking task gets the rows of the partitions its edges name."""
+    config = make(tmp_path)
+    write_random_graph(config, num_edges=50)
+    for bucket, edges in write_test_edges(config).items():
+        write_edges(config.eval_edge_paths[0], bucket, edges[np.flatnonzero(edges.rel == 0)])
+    random_checkpoint(config)
+    report = evaluate_checkpoint(dataclasses.replace(config, eval=dataclasses.replace(
+        config.eval, sampled=False)))
+    rel, lhs, rhs = brute_force_ranks(config, 1, config.eval_edge_paths[0],
+                                      config.edge_paths + config.eval_edge_paths)
+    ranks = np.concatenate([lhs, rhs])
+    assert report["metrics"]["all"]["count"] == len(rel) > 0 and set(rel) == {0}
+    assert report["metrics"]["all"]["filtered"]["mrr"] == pytest.approx((1 / ranks).mean())
 
 
 def test_disk_placement_evaluates_out_of_core_to_the_same_metrics(ray_session, tmp_path):
