@@ -278,7 +278,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     copy_start = time.perf_counter()
     state = KernelState(config, partitions, params, dev, writable=True, known=known)
     tensors = EdgeTensors(edges, dev)
-    copy_s = _synchronized(dev, copy_start)
+    copy_s = _synchronized(dev) - copy_start
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
 
     def work(worker: int) -> np.ndarray:
@@ -294,10 +294,9 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
 
     with cpu_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
         totals = sum(_run_workers(num_workers, queue, work), np.zeros(4))
-    _synchronized(dev, 0.0)
-    copy_start = time.perf_counter()
+    copy_start = _synchronized(dev)  # once the training queued on a GPU is done
     state.copy_back(partitions, params)
-    copy_s += _synchronized(dev, copy_start)
+    copy_s += _synchronized(dev) - copy_start
     elapsed = time.perf_counter() - start
     return {
         "count": len(edges),
@@ -308,11 +307,11 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     }
 
 
-def _synchronized(device: torch.device, since: float) -> float:
-    """Seconds since `since` once the device's queued work is done (a GPU runs behind)."""
+def _synchronized(device: torch.device) -> float:
+    """time.perf_counter() once the device's queued work is done (a GPU runs behind)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - since
+    return time.perf_counter()
 
 
 def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
