@@ -153,6 +153,54 @@ class ShardTables:
             self._known[path, bucket] = KnownEdges(read_edges(path, bucket), self.num_relations)
         return self._known[path, bucket]
 
+    def _index_of(self, key: SetKey) -> Any:
+        """The index a set is searched in (a set that shares_index: the relation-free
+        set's), None: exact search."""
+        return self.sets[key[0], key[1], None if shares_index(self.config, key) else key[2]].index
+
+    def _index_and_probe(self, key: SetKey, q: Tensor) -> Tuple[Any, Tensor]:
+        """_index_of(key) and the queries to search it with (the adjoint queries where the
+        set shares_index)."""
+        if shares_index(self.config, key):
+            return self._index_of(key), adjoint_queries(self.scorer, key[2], q)
+        return self._index_of(key), q
+
+    def _hits_to_top_k(self, key: SetKey, q: Tensor, hits: np.ndarray, k: int,
+                       banned: List[np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+        """The k best of an index's hits [B, W] (offsets, -1: none) by the comparator's
+        exact scores, the banned left out: as search() returns them. An out-of-core set's
+        hits are read from the checkpoint's file."""
+        offsets = torch.from_numpy(hits)
+        if self.sets[key].vectors is None:  # each row read once (row 0 stands for none)
+            rows = np.unique(np.concatenate([[0], hits[hits >= 0]]))
+            found = self._prepared(key, rows)[torch.from_numpy(np.searchsorted(rows, hits.clip(0)))]
+        else:
+            found = self.sets[key].vectors[offsets.clamp_min(0)]
+        # The comparator's exact scores of the hits: [B, 1, D] x [B, W, D].
+        values = self.scorer.comparator.matrix(q.unsqueeze(1), found)[:, 0]
+        values[offsets < 0] = -float("inf")
+        for i, ids in enumerate(banned):
+            values[i, torch.from_numpy(np.isin(hits[i], ids))] = -float("inf")
+        top = torch.topk(values, min(k, hits.shape[1]), dim=1)
+        values, offsets = top.values, offsets.gather(1, top.indices)
+        offsets[values == -float("inf")] = -1
+        return values.numpy(), offsets.numpy()
+
+    def _proposals(self, key: SetKey, q: Tensor, wanted: int, banned: List[np.ndarray]
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+        """An out-of-core set's index hits [B, wanted] (-1: none) with the codes' estimated
+        scores, higher better (-inf: none or banned)."""
+        import faiss
+
+        index, probe = self._index_and_probe(key, q)
+        estimates, hits = index.search(np.ascontiguousarray(probe.numpy()), wanted)
+        if index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            estimates = -estimates
+        estimates[hits < 0] = -np.inf
+        for i, ids in enumerate(banned):
+            estimates[i, np.isin(hits[i], ids)] = -np.inf
+        return estimates, hits
+
     def search(self, key: SetKey, queries: np.ndarray, k: int, exact: bool = False,
                exclusion: Optional[Exclusion] = None, own: Optional[np.ndarray] = None
                ) -> Tuple[np.ndarray, np.ndarray]:
@@ -162,10 +210,7 @@ class ShardTables:
         cands = self.sets[key]
         q = torch.from_numpy(np.ascontiguousarray(queries, np.float32))
         banned = left_out(self.known, key[1], len(q), exclusion, own)
-        index, probe = cands.index, q
-        if shares_index(self.config, key):
-            index = self.sets[key[0], key[1], None].index
-            probe = adjoint_queries(self.scorer, key[2], q)
+        index, probe = self._index_and_probe(key, q)
         if (exact or index is None) and cands.vectors is None:
             return self._streamed_top_k(key, q, k, banned)
         if exact or index is None:
@@ -178,20 +223,7 @@ class ShardTables:
         if hasattr(index, "hnsw"):
             index.hnsw.efSearch = max(self.config.serve.hnsw_ef_search, wanted)
         _, hits = index.search(np.ascontiguousarray(probe.numpy()), wanted)
-        offsets = torch.from_numpy(hits)
-        if cands.vectors is None:
-            found = self._prepared(key, hits.clip(0).ravel()).view(len(q), wanted, -1)
-        else:
-            found = cands.vectors[offsets.clamp_min(0)]
-        # The comparator's exact scores of the hits: [B, 1, D] x [B, wanted, D].
-        values = self.scorer.comparator.matrix(q.unsqueeze(1), found)[:, 0]
-        values[offsets < 0] = -float("inf")
-        for i, ids in enumerate(banned):
-            values[i, torch.from_numpy(np.isin(hits[i], ids))] = -float("inf")
-        top = torch.topk(values, min(k, wanted), dim=1)
-        values, offsets = top.values, offsets.gather(1, top.indices)
-        offsets[values == -float("inf")] = -1
-        return values.numpy(), offsets.numpy()
+        return self._hits_to_top_k(key, q, hits, k, banned)
 
     def search_group(self, entity: str, parts: Sequence[int], relation: Optional[int],
                      queries: np.ndarray, k: int, exact: bool = False,
@@ -199,9 +231,33 @@ class ShardTables:
                      ) -> List[Tuple[np.ndarray, np.ndarray]]:
         """search() of the sets (entity, part, relation) of `parts` (this shard group's),
         as one call: a request reaches each shard group once. own: per query the
-        (partition, offset) [B, 2] of an entity left out of its answer."""
-        return [self.search((entity, part, relation), queries, k, exact, exclusion, own)
-                for part in parts]
+        (partition, offset) [B, 2] of an entity left out of its answer.
+
+        Out-of-core sets (IVF-PQ) are searched together: each index proposes its
+        (k + left out) x serve.pq_rerank best by the codes' estimates, and only the best
+        that many of all the proposals are read from the checkpoint's files and rescored,
+        not that many per partition: a partition's file is not in memory, and each row
+        read may be a disk read."""
+        keys = [(entity, part, relation) for part in parts]
+        compressed = [key for key in keys
+                      if self.sets[key].vectors is None and self._index_of(key) is not None]
+        if exact or len(compressed) < 2:
+            return [self.search(key, queries, k, exact, exclusion, own) for key in keys]
+        q = torch.from_numpy(np.ascontiguousarray(queries, np.float32))
+        banned = {key: left_out(self.known, key[1], len(q), exclusion, own) for key in compressed}
+        most = (k + max(len(b) for ids in banned.values() for b in ids)) * self.config.serve.pq_rerank
+        proposals = {key: self._proposals(key, q, min(most, len(self.sets[key].stored)),
+                                          banned[key]) for key in compressed}
+        every = np.concatenate([estimates for estimates, _ in proposals.values()], axis=1)
+        # The most-th best estimate of each query: proposals below it are not read.
+        floor = (np.partition(every, every.shape[1] - most, axis=1)[:, every.shape[1] - most]
+                 if every.shape[1] > most else np.full(len(q), -np.inf))
+        found = {}
+        for key, (estimates, hits) in proposals.items():
+            kept = np.where((estimates >= floor[:, None]) & (estimates > -np.inf), hits, -1)
+            found[key] = self._hits_to_top_k(key, q, kept, k, banned[key])
+        return [found[key] if key in found else self.search(key, queries, k, exact, exclusion, own)
+                for key in keys]
 
 
 def in_process_shards(config: ConfigSchema, version: int

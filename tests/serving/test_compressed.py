@@ -25,25 +25,32 @@ DIM = 32
 ROWS = STREAM_ROWS + 3000  # the exact search streams two blocks
 
 
-@pytest.fixture(scope="module")
-def compressed(tmp_path_factory) -> ConfigSchema:
-    """One type, one partition of ROWS clustered rows (what trained embeddings look like),
-    served with IVF-PQ, every list probed: what the codes miss is the rescoring's to fix."""
-    root = tmp_path_factory.mktemp("ivfpq")
+def clustered_checkpoint(root, parts: int, rows: int, **serve) -> ConfigSchema:
+    """One type of `parts` partitions of `rows` clustered rows each (what trained
+    embeddings look like), served with IVF-PQ, its indexes built."""
     config = ConfigSchema.from_dict(config_dict(
-        root, entities={"node": {"num_partitions": 1}}, dimension=DIM, comparator="dot",
+        root, entities={"node": {"num_partitions": parts}}, dimension=DIM, comparator="dot",
         global_emb=False,
         relations=[{"name": "to", "lhs": "node", "rhs": "node", "operator": "none"}],
-        serve={"index": "ivfpq", "ivf_lists": 32, "ivf_probes": 32}))
-    write_random_graph(config, num_edges=50, counts={"node": ROWS})
+        serve={"index": "ivfpq", **serve}))
+    write_random_graph(config, num_edges=50, counts={"node": rows})
     random_checkpoint(config)
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(64, DIM)).astype(np.float32)
-    rows = centers[rng.integers(64, size=ROWS)] + 0.3 * rng.normal(size=(ROWS, DIM))
-    CheckpointStorage(config.checkpoint_path).save_entity_partition(
-        1, "node", 0, rows.astype(np.float32), None)
+    for part in range(parts):
+        table = centers[rng.integers(64, size=rows)] + 0.3 * rng.normal(size=(rows, DIM))
+        CheckpointStorage(config.checkpoint_path).save_entity_partition(
+            1, "node", part, table.astype(np.float32), None)
     build_all(config)
     return config
+
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory) -> ConfigSchema:
+    """One partition of ROWS rows, every list probed: what the codes miss is the
+    rescoring's to fix."""
+    return clustered_checkpoint(tmp_path_factory.mktemp("ivfpq"), 1, ROWS, ivf_lists=32,
+                                ivf_probes=32)
 
 
 def test_a_partition_under_ivfpq_is_held_as_its_codes_and_answers_with_exact_scores(compressed):
@@ -59,6 +66,37 @@ def test_a_partition_under_ivfpq_is_held_as_its_codes_and_answers_with_exact_sco
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(offsets, truth)])
     assert recall >= 0.9, recall
     np.testing.assert_array_equal(shards.rows("node", 0, [5, 2, 5]), stored[[5, 2, 5]])
+
+
+def test_partitions_under_ivfpq_read_and_rescore_the_best_proposals_of_them_all(tmp_path):
+    """A shard group's IVF-PQ partitions are searched together: each index proposes k x
+    pq_rerank hits, and only the best k x pq_rerank of all of them per query are read from
+    the files (a disk read each, out of core) and rescored exactly, not that many per
+    partition; the answer keeps the recall of exact search's."""
+    config = clustered_checkpoint(tmp_path, 3, PQ_MIN_ROWS, ivf_lists=16, ivf_probes=16)
+    shards = ShardTables(config, 1, 0)
+    read = []
+    for stored in shards.stored.values():
+        stored.take = lambda offsets, take=stored.take: read.append(len(offsets)) or take(offsets)
+    queries = np.random.default_rng(1).normal(size=(20, DIM)).astype(np.float32)
+    found = shards.search_group("node", [0, 1, 2], None, queries, 10)
+    assert sum(read) <= len(queries) * 10 * config.serve.pq_rerank + 3  # (+ row 0 of each)
+    tables = [CheckpointStorage(config.checkpoint_path).load_entity_partition(1, "node", p)[0]
+              for p in range(3)]
+    exact = np.concatenate([queries @ table.T for table in tables], axis=1)
+    scores = np.concatenate([s for s, _ in found], axis=1)
+    offsets = np.concatenate([o + p * PQ_MIN_ROWS for p, (_, o) in enumerate(found)], axis=1)
+    np.testing.assert_allclose(scores[offsets >= 0],
+                               np.take_along_axis(exact, offsets.clip(0), 1)[offsets >= 0],
+                               rtol=1e-5)
+    best = np.argsort(-np.where(offsets >= 0, scores, -np.inf), axis=1)[:, :10]
+    answer = np.take_along_axis(offsets, best, 1)
+    truth = np.argsort(-exact, axis=1)[:, :10]
+    assert np.mean([len(set(a) & set(b)) / 10 for a, b in zip(answer, truth)]) >= 0.9
+    read.clear()
+    for part in range(3):  # one partition at a time reads that many per partition
+        shards.search(("node", part, None), queries, 10)
+    assert sum(read) > 2 * len(queries) * 10 * config.serve.pq_rerank
 
 
 def test_exact_search_of_an_ivfpq_partition_streams_the_file_to_the_exact_answer(compressed):
@@ -88,7 +126,7 @@ def test_stored_rows_read_through_h5py_as_through_the_memory_map(compressed):
 def test_small_sets_stay_exact_and_a_code_size_must_divide_the_dimension(compressed):
     assert index_kind(compressed, PQ_MIN_ROWS - 1) == "exact"
     assert index_kind(compressed, PQ_MIN_ROWS) == "ivfpq"
-    assert index_bytes(compressed, "ivfpq", 1000, DIM) == 1000 * (16 + 8)  # DIM / 2 bytes
+    assert index_bytes(compressed, "ivfpq", 1000, DIM) == 1000 * (16 + 8)  # small: 16 bytes
     odd = dataclasses.replace(compressed, serve=dataclasses.replace(compressed.serve, pq_bytes=7))
     with pytest.raises(PbgRayError, match=r"serve.pq_bytes=7 does not divide the dimension 32"):
         index_bytes(odd, "ivfpq", 1000, DIM)
