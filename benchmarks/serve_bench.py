@@ -100,11 +100,11 @@ def cpu_seconds() -> float:
     return total
 
 
-async def load(url: str, items: List[str], exact: bool, concurrency: int, max_requests: int,
-               max_seconds: float) -> Dict[str, float]:
-    """`concurrency` clients issuing top_lhs requests until max_requests are done or
-    max_seconds have passed: QPS, p50 and p99 latency in ms, CPU ms per request (cpu_seconds),
-    failures."""
+async def load(url: str, endpoint: str, queries: List[Dict[str, str]], exact: bool,
+               concurrency: int, max_requests: int, max_seconds: float) -> Dict[str, float]:
+    """`concurrency` clients each posting one of `queries` (drawn at random) to `endpoint`
+    until max_requests are done or max_seconds have passed: QPS, p50 and p99 latency in ms,
+    CPU ms per request (cpu_seconds), failures."""
     import httpx
 
     latencies: List[float] = []
@@ -117,10 +117,9 @@ async def load(url: str, items: List[str], exact: bool, concurrency: int, max_re
         nonlocal issued, failures
         while issued < max_requests and time.perf_counter() < deadline:
             issued += 1
-            body = {"queries": [{"relation": "likes", "rhs": items[rng.integers(len(items))]}],
-                    "k": 10, "exact": exact}
+            body = {"queries": [queries[rng.integers(len(queries))]], "k": 10, "exact": exact}
             start = time.perf_counter()
-            response = await http.post("/top_lhs", json=body)
+            response = await http.post(endpoint, json=body)
             latencies.append(time.perf_counter() - start)
             failures += response.status_code != 200
 
@@ -137,19 +136,17 @@ async def load(url: str, items: List[str], exact: bool, concurrency: int, max_re
             "failures": failures}
 
 
-async def recall_at_10(url: str, items: List[str], samples: int) -> float:
-    """Mean overlap of the index's top 10 with exact search's, over `samples` items."""
+async def recall_at_10(url: str, endpoint: str, queries: List[Dict[str, str]]) -> float:
+    """Mean overlap of the index's top 10 with exact search's over `queries`."""
     import httpx
 
-    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
-        chosen = items[:samples]
+    async with httpx.AsyncClient(base_url=url, timeout=900) as http:
         answers = {}
         for exact in (False, True):
             found = []
-            for i in range(0, len(chosen), 50):
-                body = {"queries": [{"relation": "likes", "rhs": n} for n in chosen[i:i + 50]],
-                        "k": 10, "exact": exact}
-                response = await http.post("/top_lhs", json=body)
+            for i in range(0, len(queries), 50):
+                body = {"queries": queries[i:i + 50], "k": 10, "exact": exact}
+                response = await http.post(endpoint, json=body)
                 response.raise_for_status()
                 found += [{a["name"] for a in r} for r in response.json()["results"]]
             answers[exact] = found
@@ -274,7 +271,9 @@ def main() -> None:
                   f"service up after {startup:.1f} s at {started['url']} "
                   f"(serve.ingress={args.ingress})", flush=True)
             items = [f"item0_{i}" for i in range(args.items)]
-            recall = asyncio.run(recall_at_10(started["url"], items, args.recall_samples))
+            queries = [{"relation": "likes", "rhs": item} for item in items]
+            recall = asyncio.run(recall_at_10(started["url"], "/top_lhs",
+                                              queries[:args.recall_samples]))
             print(f"recall@10 of the index against exact search: {recall:.4f} "
                   f"({args.recall_samples} queries)", flush=True)
             resident = shard_memory()
@@ -286,10 +285,11 @@ def main() -> None:
             levels: Dict[str, Dict[int, Dict[str, float]]] = {"exact": {}, "approx": {}}
             for concurrency in args.levels:
                 for mode in ("exact", "approx"):
-                    asyncio.run(load(started["url"], items, mode == "exact", concurrency,
-                                     concurrency * 2, 10))  # warm-up
-                    figures = asyncio.run(load(started["url"], items, mode == "exact",
-                                               concurrency, args.requests, args.seconds))
+                    asyncio.run(load(started["url"], "/top_lhs", queries, mode == "exact",
+                                     concurrency, concurrency * 2, 10))  # warm-up
+                    figures = asyncio.run(load(started["url"], "/top_lhs", queries,
+                                               mode == "exact", concurrency, args.requests,
+                                               args.seconds))
                     levels[mode][concurrency] = figures
                     print(f"{mode:6s} concurrency {concurrency:3d}: {figures['qps']:8.1f} QPS  "
                           f"p50 {figures['p50_ms']:7.1f} ms  p99 {figures['p99_ms']:7.1f} ms  "
