@@ -15,7 +15,8 @@ has learnt the communities ranks it about 500th against every entity: filtered M
 near 0.007 by construction; the share of top-10 answers in the community and PBG's sampled
 MRR (against 50 batch and 100 uniform negatives) show the structure learnt. Phases:
 
-  import     Ray Data engine (importer.engine=ray), edges/s
+  import     Ray Data engine (importer.engine=ray), edges/s; stopped after 10 OOM kills,
+             and then the local engine (one process) imports
   refuse     `train ray.placement=memory`: refused up front (the line is shown)
   train      disk placement, BETA order, 2 epochs; edges/s per epoch
   reference  the same edges (each bucket's, offsets folded) on a table an eighth the
@@ -64,7 +65,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import psutil
@@ -88,6 +89,7 @@ RELATIONS = ["r0", "r1", "r2", "r3"]
 COMMUNITY = 1000
 TEST_EDGES = 1000
 QUESTIONS = 100
+IMPORT_OOM_KILLS = 10  # an import past this many OOM-killed processes is stopped
 SHARDS = 8
 RAY_OOM = re.compile(r"OutOfMemoryError|running low on memory")
 EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ .*?([0-9.,e+]+) edges/s")
@@ -186,7 +188,8 @@ class MemoryCgroup:
     def max_usage(self) -> int:
         return int((self.dir / "memory.max_usage_in_bytes").read_text())
 
-    def close(self) -> None:
+    def kill_all(self) -> None:
+        """Every process in the cgroup killed, and gone."""
         for _ in range(50):
             pids = (self.dir / "cgroup.procs").read_text().split()
             if not pids:
@@ -195,6 +198,9 @@ class MemoryCgroup:
                 with contextlib.suppress(psutil.Error):
                     psutil.Process(int(pid)).kill()
             time.sleep(0.2)
+
+    def close(self) -> None:
+        self.kill_all()
         self.dir.rmdir()
 
 
@@ -269,13 +275,25 @@ class Bench:
         return path
 
     def command(self, log: str, module: str, *args: str, figures: PhaseFigures,
-                expect: Sequence[int] = (0,)) -> Tuple[str, str]:
+                expect: Sequence[int] = (0,), most_oom_kills: Optional[int] = None
+                ) -> Tuple[Optional[str], str]:
         """`python -m pbg_ray.<module> args` run to its end in the cgroup: (stdout, stderr);
-        a status not in `expect` stops the benchmark."""
+        a status not in `expect` stops the benchmark. With `most_oom_kills`, the command
+        and everything in the cgroup are killed once the kernel has OOM-killed that many
+        of its processes (Ray retries the tasks it loses, which may fail again without
+        end): stdout is then None."""
         out, err = self.work / "logs" / f"{log}.out", self.work / "logs" / f"{log}.err"
+        oom_before = self.cgroup.oom_kills()
         proc = self.cgroup.popen([sys.executable, "-m", f"pbg_ray.{module}", *args], out, err,
                                  self.work)
-        code = proc.wait()
+        while proc.poll() is None:
+            time.sleep(1)
+            if (most_oom_kills is not None
+                    and self.cgroup.oom_kills() - oom_before >= most_oom_kills):
+                self.cgroup.kill_all()
+                proc.wait()
+                return None, err.read_text()
+        code = proc.returncode
         stdout, stderr = out.read_text(), err.read_text()
         figures.ray_oom_errors += ray_oom_lines(stdout + stderr)
         if code not in expect:
@@ -459,14 +477,24 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
         ray={"placement": "disk", "num_trainers": 1, "cpus_per_trainer": 2})
     config = bench.write_config("config", base)
 
-    with bench.phase("import") as figures:
-        stdout, _ = bench.command("import", "import_edges", str(config), "importer.engine=ray",
-                                  f"importer.inputs=[{work / 'raw' / 'train'},"
-                                  f"{work / 'raw' / 'test.parquet'}]", figures=figures)
-    imported = last_json(stdout)["inputs"][0]["edges"]
-    figures.throughput = f"{imported / figures.wall_s / 1e6:.2f} M edges/s ({imported:,} edges)"
-    figures.extra["edges_per_s"] = imported / figures.wall_s
-    bench.done(figures)
+    inputs = f"importer.inputs=[{work / 'raw' / 'train'},{work / 'raw' / 'test.parquet'}]"
+    for engine in ("ray", "local"):
+        with bench.phase(f"import_{engine}") as figures:
+            stdout, _ = bench.command(f"import_{engine}", "import_edges", str(config),
+                                      f"importer.engine={engine}", "importer.overwrite=true",
+                                      inputs, figures=figures, most_oom_kills=IMPORT_OOM_KILLS)
+        if stdout is None:
+            figures.throughput = (f"stopped after {IMPORT_OOM_KILLS} OOM kills (Ray retries "
+                                  "the killed tasks, which are killed again)")
+            bench.done(figures)
+            continue  # the other engine imports the graph for the phases after
+        imported = last_json(stdout)["inputs"][0]["edges"]
+        figures.throughput = f"{imported / figures.wall_s / 1e6:.2f} M edges/s ({imported:,} edges)"
+        figures.extra["edges_per_s"] = imported / figures.wall_s
+        bench.done(figures)
+        break
+    else:
+        raise SystemExit("big_bench: neither import engine fits the memory limit")
 
     with bench.phase("refuse") as figures:
         _, stderr = bench.command("refuse", "train", str(config), "ray.placement=memory",
@@ -540,7 +568,12 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
     figures.quality["planted_share_top10"] = float(np.mean([
         in_community(graph.community, q["lhs"], [name for name, _ in answer["rhs"]])
         for q, answer in zip(questions, answers)]))
-    figures.throughput = f"{QUESTIONS / figures.wall_s:.2f} questions/s"
+    bound = QUESTIONS * num_entities * 2 * dim / rate
+    figures.extra.update(bound_s=bound, times_bound=figures.wall_s / bound)
+    figures.throughput = (f"{QUESTIONS / figures.wall_s:.2f} questions/s; "
+                          f"{figures.extra['times_bound']:.1f}x the {bound:.1f} s of its matrix "
+                          f"products, the table read from disk at "
+                          f"{figures.read_bytes / figures.wall_s / 1e9:.2f} GB/s")
     bench.done(figures)
 
     with bench.phase("export") as figures:
@@ -565,7 +598,7 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
     grown_config = bench.write_config("grown", grown)
     with bench.phase("grow") as figures:
         grow_start = time.perf_counter()
-        bench.command("grow_import", "import_edges", str(grown_config), "importer.engine=ray",
+        bench.command("grow_import", "import_edges", str(grown_config), f"importer.engine={engine}",
                       f"importer.previous_entity_path={base['entity_path']}",
                       f"importer.inputs=[{work / 'raw' / 'grown'},"
                       f"{work / 'raw' / 'grown_test.parquet'}]", figures=figures)
@@ -613,7 +646,7 @@ def report(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges:
         **{f"serving (ivf_probes={p}) recall@10 >= 0.9 with p99 < 100 ms at concurrency 1":
            by[f"serve_probes{p}"].quality["recall_at_10"] >= 0.9
            and by[f"serve_probes{p}"].extra["c1_p99_ms"] < 100 for p in args.ivf_probes},
-        "import >= 1M edges/s": by["import"].extra["edges_per_s"] >= 1e6,
+        "import (Ray Data) >= 1M edges/s": by["import_ray"].extra.get("edges_per_s", 0) >= 1e6,
         "the whole run under 60 minutes": total_s < 3600,
         "memory placement refused up front": "needs about" in refusal,
     }
