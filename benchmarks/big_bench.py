@@ -16,7 +16,8 @@ near 0.007 by construction; the share of top-10 answers in the community and PBG
 MRR (against 50 batch and 100 uniform negatives) show the structure learnt. Phases:
 
   import     Ray Data engine (importer.engine=ray), edges/s; stopped after 10 OOM kills,
-             and then the local engine (one process) imports
+             then the local engine (one process); where both are OOM-killed, Ray Data
+             again with the limit lifted for this phase only (its peak: what it needs)
   refuse     `train ray.placement=memory`: refused up front (the line is shown)
   train      disk placement, BETA order, 2 epochs; edges/s per epoch
   reference  the same edges (each bucket's, offsets folded) on a table an eighth the
@@ -27,8 +28,8 @@ MRR (against 50 batch and 100 uniform negatives) show the structure learnt. Phas
   predict    100 top-rhs questions through the CLI (--queries)
   export     Parquet
   grow       1% new nodes, each with edges to the old graph: imported against the old
-             dictionary (Ray Data), trained from the model (init_path, frozen old rows,
-             the new nodes' edges only)
+             dictionary (as the import), trained from the model (init_path, frozen old
+             rows, the new nodes' edges only)
   serve      the grown model, serve.index=ivfpq: recall@10 against exact search, QPS,
              p50 and p99 at concurrency 1 and 8
 
@@ -165,7 +166,7 @@ class MemoryCgroup:
                              f"memory hierarchy writable at {V1_ROOT}")
         self.dir = V1_ROOT / f"pbg_ray_big_bench_{os.getpid()}"
         self.dir.mkdir()
-        (self.dir / "memory.limit_in_bytes").write_text(str(limit))
+        self.set_limit(limit)
         self.limit = int((self.dir / "memory.limit_in_bytes").read_text())
 
     def popen(self, args: Sequence[str], out: Path, err: Path, cwd: Path) -> subprocess.Popen:
@@ -187,6 +188,9 @@ class MemoryCgroup:
 
     def max_usage(self) -> int:
         return int((self.dir / "memory.max_usage_in_bytes").read_text())
+
+    def set_limit(self, limit: int) -> None:
+        (self.dir / "memory.limit_in_bytes").write_text(str(limit))
 
     def kill_all(self) -> None:
         """Every process in the cgroup killed, and gone."""
@@ -287,13 +291,16 @@ class Bench:
         proc = self.cgroup.popen([sys.executable, "-m", f"pbg_ray.{module}", *args], out, err,
                                  self.work)
         while proc.poll() is None:
-            time.sleep(1)
+            time.sleep(0.1)
             if (most_oom_kills is not None
                     and self.cgroup.oom_kills() - oom_before >= most_oom_kills):
                 self.cgroup.kill_all()
                 proc.wait()
                 return None, err.read_text()
         code = proc.returncode
+        if most_oom_kills is not None and code != 0 and self.cgroup.oom_kills() > oom_before:
+            self.cgroup.kill_all()  # the command itself was OOM-killed
+            return None, err.read_text()
         stdout, stderr = out.read_text(), err.read_text()
         figures.ray_oom_errors += ray_oom_lines(stdout + stderr)
         if code not in expect:
@@ -477,24 +484,8 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
         ray={"placement": "disk", "num_trainers": 1, "cpus_per_trainer": 2})
     config = bench.write_config("config", base)
 
-    inputs = f"importer.inputs=[{work / 'raw' / 'train'},{work / 'raw' / 'test.parquet'}]"
-    for engine in ("ray", "local"):
-        with bench.phase(f"import_{engine}") as figures:
-            stdout, _ = bench.command(f"import_{engine}", "import_edges", str(config),
-                                      f"importer.engine={engine}", "importer.overwrite=true",
-                                      inputs, figures=figures, most_oom_kills=IMPORT_OOM_KILLS)
-        if stdout is None:
-            figures.throughput = (f"stopped after {IMPORT_OOM_KILLS} OOM kills (Ray retries "
-                                  "the killed tasks, which are killed again)")
-            bench.done(figures)
-            continue  # the other engine imports the graph for the phases after
-        imported = last_json(stdout)["inputs"][0]["edges"]
-        figures.throughput = f"{imported / figures.wall_s / 1e6:.2f} M edges/s ({imported:,} edges)"
-        figures.extra["edges_per_s"] = imported / figures.wall_s
-        bench.done(figures)
-        break
-    else:
-        raise SystemExit("big_bench: neither import engine fits the memory limit")
+    import_graph(bench, "import", config,
+                 f"importer.inputs=[{work / 'raw' / 'train'},{work / 'raw' / 'test.parquet'}]")
 
     with bench.phase("refuse") as figures:
         _, stderr = bench.command("refuse", "train", str(config), "ray.placement=memory",
@@ -596,25 +587,52 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
                  checkpoint_path=str(work / "grown_model"), init_path=base["checkpoint_path"],
                  incremental={"known_lr_scale": 0.0, "new_entity_edges_only": True})
     grown_config = bench.write_config("grown", grown)
-    with bench.phase("grow") as figures:
-        grow_start = time.perf_counter()
-        bench.command("grow_import", "import_edges", str(grown_config), f"importer.engine={engine}",
-                      f"importer.previous_entity_path={base['entity_path']}",
-                      f"importer.inputs=[{work / 'raw' / 'grown'},"
-                      f"{work / 'raw' / 'grown_test.parquet'}]", figures=figures)
-        figures.extra["import_s"] = time.perf_counter() - grow_start
+    import_graph(bench, "grow_import", grown_config,
+                 f"importer.previous_entity_path={base['entity_path']}",
+                 f"importer.inputs=[{work / 'raw' / 'grown'},{work / 'raw' / 'grown_test.parquet'}]")
+    with bench.phase("grow_train") as figures:
         stdout, _ = bench.command("grow_train", "train", str(grown_config), figures=figures)
     summary = last_json(stdout)
     figures.quality["new_nodes_sampled_mrr"] = summary["eval"][grown["eval_edge_paths"][0]]["mrr"]
-    figures.throughput = (f"{new_nodes:,} new nodes with {num_edges // 100:,} edges: imported "
-                          f"in {figures.extra['import_s']:.1f} s, trained {args.epochs} epochs "
-                          f"in {figures.wall_s - figures.extra['import_s']:.1f} s")
+    figures.throughput = (f"{new_nodes:,} new nodes with {num_edges // 100:,} edges trained "
+                          f"{args.epochs} epochs from the model, old rows frozen")
     bench.done(figures)
     shutil.rmtree(work / "model")
 
     np.save(work / "communities.npy", graph.community)
     serve_all(bench, args)
     report(bench, args, num_entities, num_edges, table, refusal, time.perf_counter() - start)
+
+
+def import_graph(bench: Bench, name: str, config: Path, *args: str) -> None:
+    """`import_edges` in the cgroup with the Ray Data engine; where it is OOM-killed
+    IMPORT_OOM_KILLS times, with the local engine (one process); where that is OOM-killed
+    too, with the Ray Data engine again under a limit lifted to the machine's memory (its
+    peak then shows what the import needs), the limit set back after."""
+    limit = bench.cgroup.limit
+    for engine, lifted in (("ray", False), ("local", False), ("ray", True)):
+        phase = f"{name}_{engine}" + ("_no_limit" if lifted else "")
+        if lifted:
+            bench.cgroup.set_limit(psutil.virtual_memory().total)
+        try:
+            with bench.phase(phase) as figures:
+                stdout, _ = bench.command(phase, "import_edges", str(config),
+                                          f"importer.engine={engine}", "importer.overwrite=true",
+                                          *args, figures=figures, most_oom_kills=IMPORT_OOM_KILLS)
+        finally:
+            if lifted:  # nothing of it left to hold memory over the limit set back
+                bench.cgroup.kill_all()
+                bench.cgroup.set_limit(limit)
+        if stdout is None:
+            figures.throughput = f"stopped after {figures.oom_kills} OOM kill(s)"
+            bench.done(figures)
+            continue
+        imported = sum(i["edges"] for i in last_json(stdout)["inputs"])
+        figures.extra["edges_per_s"] = imported / figures.wall_s
+        figures.throughput = (f"{imported / figures.wall_s / 1e6:.2f} M edges/s ({imported:,} "
+                              f"edges{', no memory limit' if lifted else ''})")
+        bench.done(figures)
+        return
 
 
 def serve_all(bench: Bench, args: argparse.Namespace) -> None:
@@ -639,14 +657,19 @@ def report(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges:
     limit = bench.cgroup.limit
     by = {p.name: p for p in bench.phases}
     targets = {
-        "no OOM kill, peak <= limit": all(p.oom_kills == 0 and p.ray_oom_errors == 0
-                                           and p.peak_bytes <= limit for p in bench.phases),
+        "no OOM kill, peak <= limit (the imports aside)": all(
+            p.oom_kills == 0 and p.ray_oom_errors == 0 and p.peak_bytes <= limit
+            for p in bench.phases if "import" not in p.name),
+        "the import within the limit": any(
+            "import" in p.name and "no_limit" not in p.name and "edges_per_s" in p.extra
+            for p in bench.phases),
         "training >= 80% of the eighth-size table's rate": by["reference"].extra["ratio"] >= 0.8,
         "filtered ranking within 3x of its matrix products": by["eval_filtered"].extra["times_bound"] <= 3,
         **{f"serving (ivf_probes={p}) recall@10 >= 0.9 with p99 < 100 ms at concurrency 1":
            by[f"serve_probes{p}"].quality["recall_at_10"] >= 0.9
            and by[f"serve_probes{p}"].extra["c1_p99_ms"] < 100 for p in args.ivf_probes},
-        "import (Ray Data) >= 1M edges/s": by["import_ray"].extra.get("edges_per_s", 0) >= 1e6,
+        "import (Ray Data, within the limit) >= 1M edges/s":
+            by["import_ray"].extra.get("edges_per_s", 0) >= 1e6,
         "the whole run under 60 minutes": total_s < 3600,
         "memory placement refused up front": "needs about" in refusal,
     }
