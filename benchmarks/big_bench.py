@@ -30,7 +30,8 @@ MRR (against 50 batch and 100 uniform negatives) show the structure learnt. Phas
   grow       1% new nodes, each with edges to the old graph: imported against the old
              dictionary (as the import), trained from the model (init_path, frozen old
              rows, the new nodes' edges only)
-  serve      the grown model, serve.index=ivfpq: recall@10 against exact search, QPS,
+  serve      the grown model, serve.index=ivfpq, a start per --ivf-probes value (the
+             first builds and saves the index): recall@10 against exact search, QPS,
              p50 and p99 at concurrency 1 and 8
 
 Per phase it prints wall time, throughput, the cgroup's peak memory (anonymous and shared:
@@ -38,8 +39,7 @@ rss + shmem of memory.stat, sampled every 0.1 s; page cache, which the kernel re
 the limit, left out) against the limit, bytes read and written on this machine's disks,
 OOM kills (the cgroup's oom_kill counter; Ray's OutOfMemoryError in the command's output)
 and the planted structure's quality: MRR, and for top-k answers the share in the
-community the relation leads to (a random answer's is about 1 in the number of
-communities). Before it starts it says how much disk it needs and refuses when the disk
+question's lhs's community (a random answer's is about 1 in the number of communities). Before it starts it says how much disk it needs and refuses when the disk
 lacks it. Ends with the targets (issue 45) and one JSON line.
 
 Needs root and cgroup v1's memory hierarchy writable (/sys/fs/cgroup/memory).
