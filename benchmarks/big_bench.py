@@ -39,7 +39,8 @@ rss + shmem of memory.stat, sampled every 0.1 s; page cache, which the kernel re
 the limit, left out) against the limit, bytes read and written on this machine's disks,
 OOM kills (the cgroup's oom_kill counter; Ray's OutOfMemoryError in the command's output)
 and the planted structure's quality: MRR, and for top-k answers the share in the
-question's lhs's community (a random answer's is about 1 in the number of communities). Before it starts it says how much disk it needs and refuses when the disk
+question's lhs's community (a random answer's is about 1 in the number of communities).
+Before it starts it says how much disk it needs and refuses when the disk
 lacks it. Ends with the targets (issue 45) and one JSON line.
 
 Needs root and cgroup v1's memory hierarchy writable (/sys/fs/cgroup/memory).
@@ -111,7 +112,8 @@ class PlantedGraph:
         """90% in lhs's community, 10% anywhere."""
         target = self.community[lhs]
         size = self.starts[target + 1] - self.starts[target]
-        rhs = self.members[self.starts[target] + (self.rng.random(len(lhs)) * size).astype(np.int64)]
+        pick = (self.rng.random(len(lhs)) * size).astype(np.int64)
+        rhs = self.members[self.starts[target] + pick]
         noise = self.rng.random(len(lhs)) < 0.1
         rhs[noise] = self.rng.integers(len(self.community), size=int(noise.sum()))
         return rhs
@@ -513,7 +515,8 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
 
     fold_to_eighth(work / "graph" / "entities", work / "graph" / "train", work / "small", parts)
     small = bench.write_config("small", dict(
-        base, entity_path=str(work / "small" / "entities"), edge_paths=[str(work / "small" / "train")],
+        base, entity_path=str(work / "small" / "entities"),
+        edge_paths=[str(work / "small" / "train")],
         eval_edge_paths=[], checkpoint_path=str(work / "small_model"), num_epochs=1))
     with bench.phase("reference") as figures:
         _, stderr = bench.command("reference", "train", str(small), figures=figures)
@@ -589,7 +592,8 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
     grown_config = bench.write_config("grown", grown)
     import_graph(bench, "grow_import", grown_config,
                  f"importer.previous_entity_path={base['entity_path']}",
-                 f"importer.inputs=[{work / 'raw' / 'grown'},{work / 'raw' / 'grown_test.parquet'}]")
+                 f"importer.inputs=[{work / 'raw' / 'grown'},"
+                 f"{work / 'raw' / 'grown_test.parquet'}]")
     with bench.phase("grow_train") as figures:
         stdout, _ = bench.command("grow_train", "train", str(grown_config), figures=figures)
     summary = last_json(stdout)
@@ -664,7 +668,8 @@ def report(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges:
             "import" in p.name and "no_limit" not in p.name and "edges_per_s" in p.extra
             for p in bench.phases),
         "training >= 80% of the eighth-size table's rate": by["reference"].extra["ratio"] >= 0.8,
-        "filtered ranking within 3x of its matrix products": by["eval_filtered"].extra["times_bound"] <= 3,
+        "filtered ranking within 3x of its matrix products":
+            by["eval_filtered"].extra["times_bound"] <= 3,
         **{f"serving (ivf_probes={p}) recall@10 >= 0.9 with p99 < 100 ms at concurrency 1":
            by[f"serve_probes{p}"].quality["recall_at_10"] >= 0.9
            and by[f"serve_probes{p}"].extra["c1_p99_ms"] < 100 for p in args.ivf_probes},

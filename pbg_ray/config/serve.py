@@ -67,7 +67,8 @@ class ServeConfig:
     ivf_probes: int = option(16, check=positive, help="IVF: clusters searched per query.")
     pq_bytes: int = option(0, check=not_negative, help=
         "IVF-PQ: bytes of each row's code (sub-quantizers of 8 bits; must divide the "
-        "dimension); 0: the largest divisor of the dimension up to a quarter of it, or up to 16 (at most half of it) where that is more.")
+        "dimension); 0: the largest divisor of the dimension up to a quarter of it, or up "
+        "to 16 (at most half of it) where that is more.")
     pq_rerank: int = option(10, check=positive, help=
         "IVF-PQ: hits fetched and rescored from the stored vectors per answer wanted (k x "
         "this): more, better recall at more reads.")

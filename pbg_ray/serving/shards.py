@@ -173,7 +173,8 @@ class ShardTables:
         offsets = torch.from_numpy(hits)
         if self.sets[key].vectors is None:  # each row read once (row 0 stands for none)
             rows = np.unique(np.concatenate([[0], hits[hits >= 0]]))
-            found = self._prepared(key, rows)[torch.from_numpy(np.searchsorted(rows, hits.clip(0)))]
+            at = torch.from_numpy(np.searchsorted(rows, hits.clip(0)))
+            found = self._prepared(key, rows)[at]
         else:
             found = self.sets[key].vectors[offsets.clamp_min(0)]
         # The comparator's exact scores of the hits: [B, 1, D] x [B, W, D].
@@ -244,8 +245,10 @@ class ShardTables:
         if exact or len(compressed) < 2:
             return [self.search(key, queries, k, exact, exclusion, own) for key in keys]
         q = torch.from_numpy(np.ascontiguousarray(queries, np.float32))
-        banned = {key: left_out(self.known, key[1], len(q), exclusion, own) for key in compressed}
-        most = (k + max(len(b) for ids in banned.values() for b in ids)) * self.config.serve.pq_rerank
+        banned = {key: left_out(self.known, key[1], len(q), exclusion, own)
+                  for key in compressed}
+        most = ((k + max(len(b) for ids in banned.values() for b in ids))
+                * self.config.serve.pq_rerank)
         proposals = {key: self._proposals(key, q, min(most, len(self.sets[key].stored)),
                                           banned[key]) for key in compressed}
         every = np.concatenate([estimates for estimates, _ in proposals.values()], axis=1)
