@@ -5,7 +5,7 @@ limit of a memory cgroup that the benchmark creates is imported, trained, evalua
 queried, exported, grown and served there: every phase is the real command
 (`python -m pbg_ray.<command> config.py key=value ...`) started inside the cgroup, so the
 command, the local Ray it starts and all Ray's workers share the limit and pbg_ray reads
-its budget from it.
+its budget from it. Ray has 2 CPUs on any machine (the targets are set for 2 cores).
 
 The graph: one entity type `node` (names n0, n1, ...) in planted communities of about
 1,000 nodes, 4 relations, 90% of edges ending in their lhs's community (the rest
@@ -43,11 +43,17 @@ question's lhs's community (a random answer's is about 1 in the number of commun
 Before it starts it says how much disk it needs and refuses when the disk
 lacks it. Ends with the targets (issue 45) and one JSON line.
 
-Needs root and cgroup v1's memory hierarchy writable (/sys/fs/cgroup/memory).
+Needs root and cgroup v1's memory hierarchy writable (/sys/fs/cgroup/memory). Where there
+is none (a container, gVisor), --no-cgroup states the limit instead: pbg_ray is given it as
+`ray.memory_budget`, the peak is the commands' resident memory not shared with files, plus
+/dev/shm, and nothing enforces it. --gpus-per-trainer trains on GPUs; --ivf-probes with
+no value leaves serving out (a machine without faiss or Ray Serve's packages).
 
     python benchmarks/big_bench.py                          # 20M x 128 in 4 GiB, 64M edges
     python benchmarks/big_bench.py --scale 0.05 --memory-gib 3 --partitions 8   # quick
     python benchmarks/big_bench.py --work-dir W --serve-only --ivf-probes 64   # serve again
+    python benchmarks/big_bench.py --scale 0.05 --memory-gib 1.5 --partitions 8 \
+        --gpus-per-trainer 1 --no-cgroup --ivf-probes       # the GPU machine
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import psutil
@@ -93,6 +99,7 @@ TEST_EDGES = 1000
 QUESTIONS = 100
 IMPORT_OOM_KILLS = 10  # an import past this many OOM-killed processes is stopped
 SHARDS = 8
+RAY_CPUS = 2  # Ray's CPUs on any machine, as on the 2-core machine the targets are set for
 RAY_OOM = re.compile(r"OutOfMemoryError|running low on memory")
 EPOCH_LINE = re.compile(r"epoch (\d+)/\d+ .*?([0-9.,e+]+) edges/s")
 
@@ -162,10 +169,14 @@ def write_shards(directory: Path, graph: PlantedGraph, num_edges: int, lhs_from:
 class MemoryCgroup:
     """A cgroup v1 memory cgroup of `limit` bytes that commands run in."""
 
+    ray_keys: Dict[str, int] = {}  # pbg_ray reads the limit from its cgroup
+    enforced = True
+
     def __init__(self, limit: int) -> None:
         if os.geteuid() != 0 or not os.access(V1_ROOT, os.W_OK):
             raise SystemExit(f"big_bench: making a memory cgroup needs root and cgroup v1's "
-                             f"memory hierarchy writable at {V1_ROOT}")
+                             f"memory hierarchy writable at {V1_ROOT}; without one, "
+                             "--no-cgroup states the limit instead")
         self.dir = V1_ROOT / f"pbg_ray_big_bench_{os.getpid()}"
         self.dir.mkdir()
         self.set_limit(limit)
@@ -177,9 +188,11 @@ class MemoryCgroup:
                 ["sh", "-c", f'echo $$ > {self.dir}/cgroup.procs && exec "$@"', "sh", *args],
                 stdout=stdout, stderr=stderr, cwd=cwd, env=bench_env())
 
-    def stat(self) -> Dict[str, int]:
-        return {k: int(v) for k, v in (line.split() for line in
+    def resident(self) -> int:
+        """rss + shmem of the cgroup's processes."""
+        stat = {k: int(v) for k, v in (line.split() for line in
                                        (self.dir / "memory.stat").read_text().splitlines())}
+        return stat["total_rss"] + stat["total_shmem"]
 
     def oom_kills(self) -> int:
         lines = (self.dir / "memory.oom_control").read_text().splitlines()
@@ -188,7 +201,7 @@ class MemoryCgroup:
     def reset_peak(self) -> None:
         (self.dir / "memory.max_usage_in_bytes").write_text("0")
 
-    def max_usage(self) -> int:
+    def max_usage(self) -> Optional[int]:
         return int((self.dir / "memory.max_usage_in_bytes").read_text())
 
     def set_limit(self, limit: int) -> None:
@@ -210,6 +223,71 @@ class MemoryCgroup:
         self.dir.rmdir()
 
 
+class StatedLimit:
+    """The limit stated to pbg_ray as `ray.memory_budget` where no cgroup can be made:
+    the commands' process trees are watched, nothing is enforced, and OOM kills are the
+    machine's (/proc/vmstat)."""
+
+    enforced = False
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.ray_keys = {"memory_budget": limit}
+        self.seen: Dict[int, psutil.Process] = {}  # every process of a command, by pid
+
+    def popen(self, args: Sequence[str], out: Path, err: Path, cwd: Path) -> subprocess.Popen:
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            proc = subprocess.Popen(args, stdout=stdout, stderr=stderr, cwd=cwd,
+                                    env=bench_env())
+        self.seen[proc.pid] = psutil.Process(proc.pid)
+        return proc
+
+    def _alive(self) -> List[psutil.Process]:
+        for process in list(self.seen.values()):
+            with contextlib.suppress(psutil.Error):
+                for child in process.children(recursive=True):
+                    self.seen.setdefault(child.pid, child)
+        return [p for p in self.seen.values() if p.is_running()]
+
+    def resident(self) -> int:
+        """As a cgroup's rss + shmem: each process's resident pages less those shared with
+        files or shared memory, plus /dev/shm (Ray's object store) once."""
+        total = shutil.disk_usage("/dev/shm").used
+        for process in self._alive():
+            with contextlib.suppress(psutil.Error):
+                info = process.memory_info()
+                total += info.rss - info.shared
+        return total
+
+    def oom_kills(self) -> int:
+        with contextlib.suppress(OSError, StopIteration):
+            return int(next(line.split()[1] for line in Path("/proc/vmstat").open()
+                            if line.startswith("oom_kill ")))
+        return 0
+
+    def reset_peak(self) -> None:
+        """The peak is only sampled."""
+
+    def max_usage(self) -> Optional[int]:
+        return None
+
+    def set_limit(self, limit: int) -> None:
+        """Nothing enforces the limit: the imports run under it already."""
+
+    def kill_all(self) -> None:
+        for process in self._alive():
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(list(self.seen.values()), timeout=10)
+        self.seen.clear()
+
+    def close(self) -> None:
+        self.kill_all()
+
+
+Limit = Union[MemoryCgroup, StatedLimit]
+
+
 @dataclasses.dataclass
 class PhaseFigures:
     """What one phase measured."""
@@ -217,10 +295,10 @@ class PhaseFigures:
     name: str
     wall_s: float = 0.0
     throughput: str = ""
-    peak_bytes: int = 0  # rss + shmem of the cgroup, sampled
-    max_usage_bytes: int = 0  # the cgroup's high-water mark, page cache included
-    read_bytes: int = 0
-    written_bytes: int = 0
+    peak_bytes: int = 0  # rss + shmem of the cgroup (or the processes' rss), sampled
+    max_usage_bytes: Optional[int] = None  # the cgroup's high-water mark, page cache included
+    read_bytes: Optional[int] = None  # None: the machine shows no disk counters
+    written_bytes: Optional[int] = None
     oom_kills: int = 0
     ray_oom_errors: int = 0
     quality: Dict[str, float] = dataclasses.field(default_factory=dict)
@@ -228,17 +306,21 @@ class PhaseFigures:
 
     def line(self, limit: int) -> str:
         quality = ", ".join(f"{k} {v:.4f}" for k, v in self.quality.items())
+        cache = ("" if self.max_usage_bytes is None else
+                 f" (with page cache {self.max_usage_bytes / GIB:.2f})")
+        disk = ("no disk counters" if self.read_bytes is None else
+                f"disk read {self.read_bytes / 1e9:.2f} GB, written "
+                f"{self.written_bytes / 1e9:.2f} GB")
         return (f"[{self.name}] {self.wall_s:,.1f} s; {self.throughput}; peak "
-                f"{self.peak_bytes / GIB:.2f} GiB of {limit / GIB:.2f} (with page cache "
-                f"{self.max_usage_bytes / GIB:.2f}); disk read {self.read_bytes / 1e9:.2f} GB, "
-                f"written {self.written_bytes / 1e9:.2f} GB; OOM kills {self.oom_kills}, Ray "
-                f"OutOfMemoryError {self.ray_oom_errors}" + (f"; {quality}" if quality else ""))
+                f"{self.peak_bytes / GIB:.2f} GiB of {limit / GIB:.2f}{cache}; {disk}; OOM "
+                f"kills {self.oom_kills}, Ray OutOfMemoryError {self.ray_oom_errors}"
+                + (f"; {quality}" if quality else ""))
 
 
 class Phase:
     """Measures a phase: the cgroup's memory sampled, disk and OOM counters before and after."""
 
-    def __init__(self, cgroup: MemoryCgroup, name: str) -> None:
+    def __init__(self, cgroup: Limit, name: str) -> None:
         self.cgroup, self.figures = cgroup, PhaseFigures(name)
         self._stop = threading.Event()
 
@@ -252,17 +334,16 @@ class Phase:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.1):
-            stat = self.cgroup.stat()
-            self.figures.peak_bytes = max(self.figures.peak_bytes,
-                                          stat["total_rss"] + stat["total_shmem"])
+            self.figures.peak_bytes = max(self.figures.peak_bytes, self.cgroup.resident())
 
     def __exit__(self, *exc) -> None:
         self.figures.wall_s = time.perf_counter() - self._start
         self._stop.set()
         self._thread.join()
         disk = psutil.disk_io_counters()
-        self.figures.read_bytes = disk.read_bytes - self._disk.read_bytes
-        self.figures.written_bytes = disk.write_bytes - self._disk.write_bytes
+        if disk and self._disk:
+            self.figures.read_bytes = disk.read_bytes - self._disk.read_bytes
+            self.figures.written_bytes = disk.write_bytes - self._disk.write_bytes
         self.figures.oom_kills = self.cgroup.oom_kills() - self._oom
         self.figures.max_usage_bytes = self.cgroup.max_usage()
 
@@ -270,7 +351,7 @@ class Phase:
 class Bench:
     """The work directory, the cgroup, and the commands run in it."""
 
-    def __init__(self, work: Path, cgroup: MemoryCgroup) -> None:
+    def __init__(self, work: Path, cgroup: Limit) -> None:
         self.work, self.cgroup = work, cgroup
         (work / "logs").mkdir(exist_ok=True)
         self.phases: List[PhaseFigures] = []
@@ -422,8 +503,14 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=32)
     parser.add_argument("--dimension", type=int, default=128)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--ivf-probes", type=int, nargs="+", default=[16, 128, 512], help=(
-        "serve.ivf_probes of each serving start (16: the default; the index is built once)"))
+    parser.add_argument("--gpus-per-trainer", type=float, default=0.0,
+                        help="ray.gpus_per_trainer of the training phases")
+    parser.add_argument("--no-cgroup", action="store_true", help=(
+        "state the limit as ray.memory_budget and watch the processes' rss instead of "
+        "enforcing it in a cgroup (no root, or no cgroup v1)"))
+    parser.add_argument("--ivf-probes", type=int, nargs="*", default=[16, 128, 512], help=(
+        "serve.ivf_probes of each serving start (16: the default; the index is built once); "
+        "no value: no serving"))
     parser.add_argument("--serve-seconds", type=float, default=30.0,
                         help="most seconds of load per concurrency level")
     parser.add_argument("--work-dir", default=None,
@@ -435,7 +522,7 @@ def main() -> None:
         if not args.work_dir or not (Path(args.work_dir) / "communities.npy").is_file():
             raise SystemExit("big_bench: --serve-only needs --work-dir of a finished run")
         with contextlib.ExitStack() as stack:
-            cgroup = MemoryCgroup(int(args.memory_gib * GIB))
+            cgroup = make_limit(args)
             stack.callback(cgroup.close)
             bench = Bench(Path(args.work_dir), cgroup)
             serve_all(bench, args)
@@ -451,7 +538,8 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         need, free = disk_needed(num_entities, num_edges, dim), shutil.disk_usage(work).free
         print(f"graph: {num_entities:,} entities x {dim} ({table / GIB:.2f} GiB with row "
-              f"Adagrad's sums, {table / limit:.1f}x the limit of {limit / GIB:.2f} GiB), "
+              f"Adagrad's sums, {table / limit:.1f}x the limit of {limit / GIB:.2f} GiB"
+              f"{', stated, not enforced' if args.no_cgroup else ''}), "
               f"{num_edges:,} edges, {args.partitions} partitions; disk: needs about "
               f"{need / GIB:.1f} GiB in {work}, {free / GIB:.1f} GiB free; machine: "
               f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.1f} GiB", flush=True)
@@ -459,9 +547,14 @@ def main() -> None:
             raise SystemExit(f"big_bench: {work} has {free / GIB:.1f} GiB free, the run needs "
                              f"about {need / GIB:.1f} GiB: pass --work-dir on a larger disk or "
                              "a smaller --scale")
-        cgroup = MemoryCgroup(limit)
+        cgroup = make_limit(args)
         stack.callback(cgroup.close)
         run(Bench(work, cgroup), args, num_entities, num_edges, table)
+
+
+def make_limit(args: argparse.Namespace) -> Limit:
+    limit = int(args.memory_gib * GIB)
+    return StatedLimit(limit) if args.no_cgroup else MemoryCgroup(limit)
 
 
 def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: int,
@@ -482,8 +575,10 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
         num_epochs=args.epochs, bucket_order="beta",
         entity_path=str(work / "graph" / "entities"), edge_paths=[str(work / "graph" / "train")],
         eval_edge_paths=[str(work / "graph" / "test")], checkpoint_path=str(work / "model"),
-        # One train task of both CPUs (Hogwild threads): one buffer of partitions, not two.
-        ray={"placement": "disk", "num_trainers": 1, "cpus_per_trainer": 2})
+        # One train task of all Ray's CPUs (Hogwild threads): one buffer of partitions.
+        ray={"placement": "disk", "num_cpus": RAY_CPUS, "num_trainers": 1,
+             "cpus_per_trainer": RAY_CPUS,
+             "gpus_per_trainer": args.gpus_per_trainer, **bench.cgroup.ray_keys})
     config = bench.write_config("config", base)
 
     import_graph(bench, "import", config,
@@ -529,7 +624,7 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
     shutil.rmtree(work / "small_model")
 
     test = str(work / "graph" / "test")
-    rate = matmul_rate(os.cpu_count() or 1) * 1e9
+    rate = matmul_rate(RAY_CPUS) * 1e9
     with bench.phase("eval_filtered") as figures:
         stdout, _ = bench.command("eval_filtered", "eval", str(config), f"eval.edge_paths=[{test}]",
                                   "eval.sampled=false", "eval.per_relation=false", figures=figures)
@@ -685,6 +780,7 @@ def report(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges:
     print(json.dumps({
         "entities": num_entities, "edges": num_edges, "dimension": args.dimension,
         "partitions": args.partitions, "epochs": args.epochs, "limit_bytes": limit,
+        "limit_enforced": bench.cgroup.enforced, "gpus_per_trainer": args.gpus_per_trainer,
         "table_bytes": table, "total_s": round(total_s, 1), "refusal": refusal,
         "phases": [dataclasses.asdict(p) for p in bench.phases],
         "targets": targets, "cpus": os.cpu_count()}))
