@@ -3,12 +3,12 @@ may use (runtime/budget.py): a memory-placement run that cannot fit is refused b
 starts, with the figures and the fix; disk placement's partition buffer is fitted to it.
 
 The figures are those footprint_bench and train_bench measure (docs/sizing.md): Ray's own
-processes, the driver and the actors, a train worker each with torch loaded, and the
-partitions: in memory placement the whole table with its row-Adagrad state in Ray's object
-store plus each train task's copies of its bucket (the one it trains and the result it puts
-back), in disk placement only the unpartitioned types' tables and each trainer's
-ray.partition_buffer + 4 partitions (the buffer, the next bucket's read ahead, the last
-one's written behind)."""
+processes, the driver and the actors, a train worker each with torch loaded (and its CUDA
+runtime where it trains on a GPU), and the partitions: in memory placement the whole table
+with its row-Adagrad state in Ray's object store plus each train task's copies of its
+bucket (the one it trains and the result it puts back), in disk placement only the
+unpartitioned types' tables and each trainer's ray.partition_buffer + 4 partitions (the
+buffer, the next bucket's read ahead, the last one's written behind)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from typing import Dict, List
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.runtime.budget import (
-    ACTOR, DRIVER, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan, memory_budget)
+    ACTOR, CUDA_RUNTIME, DRIVER, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan,
+    memory_budget)
 from pbg_ray.runtime.connect import local_task_slots, starts_local_ray
+from pbg_ray.training.bucket_task import gpus_per_trainer
 
 logger = logging.getLogger("pbg_ray")
 
@@ -49,7 +51,8 @@ def memory_plan(config: ConfigSchema, counts: Dict[str, List[int]], trainers: in
     # type whole.
     bucket = (sum(2 * partition_bytes(config, counts, e) for e in partitioned)
               + table_of(whole))
-    processes = RAY_PROCESSES + DRIVER + (stores + 2) * ACTOR + trainers * TASK_WORKER
+    worker = TASK_WORKER + (CUDA_RUNTIME if gpus_per_trainer(config) > 0 else 0)
+    processes = RAY_PROCESSES + DRIVER + (stores + 2) * ACTOR + trainers * worker
     placement = config.ray.placement
     if placement == "memory":
         return MemoryPlan("this run", placement, table_of(used), int(BUCKET_COPIES * bucket),

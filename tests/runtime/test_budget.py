@@ -18,7 +18,8 @@ import pytest
 from pbg_ray.config import ConfigSchema, RayConfig
 from pbg_ray.errors import PbgRayError
 from pbg_ray.runtime.budget import (
-    GIB, MIB, OBJECT_STORE_SHARE, MemoryBudget, cgroup_limit, memory_budget, object_store_memory)
+    CUDA_RUNTIME, GIB, MIB, OBJECT_STORE_SHARE, MemoryBudget, cgroup_limit, memory_budget,
+    object_store_memory)
 from pbg_ray.training.memory_plan import fit_to_budget, memory_plan
 from tests.util import config_dict
 
@@ -119,6 +120,17 @@ def test_disk_placement_keeps_the_largest_buffer_that_fits(tmp_path, caplog):
     assert dataclasses.replace(fitted, ray=config.ray) == config  # nothing else changed
     with pytest.raises(PbgRayError, match="split the entities into more partitions"):
         fit_to_budget(config, counts, 1, 1, MemoryBudget(at(2) - 1, "ray.memory_budget"))
+
+
+def test_a_train_task_on_a_gpu_plans_the_host_memory_of_its_cuda_runtime(tmp_path):
+    config, counts = sized_config(tmp_path, "disk", 16, 1_000_000)
+    on_gpu = dataclasses.replace(config, ray=dataclasses.replace(config.ray, gpus_per_trainer=1))
+    pbg_gpu_key = dataclasses.replace(config, num_gpus=1)  # PBG's key: one GPU per task
+    plan = lambda c, trainers: memory_plan(c, counts, trainers, 1, 2)  # noqa: E731
+    for gpu_config in (on_gpu, pbg_gpu_key):
+        for trainers in (1, 2):
+            assert (plan(gpu_config, trainers).processes - plan(config, trainers).processes
+                    == trainers * CUDA_RUNTIME)
 
 
 @pytest.fixture
