@@ -1,6 +1,8 @@
 """Entity and relation names of a model, looked up in batches: each type's partitions read
 one at a time (a few kept between calls) or all kept, the (partition, offset) of each name
-found, and one clear error for each name that is not, with the nearest names.
+found, and one clear error for each name that is not, with the nearest names. A partition's
+names are kept compact (about 20 bytes a name beyond its characters, where a Python string
+and a dict entry take about 100): a service keeps every partition's.
 
 The one name lookup of Predictor, the predict command and the service."""
 
@@ -8,14 +10,23 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 from typing import Any, Callable, Dict, Hashable, Iterable, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.io.entities import load_entity_names, load_relation_names
+from pbg_ray.importer.name_index import name_keys
+from pbg_ray.io.entities import entity_names_bytes, load_entity_names, load_relation_names
 
 SUGGESTIONS = 64  # names near an unknown one (in sorted order, per partition) that "did you mean" weighs
+# PartitionNames' bytes a name beyond its characters (an offset and a key of 8 bytes, a
+# position of 4) less the 4 its names file spends on quotes and separators; and what a
+# partition being read takes a name (the JSON file's Python strings, their keys' arrays).
+COMPACT_EXTRA = 16
+READ_PER_NAME = 150
 
 Asked = Tuple[str, str]  # (entity type, name)
 Located = Tuple[int, int]  # (partition, offset)
@@ -54,22 +65,72 @@ class Recent:
                 self._kept.popitem(last=False)
 
 
-@dataclasses.dataclass
 class PartitionNames:
-    """One partition's names: in offset order, name -> offset (str and int only: a dict the
-    garbage collector never scans), and sorted (made on first use, for suggestions)."""
+    """One partition's names: in offset order as an Arrow string array, and their 64-bit
+    keys (the importer's name_keys) sorted, with the offset of each: a name is found by a
+    binary search on its key, then compared. Their sorted order, for suggestions, is made
+    on first use."""
 
-    names: List[str]
-    offsets: Dict[str, int]
-    ordered: Optional[List[str]] = None
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = pa.array(names, pa.large_string())
+        keys, _ = name_keys(self.names)
+        self._by_key = np.argsort(keys, kind="stable").astype(np.int32)
+        self._keys = keys[self._by_key]
+        self._by_name: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def nbytes(self) -> int:
+        sorted_names = 0 if self._by_name is None else self._by_name.nbytes
+        return self.names.nbytes + self._by_key.nbytes + self._keys.nbytes + sorted_names
+
+    def take(self, offsets: Sequence[int]) -> List[str]:
+        """The names at `offsets`."""
+        return self.names.take(pa.array(offsets, pa.int64())).to_pylist()
+
+    def offsets(self, asked: Sequence[str]) -> Dict[str, int]:
+        """The offset of each name in `asked` that the partition has."""
+        if not asked or not len(self):
+            return {}
+        keys, _ = name_keys(pa.array(asked, pa.large_string()))
+        at = np.searchsorted(self._keys, keys).clip(max=len(self) - 1)
+        hits = np.flatnonzero(self._keys[at] == keys)
+        offsets = self._by_key[at[hits]]
+        return {asked[i]: int(o) for i, o, name in zip(hits, offsets, self.take(offsets))
+                if name == asked[i]}
 
     def near(self, name: str) -> List[str]:
         """The names that sort next to `name` (a scan of millions of names per unknown one
         would stall the service)."""
-        if self.ordered is None:
-            self.ordered = sorted(self.names)
-        at = bisect.bisect_left(self.ordered, name)
-        return self.ordered[max(0, at - SUGGESTIONS // 2):at + SUGGESTIONS // 2]
+        if self._by_name is None:
+            self._by_name = pc.sort_indices(self.names).to_numpy()
+        ordered = _Sorted(self.names, self._by_name)
+        at = bisect.bisect_left(ordered, name)
+        return self.take(self._by_name[max(0, at - SUGGESTIONS // 2):at + SUGGESTIONS // 2])
+
+
+class _Sorted:
+    """The names in sorted order, as a sequence bisect can search (each read on access)."""
+
+    def __init__(self, names: pa.Array, order: np.ndarray) -> None:
+        self.names, self.order = names, order
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i: int) -> str:
+        return self.names[int(self.order[i])].as_py()
+
+
+def names_bytes(config: ConfigSchema, counts: Dict[str, Sequence[int]]) -> int:
+    """What keeping every partition's names takes (EntityNames with keep=None), from the
+    names files' sizes: the compact names, and the largest partition while it is read."""
+    kept = sum(entity_names_bytes(config.entity_path, entity, part) + COMPACT_EXTRA * rows
+               for entity in config.entities for part, rows in enumerate(counts[entity]))
+    return kept + READ_PER_NAME * max((max(counts[entity], default=0)
+                                       for entity in config.entities), default=0)
 
 
 class EntityNames:
@@ -97,17 +158,19 @@ class EntityNames:
                 f"entity type {entity!r} partition {part}: {len(names)} names in "
                 f"{self.config.entity_path!r} but {self.counts[entity][part]} embeddings in "
                 f"{self.source}. Pass the entity_path the checkpoint was trained on.")
-        return PartitionNames(names, {n: i for i, n in enumerate(names)})
+        return PartitionNames(names)
 
     def partitions(self, entity: str) -> range:
         return range(self.config.entities[entity].num_partitions)
 
     def names(self, entity: str) -> List[List[str]]:
-        """The names of an entity type, per partition (all of them: mind the table's size)."""
-        return [self.partition(entity, p).names for p in self.partitions(entity)]
+        """The names of an entity type, per partition, as Python lists (all of them: mind
+        the table's size)."""
+        return [self.partition(entity, p).names.to_pylist() for p in self.partitions(entity)]
 
-    def name(self, entity: str, part: int, offset: int) -> str:
-        return self.partition(entity, part).names[offset]
+    def read(self, entity: str) -> int:
+        """Every partition of an entity type read (and kept as `keep` allows): their bytes."""
+        return sum(self.partition(entity, p).nbytes for p in self.partitions(entity))
 
     def lookup(self, asked: Iterable[Asked]) -> Dict[Asked, Located]:
         """(partition, offset) of each (entity type, name) asked that the type has; each
@@ -120,9 +183,8 @@ class EntityNames:
             for part in self.partitions(entity):
                 if not names:
                     break
-                offsets = self.partition(entity, part).offsets
-                for name in [n for n in names if n in offsets]:
-                    found[entity, name] = (part, offsets[name])
+                for name, offset in self.partition(entity, part).offsets(list(names)).items():
+                    found[entity, name] = (part, offset)
                     names.discard(name)
         return found
 

@@ -331,8 +331,7 @@ class Best:
         named = np.empty(self.scores.shape, object)
         for part in np.unique(self.parts[kept]):
             pick = kept & (self.parts == part)
-            partition = names.partition(entity, int(part)).names
-            named[pick] = [partition[o] for o in self.offsets[pick]]
+            named[pick] = names.partition(entity, int(part)).take(self.offsets[pick])
         return [[(str(n), float(v)) for n, v in zip(named[row][kept[row]],
                                                     self.scores[row][kept[row]])]
                 for row in range(len(self.scores))]

@@ -15,7 +15,7 @@ from typing import Dict, List
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.io.files import PathLike, write_text_atomic
-from pbg_ray.io.storage import StoragePath, storage_path
+from pbg_ray.io.storage import ObjectPath, StoragePath, storage_path
 from pbg_ray.types import EntityName, Partition
 
 
@@ -93,6 +93,12 @@ def save_entity_names(entity_path: PathLike, entity: EntityName, part: Partition
 
 def load_entity_names(entity_path: PathLike, entity: EntityName, part: Partition) -> List[str]:
     return _load_names(entity_names_file(entity_path, entity, part), "entity names")
+
+
+def entity_names_bytes(entity_path: PathLike, entity: EntityName, part: Partition) -> int:
+    """The size of a partition's names file."""
+    path = entity_names_file(entity_path, entity, part)
+    return path.size() if isinstance(path, ObjectPath) else path.stat().st_size
 
 
 def save_dynamic_rel_count(entity_path: PathLike, count: int) -> None:

@@ -151,6 +151,11 @@ class ObjectPath:
     def exists(self) -> bool:
         return self._type() != pafs.FileType.NotFound
 
+    def size(self) -> int:
+        """The object's bytes."""
+        with self._errors("look up"):
+            return self.fs.get_file_info(self.fs_path).size
+
     def is_file(self) -> bool:
         return self._type() == pafs.FileType.File
 

@@ -20,6 +20,7 @@ from ray.serve.handle import DeploymentResponse
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema, ServeConfig
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.entity_names import names_bytes
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.runtime.budget import (
     ACTOR, DRIVER, GIB, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan, memory_budget)
@@ -137,11 +138,13 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
 
 def serving_plan(config: ConfigSchema, counts: Dict[str, Sequence[int]]) -> MemoryPlan:
     """What the service holds on a local Ray: every shard replica's tables, candidate
-    vectors and indexes, and the processes (Serve's controller, the router replicas and
-    the shard replicas each a process with torch loaded)."""
+    vectors and indexes, every router replica's names of all entities, and the processes
+    (Serve's controller, the router replicas and the shard replicas each a process with
+    torch loaded)."""
     serve_config = config.serve
-    held = serve_config.shard_replicas * sum(
+    held = (serve_config.shard_replicas * sum(
         replica_bytes(config, counts, g) for g in range(serve_config.shard_groups))
+        + serve_config.router_replicas * names_bytes(config, counts))
     replicas = serve_config.router_replicas + serve_config.shard_groups * serve_config.shard_replicas
     return MemoryPlan("this service", None, held, 0, 0,
                       RAY_PROCESSES + DRIVER + ACTOR + replicas * TASK_WORKER)

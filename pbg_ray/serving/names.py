@@ -50,7 +50,7 @@ class ServingModel(ModelByNames):
         self.version = version
         self._rows = Recent(ROW_CACHE)
         for entity in config.entities:
-            names.names(entity)
+            names.read(entity)
 
     def check(self, k: int, batch: Sequence[Any]) -> None:
         serve = self.config.serve

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.evaluation.entity_names import READ_PER_NAME, EntityNames, names_bytes
 from pbg_ray.evaluation.distributed import TASK_SCRATCH, evaluation_plan
 from pbg_ray.export import EXPORT_COPIES, export_plan
 from pbg_ray.runtime.budget import GIB
@@ -54,6 +55,16 @@ def test_the_plans_hold_what_each_command_keeps(checkpoint):
 
     tsv = export_plan(checkpoint, counts, tasks=1)
     assert tsv.per_task == int(EXPORT_COPIES["tsv"] * partition) and tsv.tasks == 2
+
+
+def test_each_router_replica_holds_every_entitys_names_in_the_service_plan(checkpoint):
+    counts = {"node": [ROWS] * 8}
+    routers = lambda n: dataclasses.replace(checkpoint, serve=dataclasses.replace(  # noqa: E731
+        checkpoint.serve, index="ivfpq", router_replicas=n))
+    per_router = serving_plan(routers(2), counts).table - serving_plan(routers(1), counts).table
+    assert per_router == names_bytes(checkpoint, counts)
+    kept = EntityNames(checkpoint).read("node")  # what a router keeps, measured
+    assert kept <= per_router <= 2 * kept + READ_PER_NAME * ROWS
 
 
 def test_an_evaluation_over_its_budget_is_refused_before_ray_starts_with_the_fix(
