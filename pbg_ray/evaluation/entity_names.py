@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.importer.name_index import name_keys
+from pbg_ray.io.name_keys import name_keys
 from pbg_ray.io.entities import entity_names_bytes, load_entity_names, load_relation_names
 
 SUGGESTIONS = 64  # names near an unknown one (in sorted order, per partition) that "did you mean" weighs

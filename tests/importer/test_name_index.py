@@ -6,7 +6,8 @@ import pytest
 
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer import name_index
-from pbg_ray.importer.name_index import NameIndex, name_keys
+from pbg_ray.importer.name_index import NameIndex
+from pbg_ray.io.name_keys import name_keys
 
 NAMES = ["b", "a-name-longer-than-sixteen-bytes", "a", "", "bb", "ab", "exactly7", "eight-by"]
 
