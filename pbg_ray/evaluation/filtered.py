@@ -138,31 +138,37 @@ def count_above(scorer: Scorer, queries: Tensor, pos: Tensor, candidates: Tensor
     candidate) pairs, unique. Returns int64 [B]."""
     import torch
 
+    from pbg_ray.model.losses import count_at_least
+
     B, N = len(queries), len(candidates)
-    counts = torch.zeros(B, dtype=torch.float64)
+    counts = torch.zeros(B, dtype=torch.int64)
     # Exclusions ordered by (query block, candidate): each score block's are one slice.
     key = (rows // QUERY_BLOCK) * N + cols
     order = np.argsort(key, kind="stable")
     key, rows, cols = key[order], torch.from_numpy(rows[order]), torch.from_numpy(cols[order])
-    scores = torch.empty(1, QUERY_BLOCK, CANDIDATE_BLOCK)
-    above = torch.empty(QUERY_BLOCK, CANDIDATE_BLOCK)
+    # One score buffer, and one for torch's comparison where the C count cannot serve.
+    scores = torch.empty(QUERY_BLOCK * CANDIDATE_BLOCK)
+    above = torch.empty(QUERY_BLOCK * CANDIDATE_BLOCK)
+    pos = pos.contiguous()
     for r0 in range(0, B, QUERY_BLOCK):
-        q, p = queries[r0:r0 + QUERY_BLOCK], pos[r0:r0 + QUERY_BLOCK].unsqueeze(1)
+        q, p = queries[r0:r0 + QUERY_BLOCK], pos[r0:r0 + QUERY_BLOCK]
         block_key = (r0 // QUERY_BLOCK) * N
         edges = np.minimum(np.arange(0, N + CANDIDATE_BLOCK, CANDIDATE_BLOCK), N)
         bounds = np.searchsorted(key, block_key + edges)
         for i, c0 in enumerate(range(0, N, CANDIDATE_BLOCK)):
             k = candidates[c0:c0 + CANDIDATE_BLOCK]
-            full = len(q) == QUERY_BLOCK and len(k) == CANDIDATE_BLOCK
-            s = scorer.matrix(q, k, scores if full else None)
-            # Compared into a float buffer: bool outputs and their sums are several times slower.
-            a = torch.ge(s, p, out=above) if full else torch.ge(s, p).float()
-            counts[r0:r0 + len(q)] += a.sum(1)
+            shape = (len(q), len(k))
+            s = scorer.matrix(q, k, scores[:shape[0] * shape[1]].view(1, *shape))
+            if not count_at_least(s, p, counts[r0:r0 + len(q)]):
+                # Compared into a float buffer: bool outputs and their sums are several
+                # times slower.
+                a = torch.ge(s, p.unsqueeze(1), out=above[:shape[0] * shape[1]].view(shape))
+                counts[r0:r0 + len(q)] += a.sum(1).long()
             lo, hi = bounds[i], bounds[i + 1]
             if hi > lo:
                 r, c = rows[lo:hi] - r0, cols[lo:hi] - c0
-                counts.index_add_(0, r + r0, -a[r, c].double())
-    return counts.round().long().numpy()
+                counts.index_add_(0, r + r0, -torch.ge(s[r, c], p[r]).long())
+    return counts.numpy()
 
 
 def relation_groups(config: ConfigSchema, rel: np.ndarray) -> Iterator[Tuple[int, np.ndarray]]:

@@ -1,7 +1,8 @@
 /* The softmax loss of a batch side and its gradient in one C call (pbg_ray.model.losses.
- * SoftmaxLoss), and PBG's violators count of a side's score blocks in one pass
+ * SoftmaxLoss) and PBG's violators count of a side's score blocks in one pass
  * (losses.count_violators), for the CPU kernel on processors with AVX-512 (`supported()`;
- * elsewhere the kernel keeps torch's ops).
+ * elsewhere the kernel keeps torch's ops); and on any x86-64 processor, per row the
+ * scores at or above the row's positive (losses.count_at_least, for filtered ranking).
  *
  * torch runs it as ~12 passes over the score blocks (max, subtract, exp, sum, scale, ...),
  * each a separate op. Here each chunk's rows go through three passes per block while they
@@ -198,6 +199,23 @@ AVX512 static int64_t block_violators(const Block *b, const float *pos, int64_t 
     return count;
 }
 
+/* counts[c] += the scores of row c of a row-contiguous block [rows, n_cols] (rows s_row
+ * apart) at or above pos[c]; a NaN is at or above nothing, as in torch.ge. Plain C that
+ * the compiler vectorizes, built for AVX-512, AVX2 and the baseline, the best taken when
+ * the module loads. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+static void block_at_least(const float *x, int64_t s_row, int64_t rows, int64_t n_cols,
+                           const float *pos, int64_t *counts) {
+    for (int64_t c = 0; c < rows; c++) {
+        const float *row = x + c * s_row;
+        const float t = pos[c];
+        int32_t n = 0;
+        for (int64_t j = 0; j < n_cols; j++)
+            n += row[j] >= t;
+        counts[c] += n;
+    }
+}
+
 /* Blocks from a sequence of (in, out, n_cols, stride_chunk, stride_row, stride_col), with
  * addresses as integers and strides in elements, for the loops of `caller`: their count,
  * or -1 with an exception set (also on a CPU without AVX-512, see supported()). */
@@ -255,6 +273,20 @@ static PyObject *violators(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(count);
 }
 
+/* at_least(block, s_row, rows, n_cols, pos, counts): block_at_least with addresses as
+ * integers; pos float32 [rows] and counts int64 [rows], contiguous. */
+static PyObject *at_least(PyObject *self, PyObject *args) {
+    unsigned long long block_p, pos_p, counts_p;
+    long long s_row, rows, n_cols;
+    if (!PyArg_ParseTuple(args, "KLLLKK", &block_p, &s_row, &rows, &n_cols, &pos_p, &counts_p))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    block_at_least((const float *)block_p, s_row, rows, n_cols, (const float *)pos_p,
+                   (int64_t *)counts_p);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* softmax(pos, weight, dpos, chunks, rows, blocks): blocks is a sequence of
  * (in, out, n_cols, stride_chunk, stride_row, stride_col) with addresses as integers and
  * strides in elements; pos, weight and dpos are contiguous [chunks, rows]. Returns the loss. */
@@ -287,6 +319,7 @@ static PyObject *supported(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"softmax", softmax, METH_VARARGS, "Softmax loss and gradients of one batch side."},
     {"violators", violators, METH_VARARGS, "Scores above their row's positive, counted."},
+    {"at_least", at_least, METH_VARARGS, "Per row, the scores at or above its positive."},
     {"supported", supported, METH_NOARGS, "Whether this CPU runs softmax (AVX-512)."},
     {NULL, NULL, 0, NULL},
 };

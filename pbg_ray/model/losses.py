@@ -23,9 +23,9 @@ from torch import Tensor
 from pbg_ray.model.native import extension
 from pbg_ray.model.registry import Registry
 
-_loss = extension("_loss")
-if _loss is not None and not _loss.supported():  # its code is AVX-512
-    _loss = None
+_c_loss = extension("_loss")
+# Its softmax and violators are AVX-512 code; its at_least runs on any x86-64 CPU.
+_loss = _c_loss if _c_loss is not None and _c_loss.supported() else None
 
 Result = Tuple[Tensor, Tensor, List[Tensor]]
 
@@ -60,6 +60,19 @@ def count_violators(pos: Tensor, blocks: List[Tensor], valid_rows: int) -> Optio
         return None
     return _loss.violators(pos.data_ptr(), pos.shape[0], pos.shape[1], valid_rows,
                            _c_blocks(blocks, blocks))
+
+
+def count_at_least(scores: Tensor, pos: Tensor, counts: Tensor) -> bool:
+    """counts [B] (int64) += per row of scores [B, N] the entries at or above the row's
+    positive pos [B], in one C pass (_loss.c); False, and nothing counted, where that
+    cannot serve (not built, or not float32 rows contiguous on the CPU)."""
+    if not (_c_loss is not None and scores.device.type == pos.device.type == "cpu"
+            and scores.dtype == pos.dtype == torch.float32 and scores.stride(1) == 1
+            and pos.is_contiguous() and counts.dtype == torch.int64 and counts.is_contiguous()):
+        return False
+    _c_loss.at_least(scores.data_ptr(), scores.stride(0), scores.shape[0], scores.shape[1],
+                     pos.data_ptr(), counts.data_ptr())
+    return True
 
 
 class Loss:

@@ -24,6 +24,7 @@ from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.edges import read_edges, write_edges
 from pbg_ray.io.entities import num_relation_ids
+from pbg_ray.model import losses
 from pbg_ray.model.params import (
     global_emb_key, operator_key, params_from_checkpoint, partition_keys)
 from pbg_ray.training.trainer import Trainer
@@ -107,11 +108,17 @@ def brute_force_ranks(config, version, edge_path, filter_paths):
     return np.array(rels), np.array(lhs_ranks), np.array(rhs_ranks)
 
 
+@pytest.mark.parametrize("count", ["c", "torch"])
 @pytest.mark.parametrize("blocks", [(256, 2048), (3, 4)])
-def test_ties_and_block_edges_follow_the_rule(tmp_path, monkeypatch, blocks):
-    """Integer embeddings, dot: many exact ties; tiny blocks put exclusions on block edges."""
+def test_ties_and_block_edges_follow_the_rule(tmp_path, monkeypatch, blocks, count):
+    """Integer embeddings, dot: many exact ties; tiny blocks put exclusions on block edges.
+    The scores at or above a positive are counted in C, or by torch where C cannot."""
     monkeypatch.setattr(filtered, "QUERY_BLOCK", blocks[0])
     monkeypatch.setattr(filtered, "CANDIDATE_BLOCK", blocks[1])
+    if count == "torch":
+        monkeypatch.setattr(losses, "count_at_least", lambda *args: False)
+    else:
+        assert losses._c_loss is not None, "the C extensions are not built"
     config = make(tmp_path, comparator="dot", global_emb=False,
                   entities={"user": {}, "item": {}, "tag": {}})
     write_random_graph(config, num_edges=60)
