@@ -55,9 +55,9 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.dictionaries import build_dictionaries, load_previous
 from pbg_ray.importer.graph_import import local_phases, run_import
 from pbg_ray.importer.name_index import NameIndex
-from pbg_ray.io.name_keys import mix
 from pbg_ray.importer.read import EntityTypes, IdReader, read_stats, spill_dtype
 from pbg_ray.importer.routing import BucketRouter
+from pbg_ray.io.name_keys import mix
 from pbg_ray.importer.staging import Staging
 from pbg_ray.io.raw import RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path

@@ -23,10 +23,10 @@ import numpy as np
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.dictionaries import Dictionaries
-from pbg_ray.io.name_keys import mix
 from pbg_ray.importer.read import EntityTypes
 from pbg_ray.io.edges import (
     FORMAT_VERSION, FORMAT_VERSION_ATTR, count_edges, edges_file, read_edges)
+from pbg_ray.io.name_keys import mix
 from pbg_ray.io.storage import ObjectPath, StoragePath, uploading
 from pbg_ray.types import Bucket
 
