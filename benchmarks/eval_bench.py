@@ -2,7 +2,9 @@
 entities at d=100 (dot comparator, one partition), 100,000 known training edges filtered.
 With --partitions P and --placement disk, the same out of core: the entities in P
 partitions, the edges in P x P buckets, each task reading the partitions it needs from the
-checkpoint.
+checkpoint. With --relations R --operator OP, a model of R relations whose rhs goes
+through OP (its parameters drawn near the operator's initial value), the edges' relations
+drawn uniformly: each relation's candidates are transformed and ranked apart.
 
 Prints ranked queries per second (one query = one side of one edge, so 20,000 queries),
 the matmul FLOP rate they imply (2·d per candidate score) and its fraction of the
@@ -12,6 +14,8 @@ after one warm-up run that starts Ray's workers. Ends with one JSON line.
 
     python benchmarks/eval_bench.py
     python benchmarks/eval_bench.py --entities 20000 --edges 2000    # a quick run
+    python benchmarks/eval_bench.py --entities 20000000 --edges 1000 --partitions 32 \
+        --placement disk --relations 4 --operator complex_diagonal     # big_bench's ranking
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.distributed import evaluate_checkpoint
 from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import save_entity_count
+from pbg_ray.model.params import param_layout
 from pbg_ray.types import Bucket, EdgeList
 
 DIM = 100
@@ -51,7 +56,7 @@ def matmul_rate(threads: int, size: int = 2048, repeats: int = 7) -> float:
 
 
 def build(root: Path, num_entities: int, num_edges: int, partitions: int, placement: str,
-          seed: int = 0) -> ConfigSchema:
+          relations: int = 1, operator: str = "none", seed: int = 0) -> ConfigSchema:
     rng = np.random.default_rng(seed)
     size = num_entities // partitions
     for part in range(partitions):
@@ -62,10 +67,12 @@ def build(root: Path, num_entities: int, num_edges: int, partitions: int, placem
             for rhs in range(partitions):
                 m = int(np.count_nonzero((parts[0] == lhs) & (parts[1] == rhs)))
                 write_edges(root / split, Bucket(lhs, rhs), EdgeList(
-                    rng.integers(size, size=m), rng.integers(size, size=m), np.zeros(m, np.int64)))
+                    rng.integers(size, size=m), rng.integers(size, size=m),
+                    rng.integers(relations, size=m)))
     config = ConfigSchema.from_dict(dict(
         entities={"node": {"num_partitions": partitions}},
-        relations=[{"name": "link", "lhs": "node", "rhs": "node"}],
+        relations=[{"name": f"link{r}", "lhs": "node", "rhs": "node", "operator": operator}
+                   for r in range(relations)],
         dimension=DIM, comparator="dot", global_emb=False, entity_path=str(root / "entities"),
         edge_paths=[str(root / "train")], eval_edge_paths=[str(root / "test")],
         checkpoint_path=str(root / "checkpoints"), ray={"placement": placement},
@@ -76,7 +83,8 @@ def build(root: Path, num_entities: int, num_edges: int, partitions: int, placem
     for part in range(partitions):
         embs = rng.standard_normal((size, DIM), dtype=np.float32)
         storage.save_entity_partition(1, "node", part, embs, None)
-    storage.save_model(1, {}, None)
+    storage.save_model(1, {k: v + rng.normal(0, 0.1, v.shape).astype(np.float32)
+                           for k, v in param_layout(config, relations)}, None)
     storage.save_version(1)
     return config
 
@@ -87,13 +95,16 @@ def main() -> None:
     parser.add_argument("--edges", type=int, default=10_000)
     parser.add_argument("--partitions", type=int, default=1)
     parser.add_argument("--placement", choices=["memory", "disk"], default="memory")
+    parser.add_argument("--relations", type=int, default=1)
+    parser.add_argument("--operator", default="none", help="each relation's rhs operator")
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args()
     args.entities -= args.entities % args.partitions
     cores = os.cpu_count() or 1
     peak = matmul_rate(cores)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-        config = build(Path(tmp), args.entities, args.edges, args.partitions, args.placement)
+        config = build(Path(tmp), args.entities, args.edges, args.partitions, args.placement,
+                       args.relations, args.operator)
         ray.init(num_cpus=cores, include_dashboard=False, logging_level="WARNING")
         load_1 = os.getloadavg()[0]
         evaluate_checkpoint(config)  # warm-up: starts the workers
@@ -108,6 +119,7 @@ def main() -> None:
     result = {
         "edges": args.edges, "entities": args.entities, "dimension": DIM, "queries": queries,
         "partitions": args.partitions, "placement": args.placement,
+        "relations": args.relations, "operator": args.operator,
         "seconds": round(elapsed, 3), "queries_per_s": round(qps), "ranking_gflops": round(gflops, 1),
         "matmul_gflops": round(peak, 1), "fraction_of_matmul": round(gflops / peak, 3),
         "cores": cores, "load_average_1min": [round(load_1, 2), round(load_2, 2)],
@@ -115,7 +127,8 @@ def main() -> None:
     }
     print(f"filtered ranking: {queries} queries ({args.edges} edges x 2 sides) against "
           f"{args.entities} entities in {args.partitions} partition(s), {args.placement} "
-          f"placement, d={DIM}: {elapsed:.2f} s, {qps:,.0f} queries/s")
+          f"placement, d={DIM}, {args.relations} relation(s) ({args.operator}): "
+          f"{elapsed:.2f} s, {qps:,.0f} queries/s")
     print(f"matmul: {gflops:.1f} GFLOP/s of a measured {peak:.1f} GFLOP/s on {cores} cores "
           f"({100 * gflops / peak:.0f}%); load average {load_1:.2f} -> {load_2:.2f}")
     print(json.dumps(result))

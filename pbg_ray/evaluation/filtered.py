@@ -91,7 +91,7 @@ class GatheredRows:
         pos = np.searchsorted(self.offsets, wanted).clip(max=max(0, len(self.offsets) - 1))
         if not np.array_equal(self.offsets[pos], wanted):
             raise PbgRayError("a ranking task was asked for rows it was not given (a bug)")
-        return torch.from_numpy(self.rows)[torch.from_numpy(pos)]
+        return torch.from_numpy(self.rows[pos])  # a copy: the rows may be read-only
 
 
 def filter_buckets(config: ConfigSchema, side: str, other_part: int, cand_part: int
