@@ -37,7 +37,8 @@ class Scorer:
         self.config = config
         self.dynamic = config.dynamic_relations
         self.comparator = make_comparator(config.comparator, config.bias)
-        self.params: Dict[str, Tensor] = {k: torch.as_tensor(np.asarray(v)) for k, v in params.items()}
+        # Copies (the parameters are small): those from the object store are read-only.
+        self.params: Dict[str, Tensor] = {k: torch.from_numpy(np.array(v)) for k, v in params.items()}
         self.operators = [OPERATORS.get(r.operator)(config.entity_dimension(r.rhs))
                           for r in config.relations]
 
