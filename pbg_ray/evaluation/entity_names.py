@@ -18,8 +18,8 @@ import pyarrow.compute as pc
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
-from pbg_ray.io.name_keys import name_keys
 from pbg_ray.io.entities import entity_names_bytes, load_entity_names, load_relation_names
+from pbg_ray.io.name_keys import name_keys
 
 SUGGESTIONS = 64  # names near an unknown one (in sorted order, per partition) that "did you mean" weighs
 # PartitionNames' bytes a name beyond its characters (an offset and a key of 8 bytes, a
@@ -69,7 +69,7 @@ class Recent:
 
 class PartitionNames:
     """One partition's names: in offset order as an Arrow string array, and their 64-bit
-    keys (the importer's name_keys) sorted, with the offset of each: a name is found by a
+    keys (io/name_keys.py, as the importer's) sorted, with the offset of each: a name is found by a
     binary search on its key, then compared. Their sorted order, for suggestions, is made
     on first use."""
 
