@@ -65,12 +65,16 @@ def _save_names(path: StoragePath, names: List[str]) -> None:
     write_text_atomic(path, json.dumps(names))
 
 
+def _missing(path: StoragePath, what: str) -> PbgRayError:
+    return PbgRayError(f"{what} file {str(path)!r} is missing. The importer writes it; "
+                       "check entity_path.")
+
+
 def _load_names(path: StoragePath, what: str) -> List[str]:
     try:
         names = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PbgRayError(f"{what} file {str(path)!r} is missing. The importer writes it; "
-                          "check entity_path.") from None
+        raise _missing(path, what) from None
     except (OSError, ValueError) as err:
         raise PbgRayError(f"{what} file {str(path)!r} is not valid JSON: {err}") from None
     if not isinstance(names, list):
@@ -96,8 +100,10 @@ def load_entity_names(entity_path: PathLike, entity: EntityName, part: Partition
 
 
 def entity_names_bytes(entity_path: PathLike, entity: EntityName, part: Partition) -> int:
-    """The size of a partition's names file."""
+    """The size of a partition's names file (missing: load_entity_names's error)."""
     path = entity_names_file(entity_path, entity, part)
+    if not path.exists():
+        raise _missing(path, "entity names")
     return path.size() if isinstance(path, ObjectPath) else path.stat().st_size
 
 

@@ -3,11 +3,14 @@ before Ray starts: a plan over the budget is refused in one line with its figure
 would fit (docs/sizing.md); the plans' figures follow the tables they hold."""
 
 import dataclasses
+from pathlib import Path
+
 import pytest
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.evaluation.entity_names import READ_PER_NAME, EntityNames, names_bytes
+from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.distributed import TASK_SCRATCH, evaluation_plan
+from pbg_ray.evaluation.entity_names import READ_PER_NAME, EntityNames, names_bytes
 from pbg_ray.export import EXPORT_COPIES, export_plan
 from pbg_ray.runtime.budget import GIB
 from pbg_ray.serving.index import index_bytes
@@ -65,6 +68,10 @@ def test_each_router_replica_holds_every_entitys_names_in_the_service_plan(check
     assert per_router == names_bytes(checkpoint, counts)
     kept = EntityNames(checkpoint).read("node")  # what a router keeps, measured
     assert kept <= per_router <= 2 * kept + READ_PER_NAME * ROWS
+    missing = Path(checkpoint.entity_path) / "entity_names_node_3.json"
+    missing.unlink()
+    with pytest.raises(PbgRayError, match=f"entity names file '{missing}' is missing"):
+        serving_plan(routers(1), counts)
 
 
 def test_an_evaluation_over_its_budget_is_refused_before_ray_starts_with_the_fix(
