@@ -31,7 +31,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.scoring import Scorer
 from pbg_ray.io.files import write_bytes_atomic
 from pbg_ray.io.storage import StoragePath, is_uri, storage_path
-from pbg_ray.io.entities import num_relation_ids
+from pbg_ray.io.entities import load_entity_counts, num_relation_ids
 from pbg_ray.model.params import operator_key, params_from_checkpoint
 
 
@@ -287,12 +287,21 @@ def build_index_task(config: Dict[str, Any], version: int, key: List[Any]) -> Di
 
 async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
     """Every set's index of `version`, built by parallel Ray tasks (saved ones reused);
-    older versions' saved indexes are removed. Returns the build's figures."""
+    older versions' saved indexes are removed. Returns the build's figures. A set searched
+    exactly has no index, and no task (a worker's start, for a small graph's every set)."""
     start = time.perf_counter()
     task = build_index_task.options(num_cpus=config.serve.index_cpus)
     plain = config.to_dict()
-    figures = await asyncio.gather(*(task.remote(plain, version, list(key))
-                                     for key in index_keys(config)))
+    counts = load_entity_counts(config)
+    figures, built = [], []
+    for entity, part, relation in index_keys(config):
+        rows = counts[entity][part]
+        if index_kind(config, rows) == "exact":
+            figures.append({"key": [entity, part, relation], "kind": "exact", "rows": rows,
+                            "seconds": 0.0})
+        else:
+            built.append(task.remote(plain, version, [entity, part, relation]))
+    figures += await asyncio.gather(*built)
     drop_old_indexes(config, [version - 1, version])
     return {"version": version, "seconds": time.perf_counter() - start,
             "built": [f for f in figures if f["seconds"] > 0],

@@ -2,6 +2,7 @@
 comparator's metric, the kind by size, indexes saved beside their version and rebuilt for a
 new one, the adjoint query."""
 
+import asyncio
 import dataclasses
 
 import numpy as np
@@ -11,6 +12,8 @@ import torch
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.io.entities import load_entity_counts
+from pbg_ray.serving import index
 from pbg_ray.serving.index import (
     adjoint_queries, build_index, drop_old_indexes, index_file, index_keys, index_kind, set_keys,
     shares_index)
@@ -76,6 +79,39 @@ def test_indexes_are_saved_beside_their_version_and_rebuilt_for_a_new_one(tmp_pa
     # Other build settings: another file, built anew.
     other = dataclasses.replace(config, serve=dataclasses.replace(config.serve, hnsw_m=8))
     assert index_file(other, 2, key, "hnsw") != index_file(config, 2, key, "hnsw")
+
+
+def test_only_sets_with_an_index_start_a_build_task(ray_session, tmp_path, monkeypatch):
+    """A set searched exactly needs no index: no task (a worker's start) for it, its
+    figures from the entity counts."""
+    config = served_config(tmp_path, index="auto", index_min_rows=1)
+    counts = load_entity_counts(config)
+    smallest = min(counts[e][p] for e, p, _ in index_keys(config))
+    mixed = dataclasses.replace(config, serve=dataclasses.replace(
+        config.serve, index_min_rows=smallest + 1))
+    launched = []
+    real = index.build_index_task
+
+    class NotedTask:
+        """build_index_task, the sets it is launched for noted."""
+
+        def options(self, **options):
+            task = real.options(**options)
+
+            class Launch:
+                def remote(self, *args):
+                    launched.append(tuple(args[2]))
+                    return task.remote(*args)
+            return Launch()
+
+    monkeypatch.setattr(index, "build_index_task", NotedTask())
+    figures = asyncio.run(index.build_indexes(mixed, 1))
+    exact = {k for k in index_keys(mixed) if counts[k[0]][k[1]] <= smallest}
+    assert exact and len(exact) < len(index_keys(mixed))
+    assert len(launched) == len(set(launched))
+    assert set(launched) == set(index_keys(mixed)) - exact
+    assert figures["kinds"] == ["exact", "hnsw"]
+    assert len(figures["built"]) == len(launched)
 
 
 @pytest.mark.parametrize("comparator,operators", [
