@@ -4,7 +4,8 @@ With --partitions P and --placement disk, the same out of core: the entities in 
 partitions, the edges in P x P buckets, each task reading the partitions it needs from the
 checkpoint. With --relations R --operator OP, a model of R relations whose rhs goes
 through OP (its parameters drawn near the operator's initial value), the edges' relations
-drawn uniformly: each relation's candidates are transformed and ranked apart.
+drawn uniformly: each relation's candidates are transformed and ranked apart. --known-edges
+sets the training edges filtered (default: 10 per test edge).
 
 Prints ranked queries per second (one query = one side of one edge, so 20,000 queries),
 the matmul FLOP rate they imply (2·d per candidate score) and its fraction of the
@@ -26,6 +27,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import ray
@@ -56,16 +58,19 @@ def matmul_rate(threads: int, size: int = 2048, repeats: int = 7) -> float:
 
 
 def build(root: Path, num_entities: int, num_edges: int, partitions: int, placement: str,
-          relations: int = 1, operator: str = "none", seed: int = 0) -> ConfigSchema:
+          relations: int = 1, operator: str = "none", known_edges: Optional[int] = None,
+          seed: int = 0) -> ConfigSchema:
     rng = np.random.default_rng(seed)
     size = num_entities // partitions
     for part in range(partitions):
         save_entity_count(root / "entities", "node", part, size)
-    for split, n in (("train", 10 * num_edges), ("test", num_edges)):
-        parts = rng.integers(partitions, size=(2, n))
+    known = 10 * num_edges if known_edges is None else known_edges
+    for split, n in (("train", known), ("test", num_edges)):
+        # Each edge's bucket uniform: the buckets' sizes drawn at once.
+        sizes = rng.multinomial(n, np.full(partitions ** 2, partitions ** -2.0))
         for lhs in range(partitions):
             for rhs in range(partitions):
-                m = int(np.count_nonzero((parts[0] == lhs) & (parts[1] == rhs)))
+                m = int(sizes[lhs * partitions + rhs])
                 write_edges(root / split, Bucket(lhs, rhs), EdgeList(
                     rng.integers(size, size=m), rng.integers(size, size=m),
                     rng.integers(relations, size=m)))
@@ -97,6 +102,8 @@ def main() -> None:
     parser.add_argument("--placement", choices=["memory", "disk"], default="memory")
     parser.add_argument("--relations", type=int, default=1)
     parser.add_argument("--operator", default="none", help="each relation's rhs operator")
+    parser.add_argument("--known-edges", type=int, default=None,
+                        help="training edges filtered (default: 10 per test edge)")
     parser.add_argument("--work-dir", default=None)
     args = parser.parse_args()
     args.entities -= args.entities % args.partitions
@@ -104,7 +111,7 @@ def main() -> None:
     peak = matmul_rate(cores)
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         config = build(Path(tmp), args.entities, args.edges, args.partitions, args.placement,
-                       args.relations, args.operator)
+                       args.relations, args.operator, args.known_edges)
         ray.init(num_cpus=cores, include_dashboard=False, logging_level="WARNING")
         load_1 = os.getloadavg()[0]
         evaluate_checkpoint(config)  # warm-up: starts the workers
@@ -120,6 +127,7 @@ def main() -> None:
         "edges": args.edges, "entities": args.entities, "dimension": DIM, "queries": queries,
         "partitions": args.partitions, "placement": args.placement,
         "relations": args.relations, "operator": args.operator,
+        "known_edges": args.known_edges or 10 * args.edges,
         "seconds": round(elapsed, 3), "queries_per_s": round(qps), "ranking_gflops": round(gflops, 1),
         "matmul_gflops": round(peak, 1), "fraction_of_matmul": round(gflops / peak, 3),
         "cores": cores, "load_average_1min": [round(load_1, 2), round(load_2, 2)],
