@@ -243,11 +243,13 @@ class StatedLimit:
         return proc
 
     def _alive(self) -> List[psutil.Process]:
+        """The commands' processes still running (those that ended are forgotten)."""
+        self.seen = {pid: p for pid, p in self.seen.items() if p.is_running()}
         for process in list(self.seen.values()):
             with contextlib.suppress(psutil.Error):
                 for child in process.children(recursive=True):
                     self.seen.setdefault(child.pid, child)
-        return [p for p in self.seen.values() if p.is_running()]
+        return list(self.seen.values())
 
     def resident(self) -> int:
         """As a cgroup's rss + shmem: each process's resident pages less those shared with
@@ -295,7 +297,7 @@ class PhaseFigures:
     name: str
     wall_s: float = 0.0
     throughput: str = ""
-    peak_bytes: int = 0  # rss + shmem of the cgroup (or the processes' rss), sampled
+    peak_bytes: int = 0  # the limit's resident(), sampled
     max_usage_bytes: Optional[int] = None  # the cgroup's high-water mark, page cache included
     read_bytes: Optional[int] = None  # None: the machine shows no disk counters
     written_bytes: Optional[int] = None
@@ -506,7 +508,7 @@ def main() -> None:
     parser.add_argument("--gpus-per-trainer", type=float, default=0.0,
                         help="ray.gpus_per_trainer of the training phases")
     parser.add_argument("--no-cgroup", action="store_true", help=(
-        "state the limit as ray.memory_budget and watch the processes' rss instead of "
+        "state the limit as ray.memory_budget and watch the processes' memory instead of "
         "enforcing it in a cgroup (no root, or no cgroup v1)"))
     parser.add_argument("--ivf-probes", type=int, nargs="*", default=[16, 128, 512], help=(
         "serve.ivf_probes of each serving start (16: the default; the index is built once); "
