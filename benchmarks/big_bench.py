@@ -734,6 +734,8 @@ def import_graph(bench: Bench, name: str, config: Path, *args: str) -> None:
                               f"edges{', no memory limit' if lifted else ''})")
         bench.done(figures)
         return
+    raise SystemExit(f"big_bench: {name}: every engine was OOM-killed, with the limit lifted "
+                     "too: the machine's memory does not hold this import")
 
 
 def serve_all(bench: Bench, args: argparse.Namespace) -> None:
