@@ -69,9 +69,9 @@ class Recent:
 
 class PartitionNames:
     """One partition's names: in offset order as an Arrow string array, and their 64-bit
-    keys (io/name_keys.py, as the importer's) sorted, with the offset of each: a name is found by a
-    binary search on its key, then compared. Their sorted order, for suggestions, is made
-    on first use."""
+    keys (io/name_keys.py, as the importer's) sorted, with the offset of each: a name is
+    found by a binary search on its key, then compared. Their sorted order, for
+    suggestions, is made on first use."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = pa.array(names, pa.large_string())

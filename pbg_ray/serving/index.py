@@ -238,6 +238,11 @@ def build_index(vectors: np.ndarray, kind: str, config: ConfigSchema) -> Any:
     return index
 
 
+def set_figures(key: SetKey, kind: str, rows: int) -> Dict[str, Any]:
+    """A set's build figures before any build: key, kind, rows, seconds 0."""
+    return {"key": list(key), "kind": kind, "rows": rows, "seconds": 0.0}
+
+
 def build_set_index(config: ConfigSchema, version: int, key: SetKey) -> Dict[str, Any]:
     """Build and save the index of one set of `version` unless it is saved already (an
     exact set has none). Returns its figures: key, kind, rows, seconds (0: found saved)."""
@@ -247,7 +252,7 @@ def build_set_index(config: ConfigSchema, version: int, key: SetKey) -> Dict[str
     checkpoint = CheckpointManager(config.checkpoint_path)
     rows = checkpoint.read_partition(version, entity, part)[0]
     kind = index_kind(config, len(rows))
-    figures = {"key": list(key), "kind": kind, "rows": len(rows), "seconds": 0.0}
+    figures = set_figures(key, kind, len(rows))
     path = index_file(config, version, key, kind)
     if kind == "exact" or path.is_file():
         return figures
@@ -294,13 +299,12 @@ async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
     plain = config.to_dict()
     counts = load_entity_counts(config)
     figures, built = [], []
-    for entity, part, relation in index_keys(config):
-        rows = counts[entity][part]
+    for key in index_keys(config):
+        rows = counts[key[0]][key[1]]
         if index_kind(config, rows) == "exact":
-            figures.append({"key": [entity, part, relation], "kind": "exact", "rows": rows,
-                            "seconds": 0.0})
+            figures.append(set_figures(key, "exact", rows))
         else:
-            built.append(task.remote(plain, version, [entity, part, relation]))
+            built.append(task.remote(plain, version, list(key)))
     figures += await asyncio.gather(*built)
     drop_old_indexes(config, [version - 1, version])
     return {"version": version, "seconds": time.perf_counter() - start,
