@@ -4,6 +4,7 @@ the Predictor's and eval's, bad requests get 4xx JSON errors, and a new version 
 while requests keep succeeding; a shard replica that dies mid-request, or any
 unexpected error, is a JSON 5xx, and the service goes on."""
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -17,6 +18,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+import ray
 import torch
 
 from pbg_ray import predict
@@ -25,6 +27,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import rank_counts
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.edges import read_edges
+from pbg_ray.serving.http_api import JsonErrors, unwrapped
 from pbg_ray.serving.index import INDEX_DIRECTORY
 from pbg_ray.serving.launch import start_service, stop_service
 from pbg_ray.types import Bucket
@@ -426,8 +429,6 @@ def test_a_new_version_is_taken_up_while_requests_succeed(served):
 
 def shard_replica(group: int):
     """The actor handle of shard group `group`'s replica (Serve names its replicas)."""
-    import ray
-
     names = [a for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == "serve" and f"#Shard{group}#" in a["name"]]
     assert len(names) == 1, names
@@ -437,13 +438,15 @@ def shard_replica(group: int):
 NEIGHBOURS = {"queries": [{"entity": "user-0-1"}], "k": 3}  # searched in both shard groups
 
 
-def test_a_shard_replica_dying_mid_request_is_a_json_503_and_serving_goes_on(served):
+def test_a_shard_replica_dying_mid_request_is_answered_in_json_and_serving_goes_on(served):
     """A request held inside shard group 0's replica while the test kills that replica
-    (ray.kill) gets a JSON 503 naming the group; Serve starts a new replica and the
-    requests after it succeed."""
-    import ray
-
+    (ray.kill) is answered in JSON: with a 503 naming the group, or, where the replica died
+    before Serve's router had taken its acceptance of the request (a race inside Serve,
+    router.py's _route_and_send_request_once), by the replica Serve starts in its place,
+    with the answer the service gave before. The requests after it succeed."""
     client = served[1]
+    before = client.post("/neighbors", json=NEIGHBOURS)
+    assert before.status_code == 200, before.text
     answers = {}
     with armed("serve.shard_search", action="hold") as fired:
         request = threading.Thread(target=lambda: answers.update(
@@ -459,10 +462,13 @@ def test_a_shard_replica_dying_mid_request_is_a_json_503_and_serving_goes_on(ser
         ray.kill(shard_replica(group), no_restart=True)
         request.join(timeout=120)
     first = answers["first"]
-    assert first.status_code == 503, first.text
-    assert first.headers["content-type"] == "application/json"
-    assert re.search(rf"shard group {group} \(deployment Shard{group}\) is unavailable: "
-                     r"\w+Error", first.json()["error"]), first.json()["error"]
+    assert first.headers["content-type"] == "application/json", first.text
+    if first.status_code == 200:  # retried by Serve on the new replica
+        assert first.json() == before.json()
+    else:
+        assert first.status_code == 503, first.text
+        assert re.search(rf"shard group {group} \(deployment Shard{group}\) is unavailable: "
+                         r"\w+Error", first.json()["error"]), first.json()["error"]
     statuses = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and statuses[-3:] != [200] * 3:
@@ -472,6 +478,38 @@ def test_a_shard_replica_dying_mid_request_is_a_json_503_and_serving_goes_on(ser
         time.sleep(0.2 if response.status_code == 200 else 1)
     assert statuses[-3:] == [200] * 3, statuses
     assert set(statuses) <= {200, 503}, statuses
+
+
+@ray.remote
+class Stuck:
+    """An actor whose call never returns: killed, the call's result is an ActorDiedError,
+    as a shard replica's is when it dies after Serve's router took the request."""
+
+    def wait(self) -> None:
+        threading.Event().wait()
+
+
+def test_a_shard_group_that_died_with_the_request_is_a_json_503_naming_it(ray_session):
+    """The router's await of a shard group's answer that fails with the actor's death is a
+    503 naming the group, with Retry-After, from the application's error middleware."""
+    stuck = Stuck.remote()
+    answer = stuck.wait.remote()
+    ray.kill(stuck)
+
+    async def route(scope, receive, send):
+        await unwrapped(answer, 1)
+
+    async def request():
+        transport = httpx.ASGITransport(app=JsonErrors(route))
+        async with httpx.AsyncClient(transport=transport, base_url="http://pbg") as client:
+            return await client.post("/neighbors", json=NEIGHBOURS)
+
+    response = asyncio.run(request())
+    assert response.status_code == 503, response.text
+    assert response.headers["retry-after"] == "5"
+    assert re.fullmatch(r"shard group 1 \(deployment Shard1\) is unavailable: ActorDiedError: "
+                        r".+ Serve replaces a replica that died; retry in a few seconds\.",
+                        response.json()["error"]), response.json()["error"]
 
 
 def test_an_unexpected_error_in_a_shard_is_a_json_500_and_serving_goes_on(served):
