@@ -14,6 +14,7 @@ import pytest
 
 import pbg_ray.cli  # noqa: F401  conf/'s ${demo_graph:} resolvers, registered as every command has them
 from pbg_ray.config import ConfigSchema
+from pbg_ray.runtime.connect import LOCAL_SYSTEM_CONFIG, stop_autoscaler_monitor
 from tests.util import config_dict, write_random_graph
 
 # Fake credentials for the S3 server the storage tests start (moto), set before the shared
@@ -21,6 +22,13 @@ from tests.util import config_dict, write_random_graph
 # can reach a real cloud account.
 os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
                   AWS_EC2_METADATA_DISABLED="true")
+
+
+def pytest_configure(config):
+    """pytest-xdist's loadfile hands files out in the order of collection (as
+    pytest_collection_modifyitems leaves it) instead of by their numbers of tests."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items):
@@ -44,11 +52,16 @@ def make_config(tmp_path):
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray (2 CPUs) shared by every test that needs it, shut down at the end; a new
-    one, never a cluster another run started on this machine (`ray start`, test_multinode)."""
+    one, never a cluster another run started on this machine (`ray start`, test_multinode).
+    Its processes are those of the local Ray a command starts (no plain workers ahead of
+    need, no autoscaler monitor), less the log monitor: its workers' output reaches no
+    driver."""
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             log_to_driver=False)
+             log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
+    stop_autoscaler_monitor()
+    ray._private.worker._global_node.kill_log_monitor(check_alive=False)
     yield ray
     ray.shutdown()
 

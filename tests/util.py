@@ -37,6 +37,11 @@ def config_dict(root: Path, **overrides: Any) -> Dict[str, Any]:
         batch_size=20,
         num_batch_negs=5,
         num_uniform_negs=5,
+        # The held-out edges' sampled ranking before and after each bucket (eval_fraction's
+        # default, 0.05) against 10 and 10 negatives instead of PBG's 1000 and 1000: a
+        # tiny bucket's few held-out edges would be scored as one chunk padded to 1000.
+        eval_num_batch_negs=10,
+        eval_num_uniform_negs=10,
     )
     data.update(overrides)
     return data
