@@ -311,8 +311,10 @@ class Shard:
 
     async def search(self, version: int, *args: Any) -> Any:
         found = self.at(version).search_group(*args)
-        if faults_dir():  # after the search, off the event loop: by then Serve's router has
-            await asyncio.to_thread(fault_point, "serve.shard_search")  # its acceptance
+        if faults_dir():  # after the search, off the event loop: the replica has sent its
+            # acceptance by then (Serve's router may not have taken it yet, and retries a
+            # request whose replica dies before it has)
+            await asyncio.to_thread(fault_point, "serve.shard_search")
         return found
 
 
