@@ -300,7 +300,8 @@ async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
     counts = load_entity_counts(config)
     figures, built = [], []
     for key in index_keys(config):
-        rows = counts[key[0]][key[1]]
+        entity, part, _ = key
+        rows = counts[entity][part]
         if index_kind(config, rows) == "exact":
             figures.append(set_figures(key, "exact", rows))
         else:
