@@ -52,6 +52,7 @@ no value leaves serving out (a machine without faiss or Ray Serve's packages).
     python benchmarks/big_bench.py                          # 20M x 128 in 4 GiB, 64M edges
     python benchmarks/big_bench.py --scale 0.05 --memory-gib 3 --partitions 8   # quick
     python benchmarks/big_bench.py --work-dir W --serve-only --ivf-probes 64   # serve again
+    python benchmarks/big_bench.py --import-only            # the import phase alone
     python benchmarks/big_bench.py --scale 0.05 --memory-gib 1.5 --partitions 8 \
         --gpus-per-trainer 1 --no-cgroup --ivf-probes       # the GPU machine
 """
@@ -517,6 +518,8 @@ def main() -> None:
                         help="most seconds of load per concurrency level")
     parser.add_argument("--work-dir", default=None,
                         help="default: a temporary directory, removed at the end")
+    parser.add_argument("--import-only", action="store_true", help=(
+        "generate the graph and import it, nothing after"))
     parser.add_argument("--serve-only", action="store_true", help=(
         "only the serve phases, on the grown model a finished run left in --work-dir"))
     args = parser.parse_args()
@@ -585,6 +588,11 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
 
     import_graph(bench, "import", config,
                  f"importer.inputs=[{work / 'raw' / 'train'},{work / 'raw' / 'test.parquet'}]")
+    if args.import_only:
+        print(json.dumps({"entities": num_entities, "edges": num_edges, "limit_bytes":
+                          bench.cgroup.limit, "limit_enforced": bench.cgroup.enforced,
+                          "phases": [dataclasses.asdict(p) for p in bench.phases]}))
+        return
 
     with bench.phase("refuse") as figures:
         _, stderr = bench.command("refuse", "train", str(config), "ray.placement=memory",

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import zlib
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,7 @@ import pyarrow as pa
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.name_index import NameIndex
-from pbg_ray.importer.read import IdReader
+from pbg_ray.importer.read import EntityTypes, IdReader
 from pbg_ray.importer.staging import MANIFEST
 from pbg_ray.io.entities import (
     dynamic_rel_names_file, entity_count_file, load_entity_names, load_relation_names,
@@ -43,28 +43,59 @@ class Dictionary:
     names: List[List[str]]  # per partition
 
 
-def _shuffled(index: NameIndex, ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """`ids` in a canonical order (by key, independent of row order), then shuffled."""
-    canonical = ids[np.argsort(index.keys()[ids], kind="stable")]
-    return canonical[rng.permutation(len(canonical))]
+def _positions(n: int, rng: np.random.Generator) -> np.ndarray:
+    """The place in the shuffled order of each of `n` names in canonical order."""
+    return np.argsort(rng.permutation(n))
+
+
+def cut_places(n: int, num_partitions: int, rng: np.random.Generator) -> Tuple[np.ndarray, ...]:
+    """PBG's places of `n` names in canonical order (by key, independent of row order):
+    shuffled with `rng`, cut into contiguous ranges (partition p holds positions
+    ceil(p n / P) .. ceil((p + 1) n / P) - 1); (partition, offset) of each."""
+    offset = _positions(n, rng)
+    part = offset * num_partitions
+    part //= max(n, 1)
+    starts = (np.arange(num_partitions + 1, dtype=np.int64) * n + num_partitions - 1) // num_partitions
+    offset -= starts[part]
+    return part, offset
+
+
+def appended_places(counts: np.ndarray, n: int,
+                    rng: np.random.Generator) -> Tuple[np.ndarray, ...]:
+    """The places of `n` new names in canonical order appended to partitions of `counts`
+    names: shuffled with `rng`, the smallest partitions filled first (fill_smallest);
+    (partition, offset) of each."""
+    offset = _positions(n, rng)
+    starts = np.concatenate([[0], np.cumsum(fill_smallest(counts, n))])
+    part = np.searchsorted(starts, offset, side="right") - 1
+    offset += counts[part] - starts[part]
+    return part, offset
+
+
+def _canonical(index: NameIndex, ids: np.ndarray) -> np.ndarray:
+    """`ids` in canonical order: by key."""
+    return ids[np.argsort(index.keys()[ids], kind="stable")]
+
+
+def _names_by_partition(index: NameIndex, ids: np.ndarray, part: np.ndarray,
+                        offset: np.ndarray, num_partitions: int) -> List[List[str]]:
+    """The names of `ids` placed at (part, offset), per partition in offset order."""
+    order = np.lexsort((offset, part))
+    ordered = index.names().take(pa.array(ids[order]))
+    starts = np.searchsorted(part[order], np.arange(num_partitions + 1))
+    return [ordered.slice(starts[p], starts[p + 1] - starts[p]).to_pylist()
+            for p in range(num_partitions)]
 
 
 def partition_names(index: NameIndex, num_partitions: int, min_count: int,
                     rng: np.random.Generator) -> Dictionary:
-    """PBG's dictionary: frequent-enough names, shuffled, cut into contiguous ranges
-    (partition p holds positions ceil(p n / P) .. ceil((p + 1) n / P) - 1)."""
-    order = _shuffled(index, np.flatnonzero(index.counts >= min_count), rng)
-    n, parts = len(order), num_partitions
-    position = np.arange(n, dtype=np.int64)
-    part_of_position = position * parts // max(n, 1)
-    starts = (np.arange(parts + 1, dtype=np.int64) * n + parts - 1) // parts
+    """PBG's dictionary: the names seen min_count times at cut_places."""
+    ids = _canonical(index, np.flatnonzero(index.counts >= min_count))
+    places = cut_places(len(ids), num_partitions, rng)
     part = np.full(len(index), -1, np.int64)
     offset = np.full(len(index), -1, np.int64)
-    part[order] = part_of_position
-    offset[order] = position - starts[part_of_position]
-    ordered = index.names().take(pa.array(order))
-    names = [ordered.slice(starts[p], starts[p + 1] - starts[p]).to_pylist() for p in range(parts)]
-    return Dictionary(part, offset, names)
+    part[ids], offset[ids] = places
+    return Dictionary(part, offset, _names_by_partition(index, ids, *places, num_partitions))
 
 
 def fill_smallest(counts: np.ndarray, n: int) -> np.ndarray:
@@ -85,25 +116,19 @@ def extend_names(index: NameIndex, previous: List[List[str]], min_count: int,
                  rng: np.random.Generator) -> Dictionary:
     """A previous dictionary grown by the new names of `index`, whose first ids are the
     previous names partition by partition (seeded before reading). Known names keep
-    their (partition, offset) whatever their count; new names seen min_count times are
-    shuffled and appended to the ends of partitions (fill_smallest)."""
+    their (partition, offset) whatever their count; new names seen min_count times go
+    to appended_places."""
     counts = np.array([len(names) for names in previous], np.int64)
     known = int(counts.sum())
-    new_ids = np.arange(known, len(index), dtype=np.int64)
-    order = _shuffled(index, new_ids[index.counts[known:] >= min_count], rng)
-    added = fill_smallest(counts, len(order))
+    ids = _canonical(index, known + np.flatnonzero(index.counts[known:] >= min_count))
+    places = appended_places(counts, len(ids), rng)
     part = np.full(len(index), -1, np.int64)
     offset = np.full(len(index), -1, np.int64)
     part[:known] = np.repeat(np.arange(len(counts)), counts)
     offset[:known] = np.arange(known) - np.repeat(np.cumsum(counts) - counts, counts)
-    starts = np.concatenate([[0], np.cumsum(added)])
-    ordered = index.names().take(pa.array(order))
-    names = []
-    for p, old in enumerate(previous):
-        ids = order[starts[p]:starts[p + 1]]
-        part[ids], offset[ids] = p, counts[p] + np.arange(len(ids))
-        names.append(old + ordered.slice(starts[p], added[p]).to_pylist())
-    return Dictionary(part, offset, names)
+    part[ids], offset[ids] = places
+    added = _names_by_partition(index, ids, *places, len(previous))
+    return Dictionary(part, offset, [old + new for old, new in zip(previous, added)])
 
 
 @dataclasses.dataclass
@@ -114,14 +139,14 @@ class PreviousDictionaries:
     relations: Optional[List[str]]  # with dynamic_relations: relation names by id
 
 
-def load_previous(config: ConfigSchema, reader: IdReader) -> PreviousDictionaries:
-    """The previous import's dictionaries (none without importer.previous_entity_path),
-    seeded into the reader's name indexes so that their ids come first."""
+def previous_types(config: ConfigSchema, types: EntityTypes) -> List[str]:
+    """The entity types importer.previous_entity_path holds (none without it), each checked
+    to have the config's partitions; its relation files checked against the config."""
     path = config.importer.previous_entity_path
     if path is None:
-        return PreviousDictionaries({}, None)
-    names: Dict[str, List[List[str]]] = {}
-    for name in reader.types.names:
+        return []
+    kept = []
+    for name in types.names:
         parts = config.entities[name].num_partitions
         present = [entity_count_file(path, name, p).is_file() for p in range(parts + 1)]
         if not any(present):
@@ -132,16 +157,28 @@ def load_previous(config: ConfigSchema, reader: IdReader) -> PreviousDictionarie
                 f"importer.previous_entity_path {path!r} has {found} partition(s) of entity "
                 f"type {name!r}, the config {parts}. Known entities keep their partitions: "
                 f"set entities.{name}.num_partitions={found}.")
-        names[name] = [load_entity_names(path, name, p) for p in range(parts)]
-        _seed(reader.entity_index[name], [n for ns in names[name] for n in ns],
-              f"entity type {name!r}", path)
+        kept.append(name)
     if not config.dynamic_relations:
         _check_previous_relations(config, storage_path(path))
-        return PreviousDictionaries(names, None)
-    if not dynamic_rel_names_file(path).is_file():
+    elif not dynamic_rel_names_file(path).is_file():
         raise PbgRayError(f"importer.previous_entity_path {path!r} has no "
                           "dynamic_rel_names.json, so it wasn't imported with "
                           "dynamic_relations=true. Import both the same way.")
+    return kept
+
+
+def load_previous(config: ConfigSchema, reader: IdReader) -> PreviousDictionaries:
+    """The previous import's dictionaries (none without importer.previous_entity_path),
+    seeded into the reader's name indexes so that their ids come first."""
+    path = config.importer.previous_entity_path
+    names: Dict[str, List[List[str]]] = {}
+    for name in previous_types(config, reader.types):
+        parts = config.entities[name].num_partitions
+        names[name] = [load_entity_names(path, name, p) for p in range(parts)]
+        _seed(reader.entity_index[name], [n for ns in names[name] for n in ns],
+              f"entity type {name!r}", path)
+    if path is None or not config.dynamic_relations:
+        return PreviousDictionaries(names, None)
     relations = load_relation_names(path)
     _seed(reader.relation_index, relations, "relations", path)
     return PreviousDictionaries(names, relations)
@@ -196,7 +233,7 @@ class Dictionaries:
             save_dynamic_rel_count(directory, len(self.relation_names))
 
 
-def _rng(seed: int, name: str) -> np.random.Generator:
+def shuffle_rng(seed: int, name: str) -> np.random.Generator:
     """One generator per dictionary: each shuffle depends on the seed and its name only."""
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
@@ -207,7 +244,7 @@ def build_dictionaries(config: ConfigSchema, reader: IdReader,
     settings = config.importer
     entities = {}
     for name in reader.types.names:
-        rng = _rng(settings.seed, f"entity {name}")
+        rng = shuffle_rng(settings.seed, f"entity {name}")
         index = reader.entity_index[name]
         entities[name] = (
             extend_names(index, previous.entities[name], settings.entity_min_count, rng)
@@ -217,7 +254,7 @@ def build_dictionaries(config: ConfigSchema, reader: IdReader,
     if not config.dynamic_relations:
         return Dictionaries(entities, np.arange(len(config.relations), dtype=np.int64),
                             [r.name for r in config.relations])
-    min_count, rng = settings.relation_type_min_count, _rng(settings.seed, "relations")
+    min_count, rng = settings.relation_type_min_count, shuffle_rng(settings.seed, "relations")
     relations = (partition_names(reader.relation_index, 1, min_count, rng)
                  if previous.relations is None else
                  extend_names(reader.relation_index, [previous.relations], min_count, rng))

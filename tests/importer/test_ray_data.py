@@ -13,10 +13,12 @@ import pyarrow.fs as pafs
 import pytest
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.errors import PbgRayError
 from pbg_ray.importer import ray_data
 from pbg_ray.importer.ray_data import choose_engine, import_graph
 from pbg_ray.io import raw
 from pbg_ray.io.edges import read_edges
+from pbg_ray.io.entities import save_entity_count, save_entity_names
 from pbg_ray.io.storage import storage_path
 from pbg_ray.types import Bucket
 from tests.importer.util import error_of, make, random_rows, write_parquet, write_text
@@ -173,23 +175,66 @@ def test_two_nodes_import_what_one_process_imports(tmp_path):
 
 def test_indexed_blocks_merged_by_ray_data_count_and_route_as_apart(tmp_path, monkeypatch):
     """A shard longer than a block is indexed as several blocks, which Ray Data may hand
-    on as rows of one of its blocks: counting and routing give the same either way."""
+    on as rows of one of its blocks: splitting, counting and routing give the same either
+    way."""
     monkeypatch.setattr(raw, "PARQUET_BATCH_ROWS", 50)
-    path = write_parquet(tmp_path / "edges.parquet", random_rows(500, 0, num_names=200))
+    rows = random_rows(500, 0, num_names=200)
+    path = write_parquet(tmp_path / "edges.parquet", rows)
+    distinct = len({name for lhs, _, rhs in rows for name in (lhs, rhs)})
     config = make(tmp_path / "out", [path], entity_min_count=5)
     items = {"input": np.array([0]), "shard": np.array([path])}
-    apart = list(ray_data._read_blocks(items, config, parts=2, block_rows=120))
+    apart = list(ray_data._read_blocks(items, config, block_rows=120))
     assert [len(ray_data._values(b, "lhs")) for b in apart] == [150, 150, 150, 50]
     assert [b["stats"][0].as_py() is None for b in apart] == [True, True, True, False]
-    merged = pa.concat_tables(apart)
-    counted = [ray_data._count_part._function(config, p, *apart) for p in range(2)]
-    assert counted == [ray_data._count_part._function(config, p, merged) for p in range(2)]
-    tables, _ = ray_data._build_dictionaries._function(config, tmp_path / "entities", *counted)
-    each = [ray_data._route_block._function(config, 2, tables, block) for block in apart]
-    routed = ray_data._route_block._function(config, 2, tables, merged)
-    assert routed[0] == [figures for block in each for figures in block[0]]
+    merged = ray_data._split_block._function(2, pa.concat_tables(apart))
+    each = [ray_data._split_block._function(2, block) for block in apart]
+    assert merged[0] == pa.concat_tables([split[0] for split in each])
+    counted = [ray_data._count_part._function(config, *(split[1 + p] for split in each))
+               for p in range(2)]
+    assert [len(c[0][0][0]) for c in counted] == [
+        len(ray_data._count_part._function(config, merged[1 + p])[0][0][0]) for p in range(2)]
+    assert sum(len(c[0][0][0]) for c in counted) == distinct  # each name by one task
+    lookup, kept = ray_data._dictionary._function(config, 0, False, [], *(c[0] for c in counted))
+    assert len(lookup[0]) == distinct and 0 < kept < distinct  # the rare ones: dropped
+    assert (lookup[1] == ray_data.DROPPED).sum() == distinct - kept
+    routed = ray_data._route_block._function(config, 2, [0], merged[0], lookup)
+    in_parts = [ray_data._route_block._function(config, 2, [0], split[0], lookup) for split in each]
+    assert routed[0] == [figures for block in in_parts for figures in block[0]]
     assert sum(figures["dropped"] for figures in routed[0]) > 0
     for writer in (1, 2):
-        for mine, theirs in zip(routed[writer], [edges for block in each for edges in block[writer]]):
-            assert mine.keys() == theirs.keys()
-            assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+        theirs = [edges for block in in_parts for edges in block[writer]]
+        for mine, other in zip(routed[writer], theirs):
+            assert mine.keys() == other.keys()
+            assert all(np.array_equal(mine[k], other[k]) for k in mine)
+
+
+def test_two_names_sharing_a_key_stop_the_count_naming_both(tmp_path, monkeypatch):
+    """The count task compares every sighting's second hash: two names given one key (by
+    hand here: a real collision is a chance of one in 10^19) are named in one line."""
+    path = write_text(tmp_path / "edges.tsv",
+                      [("entity-number-one", "follows", "entity-number-two")])
+    config = make(tmp_path / "out", [path])
+    items = {"input": np.array([0]), "shard": np.array([path])}
+    block = list(ray_data._read_blocks(items, config, block_rows=10))[0]
+    names = ray_data._split_block._function(1, block)[1]
+    one_key = np.full(len(names), names["name_key"][0].as_py(), np.uint64)
+    names = names.set_column(names.schema.get_field_index("name_key"), "name_key",
+                             pa.array(one_key))
+    with pytest.raises(PbgRayError) as caught:
+        ray_data._count_part._function(config, names)
+    message = str(caught.value)
+    assert "entity type 'node'" in message and "'entity-number-one'" in message
+    assert "'entity-number-two'" in message and "same 64-bit key" in message
+
+
+def test_a_previous_dictionary_naming_an_entity_twice_is_refused_by_keys(tmp_path):
+    """The Ray Data engine reads a previous import's names by key: a name listed twice is
+    refused as the local engine refuses it, and named."""
+    for part, names in enumerate([["a", "an-entity-with-a-long-name"],
+                                  ["an-entity-with-a-long-name"]]):
+        save_entity_names(tmp_path / "old", "node", part, names)
+        save_entity_count(tmp_path / "old", "node", part, len(names))
+    config = make(tmp_path, [], previous_entity_path=str(tmp_path / "old"))
+    with pytest.raises(PbgRayError, match="entity type 'node' lists a name twice "
+                                          "\\('an-entity-with-a-long-name'\\)"):
+        ray_data._dictionary._function(config, 0, True, [])
