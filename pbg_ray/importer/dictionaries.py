@@ -55,7 +55,8 @@ def cut_places(n: int, num_partitions: int, rng: np.random.Generator) -> Tuple[n
     offset = _positions(n, rng)
     part = offset * num_partitions
     part //= max(n, 1)
-    starts = (np.arange(num_partitions + 1, dtype=np.int64) * n + num_partitions - 1) // num_partitions
+    parts = np.arange(num_partitions + 1, dtype=np.int64)
+    starts = (parts * n + num_partitions - 1) // num_partitions
     offset -= starts[part]
     return part, offset
 

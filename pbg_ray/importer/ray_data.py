@@ -73,6 +73,7 @@ logger = logging.getLogger("pbg_ray")
 UNSEEN = -2  # the bucket of a later input's edges that name what the first never did
 DROPPED = -1  # the bucket of edges whose entity or relation was dropped as too rare
 PLACE_BITS = 40  # a name's place: partition << PLACE_BITS | offset
+OFFSET_MASK = (1 << PLACE_BITS) - 1
 RELATIONS = -1  # the name type of relation names (dynamic_relations); entity types: 0, 1, ...
 BLOCK_ROWS = 1 << 20  # edges of a shard indexed into one block at most
 PART_BYTES = 64 << 20  # indexed blocks' bytes per count task, names writer and bucket writer
@@ -291,8 +292,8 @@ def _previous_names(config: ConfigSchema, name_type: int, part: int) -> List[str
 
 
 def _previous_keys(config: ConfigSchema, name_type: int) -> Tuple[np.ndarray, ...]:
-    """(keys sorted, their checks, their places, names per partition) of the previous
-    import's names of a name type; a name listed twice, or two sharing a key, stop the
+    """(keys sorted, their checks, their places, the number of names of each partition) of
+    the previous import's names of a name type; a name listed twice, or two sharing a key, stop the
     import."""
     parts = _type_settings(config, name_type)[1]
     keys, checks, places, sizes = [], [], [], []
@@ -309,11 +310,12 @@ def _previous_keys(config: ConfigSchema, name_type: int) -> Tuple[np.ndarray, ..
     if len(twice):
         i = twice[0]
         a, b = (_previous_names(config, name_type, int(p >> PLACE_BITS))[
-            int(p & ((1 << PLACE_BITS) - 1))] for p in place[i:i + 2])
+            int(p & OFFSET_MASK)] for p in place[i:i + 2])
         what = _what(EntityTypes.of(config), name_type)
         if check[i] != check[i + 1]:
             raise _clash_error(what, a, b)
-        raise PbgRayError(f"importer.previous_entity_path {config.importer.previous_entity_path!r}: "
+        path = config.importer.previous_entity_path
+        raise PbgRayError(f"importer.previous_entity_path {path!r}: "
                           f"{what} lists a name twice ({a!r}), so its ids are ambiguous. Fix "
                           "the previous import's entity files.")
     return key, check, place, np.array(sizes, np.int64)
@@ -356,7 +358,7 @@ def _dictionary(config: ConfigSchema, name_type: int, previous: bool, names: Lis
             raise _clash_error(_what(EntityTypes.of(config), name_type),
                                _name_of(names, counted, name_type, key[i]),
                                _previous_names(config, name_type, p >> PLACE_BITS)[
-                                   p & ((1 << PLACE_BITS) - 1)])
+                                   p & OFFSET_MASK])
         seen &= old < 0
         del old, check
     del order
@@ -396,7 +398,8 @@ def _slots(config: ConfigSchema) -> Dict[int, int]:
     """The first slot of each name type's partitions (slot % writers: its names writer)."""
     types = EntityTypes.of(config)
     slots, at = {}, 0
-    for name_type in ([RELATIONS] if config.dynamic_relations else []) + list(range(len(types.names))):
+    relations = [RELATIONS] if config.dynamic_relations else []
+    for name_type in relations + list(range(len(types.names))):
         slots[name_type] = at
         at += _type_settings(config, name_type)[1]
     return slots
@@ -421,7 +424,7 @@ def _scatter_names(writers: int, slots: Dict[int, int], counted: Counted,
         for w in range(writers):
             mine = order[bounds[w]:bounds[w + 1]]
             if len(mine):
-                out[w].append((name_type, part[mine], place[mine] & ((1 << PLACE_BITS) - 1),
+                out[w].append((name_type, part[mine], place[mine] & OFFSET_MASK,
                                kept_names.take(pa.array(mine))))
     return tuple(out) if writers > 1 else out[0]
 
@@ -430,9 +433,9 @@ def _scatter_names(writers: int, slots: Dict[int, int], counted: Counted,
 def _write_names(config: ConfigSchema, directory: StoragePath, writer: int, writers: int,
                  previous: List[int], *scattered: List[Any]) -> None:
     """The entity files (with dynamic_relations, the relation files) of the partitions
-    of names writer `writer`: the `previous` name types' names from the previous import first, then those placed
-    there, by offset; writer 0 also writes the empty files of entity types no relation
-    uses."""
+    of names writer `writer`: for the `previous` name types the previous import's names
+    first, then those placed there, by offset; writer 0 also writes the empty files of
+    entity types no relation uses."""
     types = EntityTypes.of(config)
     found = collections.defaultdict(list)
     for pieces in scattered:
@@ -506,7 +509,7 @@ def _route(config: ConfigSchema, writers: int, tables: Dict[int, Lookup],
             place[mask] = looked_up[t][edges[side][mask]]
         unseen |= place == UNSEEN
         sides[side] = (np.where(place >= 0, place >> PLACE_BITS, DROPPED),
-                       place & ((1 << PLACE_BITS) - 1))
+                       place & OFFSET_MASK)
     bucket = np.where(unseen, UNSEEN, router.buckets(rel, *sides["lhs"], *sides["rhs"]))
     number = int(block["input"][0].as_py())
     figures = {"input": number, "stats": block["stats"][0].as_py(),

@@ -23,7 +23,7 @@ from pbg_ray.io.storage import storage_path
 from pbg_ray.types import Bucket
 from tests.importer.util import error_of, make, random_rows, write_parquet, write_text
 
-TYPED = dict(entities={"node": {"num_partitions": 2}, "tag": {}},
+TYPED = dict(entities={"node": {"num_partitions": 2}, "tag": {}, "unused": {}},
              relations=[{"name": "follows", "lhs": "node", "rhs": "node"},
                         {"name": "likes", "lhs": "node", "rhs": "tag"}])
 
@@ -84,6 +84,13 @@ def test_ray_data_engine_matches_the_local_engine(ray_session, tmp_path):
     assert_same_import(local, on_ray, local_stats, ray_stats)
     assert all(buckets(on_ray, on_ray.edge_paths[0])[0, r] for r in range(2))  # tags spread
     assert import_graph(on_ray) == ray_stats  # the same import again: nothing to do
+
+
+def test_one_partition_is_written_by_one_names_writer(ray_session, tmp_path):
+    source = write_text(tmp_path / "e.tsv", random_rows(100, 4))
+    local = make(tmp_path / "local", [source], entities={"node": {}}, engine="local")
+    on_ray = make(tmp_path / "ray", [source], entities={"node": {}}, engine="ray")
+    assert_same_import(local, on_ray, import_graph(local), import_graph(on_ray))
 
 
 @pytest.mark.slow
