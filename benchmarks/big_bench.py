@@ -89,7 +89,8 @@ from train_bench import bench_env
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import read_edges, write_edges
 from pbg_ray.io.entities import load_entity_count, load_entity_counts, save_entity_count
-from pbg_ray.training.memory_plan import memory_plan
+from pbg_ray.runtime.budget import MemoryBudget
+from pbg_ray.training.memory_plan import fit_to_budget, memory_plan
 from pbg_ray.types import Bucket, EdgeList
 
 GIB = 2 ** 30
@@ -609,13 +610,19 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
         _, stderr = bench.command("train", "train", str(config), figures=figures)
     rates = epoch_rates(stderr)
     schema = ConfigSchema.from_dict(base)
-    plan = memory_plan(schema, load_entity_counts(schema), 1, 1, schema.ray.partition_buffer)
+    counts = load_entity_counts(schema)
+    # The buffer the run chose: the most partitions that fit the limit (ray.partition_buffer
+    # left null), as the train command fits it.
+    buffer = fit_to_budget(schema, counts, 1, 1, MemoryBudget(
+        bench.cgroup.limit, "big_bench's limit")).ray.partition_buffer
+    plan = memory_plan(schema, counts, 1, 1, buffer)
     figures.extra.update(edges_per_s=num_edges * args.epochs / figures.wall_s,
-                         epoch_edges_per_s=rates, plan_bytes=plan.total)
+                         epoch_edges_per_s=rates, plan_bytes=plan.total, partition_buffer=buffer)
     figures.throughput = (f"{figures.extra['edges_per_s']:,.0f} edges/s over the run; per "
                           f"epoch {', '.join(f'{r:,.0f}' for r in rates)}")
     bench.done(figures)
-    print(f"  the training plan (docs/sizing.md): {plan}; measured peak "
+    print(f"  the training plan (docs/sizing.md), a buffer of {buffer} partitions: {plan}; "
+          "measured peak "
           f"{figures.peak_bytes / GIB:.2f} GiB", flush=True)
 
     fold_to_eighth(work / "graph" / "entities", work / "graph" / "train", work / "small", parts)
@@ -657,7 +664,11 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
     figures.throughput = f"{TEST_EDGES / figures.wall_s:,.1f} edges/s"
     bench.done(figures)
 
-    questions = graph.edges(QUESTIONS).select(["lhs", "rel"]).to_pylist()
+    # Questions about nodes the graph has: the first training edges' lhs and relation (a
+    # node drawn afresh may be one no edge names, which predict refuses).
+    first_shard = pq.ParquetFile(sorted((work / "raw" / "train").iterdir())[0])
+    questions = pa.Table.from_batches([next(first_shard.iter_batches(
+        batch_size=QUESTIONS, columns=["lhs", "rel"]))]).to_pylist()
     (work / "questions.tsv").write_text("".join(f"{q['lhs']}\t{q['rel']}\n" for q in questions))
     with bench.phase("predict") as figures:
         bench.command("predict", "predict", str(config), "top-rhs", "--queries",

@@ -26,8 +26,8 @@ class RayConfig:
         "Bytes a run on a local Ray may use (null: the limit of the memory cgroup it runs "
         "in, a container's or a job's, else the machine's RAM). Training checks its plan "
         "against it before it starts: a memory-placement run that cannot fit is refused "
-        "with the figures and the fix, and disk placement keeps fewer partitions in its "
-        "buffer where ray.partition_buffer would not fit (docs/sizing.md).")
+        "with the figures and the fix, and disk placement sizes its partition buffer to "
+        "fit (ray.partition_buffer; docs/sizing.md).")
     num_trainers: Optional[int] = option(None, check=positive, help=
         "Train tasks running at once (null: as many as the CPUs allow, and no more than the "
         "partition count: an unpartitioned graph trains one bucket a pass, so one task). Each "
@@ -48,15 +48,16 @@ class RayConfig:
         '"memory": partitions live in partition-store actors spread over the cluster; "disk": '
         "partitions are swapped to checkpoint storage, so one machine trains tables larger "
         "than its RAM.")
-    partition_buffer: int = option(2, check=Bounds(
+    partition_buffer: Optional[int] = option(None, check=Bounds(
         "must be at least 2", "A bucket needs its two partitions in memory at once; use 2 or "
-        "more.", low=2), help=
+        "more, or null to fit the memory budget.", low=2), help=
         "Disk placement: partitions each trainer keeps in memory between its buckets "
         "(at least 2, the two of a bucket); a bucket finds the partitions it shares with "
         "the trainer's recent ones there instead of reading them again. Besides these it "
         "holds the next bucket's partitions, read while the current one trains, and the "
         "last bucket's while they are written, so a trainer's memory is about "
-        "partition_buffer + 4 partitions. bucket_order=beta "
-        "orders buckets for this buffer, with the fewest reads.")
+        "partition_buffer + 4 partitions. null: on a local Ray, the most partitions that "
+        "fit ray.memory_budget, up to the partition count; joining a cluster, 2. "
+        "bucket_order=beta orders buckets for this buffer, with the fewest reads.")
     num_partition_stores: Optional[int] = option(None, check=positive, help=
         "Partition-store actors (null: one per node, at most one per partition).")

@@ -8,7 +8,8 @@ runtime where it trains on a GPU), and the partitions: in memory placement the w
 with its row-Adagrad state in Ray's object store plus each train task's copies of its
 bucket (the one it trains and the result it puts back), in disk placement only the
 unpartitioned types' tables and each trainer's ray.partition_buffer + 4 partitions (the
-buffer, the next bucket's read ahead, the last one's written behind)."""
+buffer, the next bucket's read ahead, the last one's written behind). Disk placement's
+buffer is the most partitions that fit the budget where the config leaves it null."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ logger = logging.getLogger("pbg_ray")
 BUCKET_COPIES = 2.2
 # Disk placement: partitions a trainer holds besides its buffer (ray.partition_buffer).
 DISK_EXTRA_PARTITIONS = 4
+# The smallest buffer: a bucket's two partitions.
+MIN_BUFFER = 2
 
 
 def partition_bytes(config: ConfigSchema, counts: Dict[str, List[int]], entity: str) -> int:
@@ -65,32 +68,42 @@ def memory_plan(config: ConfigSchema, counts: Dict[str, List[int]], trainers: in
 
 def fit_to_budget(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int,
                   stores: int, budget: MemoryBudget) -> ConfigSchema:
-    """The config whose plan fits the budget: this one where it does; in disk placement
-    the largest ray.partition_buffer up to the one set that fits (a warning says so).
-    Refused in one line, with the plan's figures and the fix, where nothing fits."""
+    """The config whose plan fits the budget, its ray.partition_buffer set: in disk
+    placement, where the config leaves it null, the most partitions that fit, up to the
+    partition count, and where it sets one, the largest up to it that fits (a warning
+    says when that is fewer); in memory placement (whose plan holds the whole table) the
+    one set, or MIN_BUFFER. Refused in one line, with the plan's figures and the fix,
+    where nothing fits."""
     ray_config = config.ray
-    plan = memory_plan(config, counts, trainers, stores, ray_config.partition_buffer)
-    if plan.total <= budget.bytes:
-        return config
-    fix = _fix(config, counts, trainers, stores, budget)
-    if ray_config.placement == "disk":
-        for buffer in range(ray_config.partition_buffer - 1, 1, -1):
-            if memory_plan(config, counts, trainers, stores, buffer).total <= budget.bytes:
-                logger.warning("ray.partition_buffer=%d does not fit the memory budget of %s; "
-                               "training keeps %d partitions per trainer.",
-                               ray_config.partition_buffer, budget, buffer)
-                return dataclasses.replace(config, ray=dataclasses.replace(
-                    ray_config, partition_buffer=buffer))
-    raise plan.refuse(budget, fix)
+    wanted = ray_config.partition_buffer
+    most = wanted or (max(MIN_BUFFER, config.num_partitions())
+                      if ray_config.placement == "disk" else MIN_BUFFER)
+    # Memory placement's plan holds the whole table, whatever the buffer: one try.
+    least = MIN_BUFFER if ray_config.placement == "disk" else most
+    for buffer in range(most, least - 1, -1):
+        if memory_plan(config, counts, trainers, stores, buffer).total > budget.bytes:
+            continue
+        if wanted is None and ray_config.placement == "disk":
+            logger.info("disk placement keeps %d partitions per trainer, the most that fit "
+                        "the memory budget of %s (ray.partition_buffer)", buffer, budget)
+        elif buffer < wanted:
+            logger.warning("ray.partition_buffer=%d does not fit the memory budget of %s; "
+                           "training keeps %d partitions per trainer.", wanted, budget, buffer)
+        return config if buffer == wanted else dataclasses.replace(
+            config, ray=dataclasses.replace(ray_config, partition_buffer=buffer))
+    plan = memory_plan(config, counts, trainers, stores, wanted or MIN_BUFFER)
+    raise plan.refuse(budget, _fix(config, counts, trainers, stores, budget))
 
 
 def fit_local_run(config: ConfigSchema, counts: Dict[str, List[int]]) -> ConfigSchema:
     """fit_to_budget for a run on the local Ray pbg_ray starts (or started) on this machine,
     whose CPUs say how many trainers run; a run that joins a cluster is left as it is (the
-    budget is one machine's, and the cluster's nodes are not this one)."""
+    budget is one machine's, and the cluster's nodes are not this one), with a buffer of
+    MIN_BUFFER partitions where the config leaves it to the budget."""
     ray_config = config.ray
     if not starts_local_ray(ray_config):
-        return config
+        return config if ray_config.partition_buffer else dataclasses.replace(
+            config, ray=dataclasses.replace(ray_config, partition_buffer=MIN_BUFFER))
     trainers = ray_config.num_trainers or min(local_task_slots(ray_config),
                                               config.num_partitions())
     return fit_to_budget(config, counts, trainers, ray_config.num_partition_stores or 1,

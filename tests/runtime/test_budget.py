@@ -20,7 +20,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.runtime.budget import (
     CUDA_RUNTIME, GIB, MIB, OBJECT_STORE_SHARE, MemoryBudget, cgroup_limit, memory_budget,
     object_store_memory)
-from pbg_ray.training.memory_plan import fit_to_budget, memory_plan
+from pbg_ray.training.memory_plan import fit_local_run, fit_to_budget, memory_plan
 from tests.util import config_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +120,26 @@ def test_disk_placement_keeps_the_largest_buffer_that_fits(tmp_path, caplog):
     assert dataclasses.replace(fitted, ray=config.ray) == config  # nothing else changed
     with pytest.raises(PbgRayError, match="split the entities into more partitions"):
         fit_to_budget(config, counts, 1, 1, MemoryBudget(at(2) - 1, "ray.memory_budget"))
+
+
+def test_disk_placement_left_to_the_budget_keeps_the_most_partitions_that_fit(tmp_path,
+                                                                              caplog):
+    config, counts = sized_config(tmp_path, "disk", 16, 16_000_000, buffer=None)
+    at = lambda buffer: memory_plan(config, counts, 1, 1, buffer).total  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="pbg_ray"):
+        fitted = fit_to_budget(config, counts, 1, 1, MemoryBudget((at(6) + at(7)) // 2, "x"))
+        assert fitted.ray.partition_buffer == 6
+        assert fit_to_budget(config, counts, 1, 1, MemoryBudget(at(40), "x")).ray \
+            .partition_buffer == 16  # the partition count: more would hold nothing more
+    assert not caplog.text  # nothing the config asked for was lowered
+    with pytest.raises(PbgRayError, match=f"needs about {at(2) / GIB:.2f} GiB"):
+        fit_to_budget(config, counts, 1, 1, MemoryBudget(at(2) - 1, "ray.memory_budget"))
+
+
+def test_a_run_joining_a_cluster_keeps_a_buffer_of_two_where_left_to_the_budget(tmp_path):
+    config, counts = sized_config(tmp_path, "disk", 16, 16_000_000, buffer=None)
+    joining = dataclasses.replace(config, ray=dataclasses.replace(config.ray, address="auto"))
+    assert fit_local_run(joining, counts).ray.partition_buffer == 2
 
 
 def test_a_train_task_on_a_gpu_plans_the_host_memory_of_its_cuda_runtime(tmp_path):

@@ -75,8 +75,13 @@ def test_disk_placement_trains_what_memory_placement_trains(ray_session, tmp_pat
     write_random_graph(config, num_edges=1000)
     memory = small_config(tmp_path, checkpoint_path=str(tmp_path / "memory"),
                           ray={"placement": "memory", "num_trainers": 1})
-    assert Trainer(config).run().version == 2
-    Trainer(memory).run()
+    on_disk, in_memory = Trainer(config), Trainer(memory)
+    assert on_disk.run().version == 2
+    in_memory.run()
+    # Left null, the buffer holds every partition: this machine has room for them. Each
+    # run's files carry its own config, with the buffer it chose.
+    assert on_disk.config.ray.partition_buffer == config.num_partitions()
+    config, memory = on_disk.config, in_memory.config
     assert_valid_checkpoint(config, 2)
     expected, got = checkpoint_arrays(memory), checkpoint_arrays(config)
     assert expected.keys() == got.keys()
