@@ -83,9 +83,10 @@ def fit_to_budget(config: ConfigSchema, counts: Dict[str, List[int]], trainers: 
     for buffer in range(most, least - 1, -1):
         if memory_plan(config, counts, trainers, stores, buffer).total > budget.bytes:
             continue
-        if wanted is None and ray_config.placement == "disk":
-            logger.info("disk placement keeps %d partitions per trainer, the most that fit "
-                        "the memory budget of %s (ray.partition_buffer)", buffer, budget)
+        if wanted is None:
+            if ray_config.placement == "disk":
+                logger.info("disk placement keeps %d partitions per trainer, the most that "
+                            "fit the memory budget of %s (ray.partition_buffer)", buffer, budget)
         elif buffer < wanted:
             logger.warning("ray.partition_buffer=%d does not fit the memory budget of %s; "
                            "training keeps %d partitions per trainer.", wanted, budget, buffer)

@@ -136,6 +136,12 @@ def test_disk_placement_left_to_the_budget_keeps_the_most_partitions_that_fit(tm
         fit_to_budget(config, counts, 1, 1, MemoryBudget(at(2) - 1, "ray.memory_budget"))
 
 
+def test_memory_placement_left_to_the_budget_keeps_a_buffer_of_two(tmp_path):
+    config, counts = sized_config(tmp_path, "memory", 4, 100_000, buffer=None)
+    roomy = MemoryBudget(memory_plan(config, counts, 2, 1, 2).total, "ray.memory_budget")
+    assert fit_to_budget(config, counts, 2, 1, roomy).ray.partition_buffer == 2
+
+
 def test_a_run_joining_a_cluster_keeps_a_buffer_of_two_where_left_to_the_budget(tmp_path):
     config, counts = sized_config(tmp_path, "disk", 16, 16_000_000, buffer=None)
     joining = dataclasses.replace(config, ray=dataclasses.replace(config.ray, address="auto"))
