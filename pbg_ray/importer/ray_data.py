@@ -273,13 +273,20 @@ def _clash_error(what: str, name: str, other: str) -> PbgRayError:
 # --- dictionaries and names ----------------------------------------------------------
 
 
+def _partitions(config: ConfigSchema, name_type: int) -> int:
+    """The partitions of a name type (relation names: one)."""
+    if name_type == RELATIONS:
+        return 1
+    return config.entities[EntityTypes.of(config).names[name_type]].num_partitions
+
+
 def _type_settings(config: ConfigSchema, name_type: int) -> Tuple[int, int, np.random.Generator]:
     """(min count, partitions, shuffle generator) of a name type, as build_dictionaries."""
     settings = config.importer
     if name_type == RELATIONS:
         return settings.relation_type_min_count, 1, shuffle_rng(settings.seed, "relations")
     name = EntityTypes.of(config).names[name_type]
-    return (settings.entity_min_count, config.entities[name].num_partitions,
+    return (settings.entity_min_count, _partitions(config, name_type),
             shuffle_rng(settings.seed, f"entity {name}"))
 
 
@@ -295,7 +302,7 @@ def _previous_keys(config: ConfigSchema, name_type: int) -> Tuple[np.ndarray, ..
     """(keys sorted, their checks, their places, the number of names of each partition) of
     the previous import's names of a name type; a name listed twice, or two sharing a key, stop the
     import."""
-    parts = _type_settings(config, name_type)[1]
+    parts = _partitions(config, name_type)
     keys, checks, places, sizes = [], [], [], []
     for part in range(parts):
         key, check = name_keys(pa.array(_previous_names(config, name_type, part), pa.string()))
@@ -401,7 +408,7 @@ def _slots(config: ConfigSchema) -> Dict[int, int]:
     relations = [RELATIONS] if config.dynamic_relations else []
     for name_type in relations + list(range(len(types.names))):
         slots[name_type] = at
-        at += _type_settings(config, name_type)[1]
+        at += _partitions(config, name_type)
     return slots
 
 
@@ -445,7 +452,7 @@ def _write_names(config: ConfigSchema, directory: StoragePath, writer: int, writ
                 found[name_type, int(p)].append((offset[mine], names.take(pa.array(mine))))
     slots = _slots(config)
     for name_type, first in slots.items():
-        for p in range(_type_settings(config, name_type)[1]):
+        for p in range(_partitions(config, name_type)):
             if (first + p) % writers != writer:
                 continue
             names = _previous_names(config, name_type, p) if name_type in previous else []
@@ -595,7 +602,7 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
     lookups = [lookup for lookup, _ in dictionaries]
 
     slots = _slots(config)
-    name_writers = min(parts, sum(_type_settings(config, t)[1] for t in name_types))
+    name_writers = min(parts, sum(_partitions(config, t) for t in name_types))
     scattered = [_scatter_names.options(num_returns=name_writers).remote(
         name_writers, slots, keys, names, *lookups) for keys, names in counted]
     if name_writers == 1:
