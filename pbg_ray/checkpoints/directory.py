@@ -423,16 +423,32 @@ class CheckpointStorage:
         path = storage_path(path)
         with reading(path, "embeddings", lambda: recovery(path)), \
                 cls._open_h5(path, "embeddings") as hf:
-            ds = hf.get(EMBEDDING_DATASET)
-            if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or dataset_kind(ds) != "f":
-                found = ("nothing" if ds is None else dataset_type(ds)
-                         if isinstance(ds, h5py.Dataset) else "a group")
-                raise PbgRayError(f"embeddings file {str(path)!r}: dataset 'embeddings' must be a "
-                                  f"2-D float array [entities, dimension], found {found}.")
+            ds = _embeddings_dataset(hf, path)
             embeddings = empty(ds.shape, np.float32)
             if ds.size:
                 ds.read_direct(embeddings)
             return embeddings, cls._read_optim(hf)
+
+    @classmethod
+    def read_entity_rows(cls, path: PathLike, offsets: np.ndarray) -> np.ndarray:
+        """float32 [len(offsets), dim]: the rows at `offsets` (any order, repeats allowed) of
+        the embeddings file at `path`, read alone: one read per run of consecutive rows,
+        so a few rows of a large partition cost a few small reads."""
+        path = storage_path(path)
+        wanted, where = np.unique(np.asarray(offsets, np.int64), return_inverse=True)
+        with reading(path, "embeddings", lambda: recovery(path)), \
+                cls._open_h5(path, "embeddings") as hf:
+            ds = _embeddings_dataset(hf, path)
+            outside = wanted[(wanted < 0) | (wanted >= ds.shape[0])]
+            if len(outside):
+                raise PbgRayError(f"embeddings file {str(path)!r} holds {ds.shape[0]} rows; row "
+                                  f"{outside[0]} was asked for. The entity files and the "
+                                  "checkpoint differ: check entity_path and checkpoint_path.")
+            rows = np.empty((len(wanted), ds.shape[1]), np.float32)
+            breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
+            for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(wanted)]) if len(wanted) else ():
+                ds.read_direct(rows, np.s_[wanted[lo]:wanted[hi - 1] + 1], np.s_[lo:hi])
+        return rows[where]
 
     def save_model(self, version: int, params: Mapping[str, np.ndarray],
                    optim_state: Optional[Mapping[str, Any]],
@@ -554,6 +570,17 @@ class _FileImage:
         offset, array = self.left_out
         return [*exactly(self.head, offset), memoryview(array).cast("B"),
                 *exactly(self.tail, max(0, self.size - offset - array.nbytes))]
+
+
+def _embeddings_dataset(hf: h5py.File, path: StoragePath) -> h5py.Dataset:
+    """An embeddings file's 'embeddings' dataset, checked to be a 2-D float array."""
+    ds = hf.get(EMBEDDING_DATASET)
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 2 or dataset_kind(ds) != "f":
+        found = ("nothing" if ds is None else dataset_type(ds)
+                 if isinstance(ds, h5py.Dataset) else "a group")
+        raise PbgRayError(f"embeddings file {str(path)!r}: dataset 'embeddings' must be a "
+                          f"2-D float array [entities, dimension], found {found}.")
+    return ds
 
 
 def _allocate_dataset(hf: h5py.File, name: str, array: np.ndarray) -> int:

@@ -159,6 +159,11 @@ class CheckpointManager:
         """A partition's embeddings and RowAdagrad state."""
         return self.storage.load_entity_partition(version, entity, part)
 
+    def read_partition_rows(self, version: int, entity: EntityName, part: Partition,
+                            offsets: np.ndarray) -> np.ndarray:
+        """The embeddings at `offsets` of a partition, read without the rest of it."""
+        return self.storage.read_entity_rows(self.partition_file(version, entity, part), offsets)
+
     def has_partition(self, version: int, entity: EntityName, part: Partition) -> bool:
         return self.partition_file(version, entity, part).is_file()
 

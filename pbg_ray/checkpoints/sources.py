@@ -38,6 +38,10 @@ class PartitionSource:
         """The partition's (embeddings, sums); the embeddings land in `empty(shape, dtype)`."""
         raise NotImplementedError
 
+    def load_rows(self, config: ConfigSchema, key: PartitionKey, offsets: np.ndarray) -> np.ndarray:
+        """The embeddings at `offsets` (sorted, unique) of the partition."""
+        return self.load(config, key)[0][offsets]
+
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSource(PartitionSource):
@@ -50,8 +54,21 @@ class CheckpointSource(PartitionSource):
         return read_partition_file(
             str(CheckpointManager(self.path).partition_file(self.version, *key)), empty)
 
+    def load_rows(self, config: ConfigSchema, key: PartitionKey, offsets: np.ndarray) -> np.ndarray:
+        """Read alone, not with the rest of the partition."""
+        return CheckpointManager(self.path).read_partition_rows(self.version, *key, offsets)
+
 
 Partition = Union[Arrays, PartitionSource]  # what a task receives per partition
+
+
+def resolved_rows(config: ConfigSchema, key: PartitionKey, partition: Partition,
+                  offsets: np.ndarray) -> np.ndarray:
+    """The embeddings at `offsets` (sorted, unique) of a partition a read-only task
+    received: sliced from its arrays, or read from its source without the other rows."""
+    if isinstance(partition, PartitionSource):
+        return partition.load_rows(config, key, offsets)
+    return partition[0][offsets]
 
 
 def resolved(config: ConfigSchema, keys: Sequence[PartitionKey],

@@ -25,7 +25,7 @@ import numpy as np
 import ray
 
 from pbg_ray.checkpoints.manager import CheckpointManager
-from pbg_ray.checkpoints.sources import CheckpointSource, Partition, resolved
+from pbg_ray.checkpoints.sources import CheckpointSource, Partition, resolved, resolved_rows
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import (
@@ -75,8 +75,7 @@ def gather_rows_task(config: ConfigSchema, key: PartitionKey, offsets: np.ndarra
                      partition: Partition) -> GatheredRows:
     """The rows at `offsets` (sorted, unique) of one partition: what the ranking tasks
     need of it as queries and positives."""
-    (embeddings, _), = resolved(config, [key], [partition])
-    return GatheredRows(offsets, np.ascontiguousarray(embeddings[offsets]))
+    return GatheredRows(offsets, np.ascontiguousarray(resolved_rows(config, key, partition, offsets)))
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)

@@ -64,6 +64,13 @@ class EmbeddingSource:
                 return model.embeddings(entity, part)
         return CheckpointManager(self.path).read_partition(self.version, entity, part)[0]
 
+    def read_rows(self, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
+        """float32 [len(offsets), D]: the given rows of an entity partition; a checkpoint's
+        are read alone, not with the rest of the partition."""
+        if self.tag is not None:
+            return self.read(entity, part)[offsets]
+        return CheckpointManager(self.path).read_partition_rows(self.version, entity, part, offsets)
+
 
 class _Cached:
     """An EmbeddingSource keeping the `size` partitions read last."""
@@ -74,6 +81,11 @@ class _Cached:
 
     def read(self, entity: str, part: int) -> np.ndarray:
         return self._kept.get((entity, part), lambda: self.source.read(entity, part))
+
+    def read_rows(self, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
+        if (entity, part) in self._kept:
+            return self._kept[entity, part][offsets]
+        return self.source.read_rows(entity, part, offsets)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +130,7 @@ def partition_top_k(config: ConfigSchema, params: Dict[str, np.ndarray], tables:
 
 def partition_rows(tables: Any, entity: str, part: int, offsets: np.ndarray) -> np.ndarray:
     """float32 [len(offsets), D]: the given rows of one partition."""
-    return tables.read(entity, part)[offsets]
+    return tables.read_rows(entity, part, offsets)
 
 
 class Predictor(ModelByNames):

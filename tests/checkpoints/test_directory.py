@@ -106,6 +106,18 @@ def test_a_swap_file_is_written_over_its_own_bytes(storage):
     assert not path.exists()
 
 
+def test_rows_are_read_alone_in_any_order_with_repeats(storage):
+    config, storage = storage
+    embs = np.random.default_rng(0).normal(size=(1000, 8)).astype(np.float32)
+    path = storage.partition_file(1, "user", 0)
+    CheckpointStorage.write_entity_partition(path, embs, row_adagrad_state(np.ones(1000, np.float32), 0.1))
+    offsets = np.array([999, 3, 4, 5, 500, 3, 0])  # runs, a repeat, both ends
+    np.testing.assert_array_equal(CheckpointStorage.read_entity_rows(path, offsets), embs[offsets])
+    assert CheckpointStorage.read_entity_rows(path, np.empty(0, np.int64)).shape == (0, 8)
+    with pytest.raises(PbgRayError, match="holds 1000 rows; row 1000 was asked for"):
+        CheckpointStorage.read_entity_rows(path, np.array([2, 1000]))
+
+
 def test_optimizer_state_of_a_read_only_array_is_a_blob_torch_reads():
     # Partition stores hand over read-only views of Ray's object store.
     sums = np.arange(4, dtype=np.float32)

@@ -116,6 +116,8 @@ def test_checkpoint_versions_and_snapshots_on_s3(s3_root, make_config):
     assert version == 1 and str(older.path) == str(checkpoint.path / "epoch_1")
     np.testing.assert_array_equal(older.read_partition(1, "user", 1)[0], embs)
     np.testing.assert_array_equal(checkpoint.load_entity_partition(2, "user", 1)[0], embs * 2)
+    rows = np.array([4, 1, 2])  # read by range requests, without the rest of the file
+    np.testing.assert_array_equal(older.read_partition_rows(1, "user", 1, rows), embs[rows])
 
 
 def test_object_lock_refuses_a_live_holder_and_takes_over_a_dead_ones(s3_root):
