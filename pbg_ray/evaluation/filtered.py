@@ -36,9 +36,10 @@ if TYPE_CHECKING:  # torch loads in the functions that score, never in a driver
 
 # Score blocks of QUERY_BLOCK x CANDIDATE_BLOCK floats (2 MB) stay in cache between the
 # bmm that writes them and the comparison that reads them; larger blocks spill out of it
-# and the comparison waits on memory.
-QUERY_BLOCK = 256
-CANDIDATE_BLOCK = 2048
+# and the comparison waits on memory. Tall blocks read each candidate block for more
+# queries: at d=128 the products run faster than with 256 x 2048 (docs/benchmarks-log.md).
+QUERY_BLOCK = 1024
+CANDIDATE_BLOCK = 512
 
 
 class KnownEdges:
@@ -230,7 +231,7 @@ def buckets_rank_counts(scorer: Scorer, shares: Sequence[Tuple[Bucket, EdgeList,
                     continue  # an unpartitioned type is ranked by the tasks of partition 0 only
                 queries = scorer.queries(side, relation, rel_ids[idx], vectors[other])
                 pos = scorer.pos(queries, scorer.candidates(side, relation, vectors[side]))
-                cache_key = (side, entity, relation if scorer.relation_specific(side) else -1)
+                cache_key = (entity, relation if scorer.relation_specific(side, relation) else -1)
                 if cache_key not in candidates:
                     candidates[cache_key] = scorer.candidates(
                         side, relation, scorer.entity_vectors(entity, tables[cand_key]))

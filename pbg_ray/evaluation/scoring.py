@@ -11,8 +11,15 @@ of the rhs type, side "lhs" for candidates of the lhs type:
 
 so c(query, the true entity's candidate vector) is the positive score the Embedder gives
 that side, and the candidates of a side depend on the relation only in per-relation mode
-on the rhs. Rows are raw embeddings [N, D]: PBG's max_norm and the global embedding are
-applied here (`entity_vectors`). Featurized types are not supported (no candidate set).
+on the rhs. There the operator moves to the query where the comparator allows it with the
+scores unchanged (`moves_to_query`): for dot, <q, op(x)> = <op*(q), x> with op* the
+adjoint of a linear operator; for L2, |q - (x + t)| = |(q - t) - x|. The relation's
+candidates are then the relation-free ones, prepared once for every relation and side,
+with no pass of the operator over a whole partition. With a translation under dot,
+<q, x + t> = <q, x> + <q, t>: the ranking moves too (adjoint_queries), the scores by a
+constant per query. Rows are raw embeddings [N, D]: PBG's max_norm and the global
+embedding are applied here (`entity_vectors`). Featurized types are not supported (no
+candidate set).
 """
 
 from __future__ import annotations
@@ -28,6 +35,19 @@ from pbg_ray.model.comparators import make_comparator
 from pbg_ray.model.operators import OPERATORS
 from pbg_ray.model.params import global_emb_key, operator_key
 
+# Operators a query can carry instead of the candidates, per comparator: with the scores
+# unchanged (EXACT_ADJOINTS), or with each query's scores shifted by one constant, so its
+# ranking unchanged (RANK_ADJOINTS: a translation's <q, t> under dot).
+EXACT_ADJOINTS = {"dot": ("none", "diagonal", "linear", "complex_diagonal"),
+                  "l2": ("none", "translation"), "squared_l2": ("none", "translation")}
+RANK_ADJOINTS = dict(EXACT_ADJOINTS, dot=EXACT_ADJOINTS["dot"] + ("translation", "affine"))
+
+
+def moves_to_query(config: ConfigSchema, relation: int, adjoints=EXACT_ADJOINTS) -> bool:
+    """Whether the rhs operator of `relation` (per-relation mode) can move from the
+    candidates to the query (module docstring), by `adjoints`."""
+    return (not config.dynamic_relations and not config.bias
+            and config.relations[relation].operator in adjoints.get(config.comparator, ()))
 
 
 class Scorer:
@@ -44,9 +64,12 @@ class Scorer:
 
     def entity_vectors(self, entity: str, rows: Tensor) -> Tensor:
         """Raw rows [N, D] as the model sees them: renormalized to max_norm (as the
-        Embedder's gather does) plus the type's global embedding. A new tensor."""
-        rows = rows.clone()
+        Embedder's gather does) plus the type's global embedding. A new tensor, or rows
+        themselves where the model has neither (callers never write into it)."""
         max_norm = self.config.max_norm
+        if max_norm is None and not self.config.global_emb:
+            return rows
+        rows = rows.clone()
         if max_norm is not None:
             norms = rows.norm(dim=1)
             over = norms > max_norm
@@ -74,18 +97,41 @@ class Scorer:
         elif side == "lhs":
             op, p = self._operator("rhs", relation, rel_ids)
             other = op.forward(other, p)
-        return self.comparator.prepare(other)[0]
+        queries = self.comparator.prepare(other)[0]
+        if side == "rhs" and moves_to_query(self.config, relation):
+            return self.adjoint_queries(relation, queries)
+        return queries
+
+    def adjoint_queries(self, relation: int, queries: Tensor) -> Tensor:
+        """Prepared rhs queries [B, D] of `relation` (per-relation mode) that rank the
+        relation-free candidates as `queries` rank the relation's, for an operator among
+        RANK_ADJOINTS (module docstring)."""
+        operator = self.config.relations[relation].operator
+        p = self._operator("rhs", relation, None)[1]
+        if operator == "translation" and self.config.comparator != "dot":
+            return queries - p["translation"]
+        if operator == "diagonal":
+            return queries * p["diagonal"]
+        if operator in ("linear", "affine"):
+            return queries @ p["linear_transformation"]  # forward is x @ A^T
+        if operator == "complex_diagonal":  # the conjugate diagonal
+            return self.operators[relation].forward(queries, {"real": p["real"],
+                                                              "imag": -p["imag"]})
+        return queries
 
     def candidates(self, side: str, relation: int, vectors: Tensor) -> Tensor:
         """Prepared candidates [N, D] of `side` from entity vectors [N, D]."""
-        if self.relation_specific(side):
+        if self.relation_specific(side, relation):
             op, p = self._operator("rhs", relation, None)
             vectors = op.forward(vectors, p)
         return self.comparator.prepare(vectors)[0]
 
-    def relation_specific(self, side: str) -> bool:
-        """Whether `side`'s candidates depend on the relation (else shared by all)."""
-        return not self.dynamic and side == "rhs"
+    def relation_specific(self, side: str, relation: int) -> bool:
+        """Whether `side`'s candidates of `relation` depend on the relation (else they are
+        shared by all relations and both sides)."""
+        return (not self.dynamic and side == "rhs"
+                and self.config.relations[relation].operator != "none"
+                and not moves_to_query(self.config, relation))
 
     def pos(self, queries: Tensor, candidates: Tensor) -> Tensor:
         """Scores [B] of matching rows."""

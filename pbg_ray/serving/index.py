@@ -4,14 +4,14 @@ adjoint query, which kind (exact, HNSW, IVF), built by Ray tasks and saved besid
 
 A candidate set is the Scorer's prepared candidate vectors. Sets are shared across relations
 (key relation None: entity vectors prepared by the comparator; also the neighbour search's)
-except where the relation operator applies to the candidates (rhs side in per-relation mode,
-operator other than none: key the relation's index). An index is searched with the
-comparator's metric: inner product for dot and cos (cos's prepared vectors have unit norm),
-L2 for l2 and squared_l2. A relation's set needs no index of its own where the query can
-carry the operator instead: for dot, <q, op(x)> = <op*(q), x> + <q, t> (op* the adjoint of
-the operator's linear part, t its translation, the same for every candidate); for L2,
-|q - (x + t)| = |(q - t) - x|. Such sets are searched in the relation-free set's index with
-the transformed query."""
+except where the relation operator applies to the candidates (Scorer.relation_specific: rhs
+side in per-relation mode, an operator the query cannot carry with the scores unchanged;
+key the relation's index). An index is searched with the comparator's metric: inner product
+for dot and cos (cos's prepared vectors have unit norm), L2 for l2 and squared_l2. A
+relation's set needs no index of its own where the query can carry the operator for the
+ranking: a translation under dot, <q, x + t> = <q, x> + <q, t> (scoring.RANK_ADJOINTS).
+Such sets are searched in the relation-free set's index with the Scorer's adjoint query,
+and their hits re-ranked by the relation's scores."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from torch import Tensor
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema, ServeConfig
 from pbg_ray.errors import PbgRayError
-from pbg_ray.evaluation.scoring import Scorer
+from pbg_ray.evaluation.scoring import RANK_ADJOINTS, Scorer, moves_to_query
 from pbg_ray.io.files import write_bytes_atomic
 from pbg_ray.io.storage import StoragePath, is_uri, storage_path
 from pbg_ray.io.entities import load_entity_counts, num_relation_ids
-from pbg_ray.model.params import operator_key, params_from_checkpoint
+from pbg_ray.model.params import params_from_checkpoint
 
 
 # (entity type, partition, relation index or None): one candidate set (module docstring).
@@ -73,21 +73,15 @@ def set_keys(config: ConfigSchema, shard: Optional[int] = None) -> List[SetKey]:
             keys.append((entity, part, None))
             if not config.dynamic_relations:
                 keys += [(entity, part, r) for r, rconf in enumerate(config.relations)
-                         if rconf.rhs == entity and rconf.operator != "none"]
+                         if rconf.rhs == entity and rconf.operator != "none"
+                         and not moves_to_query(config, r)]
     return keys
 
 
-# Operators whose relation sets are searched in the relation-free index, per comparator.
-ADJOINT_OPERATORS = {
-    "dot": ("none", "translation", "diagonal", "linear", "affine", "complex_diagonal"),
-    "l2": ("none", "translation"), "squared_l2": ("none", "translation")}
-
-
 def shares_index(config: ConfigSchema, key: SetKey) -> bool:
-    """Whether a relation's set is searched in the relation-free set's index."""
-    relation = key[2]
-    return (relation is not None and not config.bias and config.relations[relation].operator
-            in ADJOINT_OPERATORS.get(config.comparator, ()))
+    """Whether a relation's set is searched in the relation-free set's index (with the
+    Scorer's adjoint_queries)."""
+    return key[2] is not None and moves_to_query(config, key[2], RANK_ADJOINTS)
 
 
 def index_keys(config: ConfigSchema) -> List[SetKey]:
@@ -95,30 +89,9 @@ def index_keys(config: ConfigSchema) -> List[SetKey]:
     return [key for key in set_keys(config) if not shares_index(config, key)]
 
 
-def adjoint_queries(scorer: Scorer, relation: int, queries: Tensor) -> Tensor:
-    """Queries [B, D] whose search among the relation-free set ranks candidates as
-    `queries` rank the relation's (module docstring); for sets that share_index."""
-    config = scorer.config
-    operator = config.relations[relation].operator
-    p = {name: scorer.params[operator_key(relation, "rhs", name)]
-         for name, _ in scorer.operators[relation].param_names}
-    if operator == "translation" and config.comparator != "dot":
-        return queries - p["translation"]
-    if operator == "diagonal":
-        return queries * p["diagonal"]
-    if operator in ("linear", "affine"):
-        return queries @ p["linear_transformation"]  # forward is x @ A^T
-    if operator == "complex_diagonal":  # the conjugate diagonal
-        return scorer.operators[relation].forward(queries, {"real": p["real"],
-                                                            "imag": -p["imag"]})
-    return queries
-
-
 def set_relation(scorer: Scorer, side: str, relation: int) -> Optional[int]:
     """The relation part of the key of the set `side` of `relation` ranks in."""
-    specific = (scorer.relation_specific(side)
-                and scorer.config.relations[relation].operator != "none")
-    return relation if specific else None
+    return relation if scorer.relation_specific(side, relation) else None
 
 
 def candidate_vectors(scorer: Scorer, entity: str, rows: Tensor, relation: Optional[int]) -> Tensor:

@@ -25,7 +25,7 @@ from pbg_ray.evaluation.questions import Exclusion, exact_top_k, left_out
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.storage import StoragePath, open_h5
 from pbg_ray.serving.index import (
-    SetKey, adjoint_queries, candidate_vectors, index_file, index_kind, set_keys, shard_of,
+    SetKey, candidate_vectors, index_file, index_kind, set_keys, shard_of,
     shares_index, version_scorer)
 from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.types import Bucket
@@ -162,7 +162,7 @@ class ShardTables:
         """_index_of(key) and the queries to search it with (the adjoint queries where the
         set shares_index)."""
         if shares_index(self.config, key):
-            return self._index_of(key), adjoint_queries(self.scorer, key[2], q)
+            return self._index_of(key), self.scorer.adjoint_queries(key[2], q)
         return self._index_of(key), q
 
     def _hits_to_top_k(self, key: SetKey, q: Tensor, hits: np.ndarray, k: int,

@@ -39,6 +39,11 @@ def case(operator, comparator, dynamic=False, **overrides):
     ("complex_diagonal", "squared_l2", False, {}),
     ("affine", "cos", True, {}),
     ("complex_diagonal", "dot", True, {"max_norm": 0.8}),
+    # The operator moved onto the rhs queries (the candidates relation-free):
+    ("complex_diagonal", "dot", False, {}),
+    ("linear", "dot", False, {"max_norm": 1.0}),
+    ("diagonal", "dot", False, {}),
+    ("translation", "l2", False, {}),
 ])
 def test_side_scores_are_the_embedders(operator, comparator, dynamic, extra):
     config, parts, params, edges = case(operator, comparator, dynamic, **extra)
@@ -51,6 +56,9 @@ def test_side_scores_are_the_embedders(operator, comparator, dynamic, extra):
     vectors = {side: scorer.entity_vectors(e, state.tables[(e, 0)][torch.from_numpy(getattr(edges, side))])
                for side, e in (("lhs", "a"), ("rhs", "b"))}
     rel_ids = torch.from_numpy(edges.rel)
+    moved = not dynamic and (comparator, operator) in {
+        ("dot", "complex_diagonal"), ("dot", "linear"), ("dot", "diagonal"), ("l2", "translation")}
+    assert scorer.relation_specific("rhs", 0) is (not dynamic and not moved)
     for side, other in (("lhs", "rhs"), ("rhs", "lhs")):
         got = scorer.pos(scorer.queries(side, 0, rel_ids, vectors[other]),
                          scorer.candidates(side, 0, vectors[side]))

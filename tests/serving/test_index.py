@@ -15,7 +15,7 @@ from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.serving import index
 from pbg_ray.serving.index import (
-    adjoint_queries, build_index, drop_old_indexes, index_file, index_keys, index_kind, set_keys,
+    build_index, drop_old_indexes, index_file, index_keys, index_kind, set_keys,
     shares_index)
 from pbg_ray.serving.names import ServingModel
 from tests.serving.util import build_all, served_config
@@ -135,9 +135,10 @@ def test_adjoint_queries_rank_the_relation_free_set_as_the_relations_candidates(
     queries = torch.randn(5, config.dimension)
     for relation in range(len(operators)):
         assert shares_index(config, ("user", 0, relation))
-        true = scorer.matrix(queries, scorer.candidates("rhs", relation,
-                                                        scorer.entity_vectors("user", rows)))
-        adjoint = scorer.matrix(adjoint_queries(scorer, relation, queries), base)
+        op, params = scorer._operator("rhs", relation, None)
+        true = scorer.matrix(queries, scorer.comparator.prepare(
+            op.forward(scorer.entity_vectors("user", rows), params))[0])
+        adjoint = scorer.matrix(scorer.adjoint_queries(relation, queries), base)
         difference = (true - adjoint).numpy()
         np.testing.assert_allclose(difference, difference[:, :1].repeat(40, 1), atol=1e-4,
                                    err_msg=operators[relation])

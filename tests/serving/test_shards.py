@@ -16,9 +16,13 @@ def test_shard_search_approximate_hits_carry_exact_scores(tmp_path, comparator, 
     config = served_config(tmp_path, comparator=comparator, index=kind)
     build_all(config)
     shard = ShardTables(config, 1, 0)
-    key = ("user", 0, 0)  # follows' rhs candidates: translated
-    # dot and l2 search the relation-free index with the adjoint query; cos has its own.
-    assert index_file(config, 1, key, kind).is_file() == (comparator == "cos")
+    # follows' rhs candidates: translated. l2's query carries the translation with the
+    # distances unchanged, so the relation has no set of its own; dot's carries it for the
+    # ranking only, so its set is searched in the relation-free index with the adjoint
+    # query and re-ranked by its own scores; cos has an index of its own.
+    key = ("user", 0, None if comparator == "l2" else 0)
+    assert (("user", 0, 0) in shard.sets) == (comparator != "l2")
+    assert index_file(config, 1, ("user", 0, 0), kind).is_file() == (comparator == "cos")
     assert index_file(config, 1, ("user", 0, None), kind).is_file()
     queries = np.random.default_rng(0).normal(size=(6, config.dimension)).astype(np.float32)
     exact_scores, exact_ids = shard.search(key, queries, 5, True)
