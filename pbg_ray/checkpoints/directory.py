@@ -430,10 +430,18 @@ class CheckpointStorage:
             return embeddings, cls._read_optim(hf)
 
     @classmethod
+    def count_entity_rows(cls, path: PathLike) -> int:
+        """The number of rows of the embeddings file at `path` (its metadata alone)."""
+        path = storage_path(path)
+        with reading(path, "embeddings", lambda: recovery(path)), \
+                cls._open_h5(path, "embeddings") as hf:
+            return int(_embeddings_dataset(hf, path).shape[0])
+
+    @classmethod
     def read_entity_rows(cls, path: PathLike, offsets: np.ndarray) -> np.ndarray:
         """float32 [len(offsets), dim]: the rows at `offsets` (any order, repeats allowed) of
-        the embeddings file at `path`, read alone: one read per run of consecutive rows,
-        so a few rows of a large partition cost a few small reads."""
+        the embeddings file at `path`, read alone (one HDF5 selection of the rows), so a
+        few rows of a large partition cost a few small reads."""
         path = storage_path(path)
         wanted, where = np.unique(np.asarray(offsets, np.int64), return_inverse=True)
         with reading(path, "embeddings", lambda: recovery(path)), \
@@ -444,10 +452,8 @@ class CheckpointStorage:
                 raise PbgRayError(f"embeddings file {str(path)!r} holds {ds.shape[0]} rows; row "
                                   f"{outside[0]} was asked for. The entity files and the "
                                   "checkpoint differ: check entity_path and checkpoint_path.")
-            rows = np.empty((len(wanted), ds.shape[1]), np.float32)
-            breaks = np.flatnonzero(np.diff(wanted) != 1) + 1
-            for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(wanted)]) if len(wanted) else ():
-                ds.read_direct(rows, np.s_[wanted[lo]:wanted[hi - 1] + 1], np.s_[lo:hi])
+            rows = (ds[wanted].astype(np.float32, copy=False) if len(wanted)
+                    else np.empty((0, ds.shape[1]), np.float32))
         return rows[where]
 
     def save_model(self, version: int, params: Mapping[str, np.ndarray],
