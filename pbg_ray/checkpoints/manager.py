@@ -159,6 +159,10 @@ class CheckpointManager:
         """A partition's embeddings and RowAdagrad state."""
         return self.storage.load_entity_partition(version, entity, part)
 
+    def partition_size(self, version: int, entity: EntityName, part: Partition) -> int:
+        """The number of entities of a partition's embeddings file."""
+        return self.storage.count_entity_rows(self.partition_file(version, entity, part))
+
     def read_partition_rows(self, version: int, entity: EntityName, part: Partition,
                             offsets: np.ndarray) -> np.ndarray:
         """The embeddings at `offsets` of a partition, read without the rest of it."""

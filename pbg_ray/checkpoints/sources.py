@@ -58,6 +58,10 @@ class CheckpointSource(PartitionSource):
         """Read alone, not with the rest of the partition."""
         return CheckpointManager(self.path).read_partition_rows(self.version, *key, offsets)
 
+    def size(self, key: PartitionKey) -> int:
+        """The partition's number of entities, from its file's metadata."""
+        return CheckpointManager(self.path).partition_size(self.version, *key)
+
 
 Partition = Union[Arrays, PartitionSource]  # what a task receives per partition
 

@@ -13,6 +13,7 @@ The driver imports no torch: the tasks import the scoring code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -37,7 +38,7 @@ from pbg_ray.io.edges import check_edges, count_edges, edges_file, read_edges
 from pbg_ray.io.entities import load_entity_counts, load_relation_names, num_relation_ids
 from pbg_ray.model.native import release_free_heap
 from pbg_ray.model.params import (
-    ModelParams, params_from_checkpoint, partition_counts, partition_key, partition_keys)
+    ModelParams, params_from_checkpoint, partition_key, partition_keys)
 from pbg_ray.runtime.budget import (
     DRIVER, MIB, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan)
 from pbg_ray.runtime.connect import (
@@ -131,13 +132,21 @@ def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                          ) -> Dict[Any, Dict[str, Any]]:
     """PBG's sampled metrics of every edge of one bucket of `edge_path` against
     `negatives` (no update): {ALL: stats} and, with per_relation, {relation id: stats}
-    (evaluation.metrics)."""
+    (evaluation.metrics). A partition read from a checkpoint is read by rows: only those
+    of the bucket's edges and their uniform negatives."""
+    from pbg_ray.model.kernel import PartitionRows
+
     edges = read_edges(edge_path, bucket)
-    partitions = resolved(config, keys, partitions)
-    counts = partition_counts(keys, partitions)
+    tables = {key: PartitionRows(p.size(key), functools.partial(p.load_rows, config, key))
+              if isinstance(p, CheckpointSource) else resolved(config, [key], [p])[0]
+              for key, p in zip(keys, partitions)}
+    counts: Dict[str, Dict[int, int]] = {}
+    for (entity, part), table in tables.items():
+        counts.setdefault(entity, {})[part] = (table.size if isinstance(table, PartitionRows)
+                                               else len(table[0]))
     check_edges(edges, bucket, config, counts, num_relation_ids,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
-    return sampled_stats(config, bucket, edges, dict(zip(keys, partitions)), params,
+    return sampled_stats(config, bucket, edges, tables, params,
                          negatives=negatives, per_relation=per_relation, seed=seed)
 
 

@@ -13,6 +13,7 @@ alone, whichever thread trains the batch, so threads add only Hogwild's races.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import threading
@@ -321,23 +322,59 @@ def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
     return (count + 1)[valid]
 
 
+@dataclasses.dataclass(frozen=True)
+class PartitionRows:
+    """A partition that evaluation reads by rows: its row count and `read(offsets)`, the
+    embeddings [len(offsets), D] at sorted unique offsets (a checkpoint file's, read alone)."""
+
+    size: int
+    read: Callable[[np.ndarray], np.ndarray]
+
+
+def _read_named_rows(batches: List[Batch], key: PartitionKey, rows: PartitionRows
+                     ) -> Tuple[np.ndarray, np.ndarray]:
+    """The (embeddings, zero sums) of the rows of partition `key` that the batches name,
+    their ids in the batches renumbered to those rows; every row where a side ranks
+    against all of them or is featurized (or where most are named anyway)."""
+    sides = [s for b in batches for s in (b.lhs, b.rhs) if s.table == key]
+    whole = any(s.mode is Negatives.ALL or s.features is not None for s in sides)
+    named = None if whole else torch.unique(torch.cat(
+        [t.reshape(-1) for s in sides for t in (s.ids, s.neg_ids) if t is not None]
+        or [torch.empty(0, dtype=torch.long)]))
+    if named is None or 2 * len(named) > rows.size:
+        embeddings = rows.read(np.arange(rows.size))
+    else:
+        embeddings = rows.read(named.numpy())
+        for s in sides:
+            s.ids = torch.searchsorted(named, s.ids)
+            if s.neg_ids is not None:
+                s.neg_ids = torch.searchsorted(named, s.neg_ids)
+    return embeddings, np.zeros(len(embeddings), np.float32)
+
+
 def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
-                    partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
-                    params: ModelParams, *, num_batch_negs: int, num_uniform_negs: int,
-                    seed: int = 0) -> Dict[str, Any]:
+                    partitions: Dict[PartitionKey, Any], params: ModelParams, *,
+                    num_batch_negs: int, num_uniform_negs: int, seed: int = 0) -> Dict[str, Any]:
     """PBG's sampled ranking evaluation against num_batch_negs batch and num_uniform_negs
     uniform negatives per positive, no updates. Metrics are sums over edges, like PBG's
-    RankingEvaluator: {"count", "metrics": {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}}."""
-    state = KernelState(config, partitions, params, torch.device("cpu"), writable=False)
+    RankingEvaluator: {"count", "metrics": {"pos_rank", "mrr", "r1", "r10", "r50", "auc"}}.
+    partitions: per key, (embeddings, sums), or PartitionRows, of which only the rows the
+    batches name (positives and uniform negatives) are read: the batches and their
+    negatives are drawn first, from `seed`, then PBG's randomized AUC's samples."""
     tensors = EdgeTensors(edges, torch.device("cpu"))
-    sizes = {k: t.shape[0] for k, t in state.tables.items()}
+    sizes = {k: p.size if isinstance(p, PartitionRows) else len(p[0])
+             for k, p in partitions.items()}
     generator = torch.Generator().manual_seed(seed)
     nbn = num_batch_negs
     batch_size = config.batch_size if nbn == 0 else math.ceil(config.batch_size / nbn) * nbn
+    batches = [build_batch(config, bucket, tensors, torch.from_numpy(idx), nbn,
+                           num_uniform_negs, sizes, generator)
+               for idx in edge_batches(config, edges.rel, batch_size, None)]
+    arrays = {k: _read_named_rows(batches, k, p) if isinstance(p, PartitionRows) else p
+              for k, p in partitions.items()}
+    state = KernelState(config, arrays, params, torch.device("cpu"), writable=False)
     totals = dict.fromkeys(("pos_rank", "mrr", "r1", "r10", "r50", "auc"), 0.0)
-    for idx in edge_batches(config, edges.rel, batch_size, None):
-        batch = build_batch(config, bucket, tensors, torch.from_numpy(idx), nbn,
-                            num_uniform_negs, sizes, generator)
+    for batch in batches:
         scores = state.embedder.forward(batch)
         n, C, B = batch.num_chunks, batch.chunk_size, batch.num_pos
         valid = torch.arange(n * C).view(n, C) < B

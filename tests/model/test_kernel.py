@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pbg_ray.checkpoints.directory import state_dict_key
-from pbg_ray.model.kernel import evaluate_bucket, train_bucket
+from pbg_ray.model.kernel import PartitionRows, evaluate_bucket, train_bucket
 from pbg_ray.model.params import (
     APPROX_RAND_BLOCK, init_params, init_partition, params_from_checkpoint, params_to_checkpoint)
 from pbg_ray.types import Bucket
@@ -89,6 +89,31 @@ def test_evaluate_matches_ranking_evaluator():
     for key in ("pos_rank", "mrr", "r1", "r10", "r50"):
         assert got["metrics"][key] == pytest.approx(expected.metrics[key], rel=1e-5), key
     assert 0 <= got["metrics"]["auc"] <= len(case.edges)
+
+
+def test_evaluate_reads_only_the_rows_its_batches_name():
+    """Partitions given as PartitionRows: only the rows of the positives and of their
+    uniform negatives are read, and the metrics are those of the whole partitions."""
+    case = make_case(eval_num_batch_negs=5, eval_num_uniform_negs=7, comparator="cos",
+                     operator="diagonal", sizes={"a": 1000, "b": 1000, "f": 10})
+    parts, params = case.copy_state()
+    reads = []
+
+    def by_rows(embeddings):
+        def read(offsets):
+            reads.append(offsets)
+            return embeddings[offsets]
+        return PartitionRows(len(embeddings), read)
+
+    counts = dict(seed=3, num_batch_negs=5, num_uniform_negs=7)
+    whole = evaluate_bucket(case.config, Bucket(0, 0), case.edges, parts, params, **counts)
+    rows = {key: by_rows(embeddings) for key, (embeddings, _) in parts.items()}
+    assert evaluate_bucket(case.config, Bucket(0, 0), case.edges, rows, params, **counts) == whole
+    # Per table of the relation: 23 positives and 7 uniform negatives for each of 5 chunks
+    # at most; none of the featurized type's, which no edge of the bucket names.
+    assert sorted(len(o) > 0 for o in reads) == [False, True, True]
+    assert all(len(o) <= 23 + 5 * 7 for o in reads)
+    assert all(np.array_equal(o, np.unique(o)) for o in reads)
 
 
 def test_init_partition():
