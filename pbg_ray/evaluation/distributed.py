@@ -13,7 +13,6 @@ The driver imports no torch: the tasks import the scoring code.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
@@ -137,9 +136,8 @@ def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
     from pbg_ray.model.kernel import PartitionRows
 
     edges = read_edges(edge_path, bucket)
-    tables = {key: PartitionRows(p.size(key), functools.partial(p.load_rows, config, key))
-              if isinstance(p, CheckpointSource) else resolved(config, [key], [p])[0]
-              for key, p in zip(keys, partitions)}
+    tables = {key: _by_rows(config, key, p) if isinstance(p, CheckpointSource)
+              else resolved(config, [key], [p])[0] for key, p in zip(keys, partitions)}
     counts: Dict[str, Dict[int, int]] = {}
     for (entity, part), table in tables.items():
         counts.setdefault(entity, {})[part] = (table.size if isinstance(table, PartitionRows)
@@ -148,6 +146,18 @@ def evaluate_bucket_task(config: ConfigSchema, bucket: Bucket, edge_path: str,
                 f"edge file {edge_path}/edges_{bucket.lhs}_{bucket.rhs}.h5")
     return sampled_stats(config, bucket, edges, tables, params,
                          negatives=negatives, per_relation=per_relation, seed=seed)
+
+
+def _by_rows(config: ConfigSchema, key: PartitionKey, source: CheckpointSource) -> Any:
+    """A checkpoint partition as the kernel's PartitionRows: read by rows, or whole in one
+    read where most rows are needed."""
+    from pbg_ray.model.kernel import PartitionRows
+
+    def read(offsets: Optional[np.ndarray]) -> np.ndarray:
+        if offsets is None:
+            return source.load(config, key)[0]
+        return source.load_rows(config, key, offsets)
+    return PartitionRows(source.size(key), read)
 
 
 def _partitioned(config: ConfigSchema, side: str) -> bool:

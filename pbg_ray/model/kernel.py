@@ -325,10 +325,11 @@ def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
 @dataclasses.dataclass(frozen=True)
 class PartitionRows:
     """A partition that evaluation reads by rows: its row count and `read(offsets)`, the
-    embeddings [len(offsets), D] at sorted unique offsets (a checkpoint file's, read alone)."""
+    embeddings [len(offsets), D] at sorted unique offsets (a checkpoint file's, read alone),
+    or with offsets None all of them."""
 
     size: int
-    read: Callable[[np.ndarray], np.ndarray]
+    read: Callable[[Optional[np.ndarray]], np.ndarray]
 
 
 def _read_named_rows(batches: List[Batch], key: PartitionKey, rows: PartitionRows
@@ -342,7 +343,7 @@ def _read_named_rows(batches: List[Batch], key: PartitionKey, rows: PartitionRow
         [t.reshape(-1) for s in sides for t in (s.ids, s.neg_ids) if t is not None]
         or [torch.empty(0, dtype=torch.long)]))
     if named is None or 2 * len(named) > rows.size:
-        embeddings = rows.read(np.arange(rows.size))
+        embeddings = rows.read(None)
     else:
         embeddings = rows.read(named.numpy())
         for s in sides:

@@ -102,7 +102,7 @@ def test_evaluate_reads_only_the_rows_its_batches_name():
     def by_rows(embeddings):
         def read(offsets):
             reads.append(offsets)
-            return embeddings[offsets]
+            return embeddings if offsets is None else embeddings[offsets]
         return PartitionRows(len(embeddings), read)
 
     counts = dict(seed=3, num_batch_negs=5, num_uniform_negs=7)
