@@ -24,7 +24,7 @@ candidate set).
 
 from __future__ import annotations
 
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Tuple
 
 import numpy as np
 import torch
@@ -43,7 +43,8 @@ EXACT_ADJOINTS = {"dot": ("none", "diagonal", "linear", "complex_diagonal"),
 RANK_ADJOINTS = dict(EXACT_ADJOINTS, dot=EXACT_ADJOINTS["dot"] + ("translation", "affine"))
 
 
-def moves_to_query(config: ConfigSchema, relation: int, adjoints=EXACT_ADJOINTS) -> bool:
+def moves_to_query(config: ConfigSchema, relation: int,
+                   adjoints: Mapping[str, Tuple[str, ...]] = EXACT_ADJOINTS) -> bool:
     """Whether the rhs operator of `relation` (per-relation mode) can move from the
     candidates to the query (module docstring), by `adjoints`."""
     return (not config.dynamic_relations and not config.bias
