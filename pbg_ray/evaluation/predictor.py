@@ -119,9 +119,14 @@ def partition_top_k(config: ConfigSchema, params: Dict[str, np.ndarray], tables:
     kk = min(k, len(vectors))
     scores = np.full((len(q_all), kk), -np.inf, np.float32)
     offsets = np.full((len(q_all), kk), -1, np.int64)
-    for relation in np.unique(queries.relations):
-        rows = np.flatnonzero(queries.relations == relation)
-        cands = (scorer.comparator.prepare(vectors)[0] if queries.side == "neighbors"
+    # The queries of every relation whose candidates are the relation-free ones are scored
+    # together against one prepared set; a relation-specific set is prepared for its own.
+    sets = np.array([int(r) if queries.side != "neighbors"
+                     and scorer.relation_specific(queries.side, int(r)) else -1
+                     for r in queries.relations], np.int64)
+    for relation in np.unique(sets):
+        rows = np.flatnonzero(sets == relation)
+        cands = (scorer.comparator.prepare(vectors)[0] if relation < 0
                  else scorer.candidates(queries.side, int(relation), vectors))
         scores[rows], offsets[rows] = exact_top_k(
             scorer, q_all[torch.from_numpy(rows)], cands, k, [banned[i] for i in rows])
