@@ -11,11 +11,17 @@ they are for the published models, whose embeddings of them never trained.
 
 Arms: `pbg` (PBG's recipe: the demo's model and training options, d=100, 10 epochs, 50
 batch + 100 uniform negatives, a fixed number of epochs), `quality` (+training=quality) and,
-with --partitions 1 4, `quality` on 4 partitions too. Prints a line per arm (filtered MRR,
-Hits@1/3/10, the epoch of the best version, training seconds) and ends with one JSON line.
+with --partitions 1 4, `quality` on 4 partitions too; `tune` (not run by default): `python
+-m pbg_ray.tune` of +training=quality with its default search (tune=asha: lr, dimension;
+ASHA on the best validation MRR), --tune-samples trials one at a time on both CPUs, the
+first of them the recipe itself (tune.config_first), then the best trial's best version
+evaluated on test as the others are. Prints a line per arm (filtered MRR, Hits@1/3/10, the
+epoch of the best version, training seconds; for tune, the best trial's keys) and ends with
+one JSON line.
 
     python benchmarks/wn18rr_bench.py
     python benchmarks/wn18rr_bench.py --arms quality --partitions 1 4
+    python benchmarks/wn18rr_bench.py --arms quality tune --tune-samples 4
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ SPLITS = ("train", "valid", "test")
 ARMS: Dict[str, List[str]] = {
     "pbg": ["+model=complex", "+training=default"],
     "quality": ["+training=quality"],
+    "tune": ["+training=quality"],
 }
 
 
@@ -62,17 +69,19 @@ def config_file(root: Path, relations: Sequence[str], partitions: int, quality: 
     return path
 
 
-def command(name: str, args: Sequence[Any]) -> Dict[str, Any]:
-    """`python -m pbg_ray.<name> ARGS`: its last line, as JSON; stops the benchmark with
-    the command's error output when it fails."""
+def command(name: str, args: Sequence[Any], root: Path) -> Dict[str, Any]:
+    """`python -m pbg_ray.<name> ARGS`: its last line, as JSON (its whole output is kept in
+    root/<name>.log); stops the benchmark with the command's error output when it fails."""
     proc = subprocess.run([sys.executable, "-m", f"pbg_ray.{name}", *map(str, args)],
                           capture_output=True, text=True)
+    (root / f"{name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         sys.exit(f"python -m pbg_ray.{name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_arm(name: str, partitions: int, work: Path, data: Path) -> Dict[str, Any]:
+def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: int
+            ) -> Dict[str, Any]:
     root = work / f"{name}-{partitions}p"
     root.mkdir(parents=True)
     # One partition: one trainer, with both CPUs' Hogwild threads.
@@ -81,15 +90,27 @@ def run_arm(name: str, partitions: int, work: Path, data: Path) -> Dict[str, Any
     config = config_file(root, relations, partitions, quality=name != "pbg")
     inputs = ",".join(str(data / f"{split}.txt") for split in SPLITS)
     imported = command("import_edges", [config, *options, f"importer.inputs=[{inputs}]",
-                                        f"eval_edge_paths=[{root}/data/valid,{root}/data/test]"])
+                                        f"eval_edge_paths=[{root}/data/valid,{root}/data/test]"], root)
     test = imported["inputs"][2]
     start = time.perf_counter()
-    trained = command("train", [config, *options, f"validation.edge_paths=[{root}/data/valid]"])
+    validation = f"validation.edge_paths=[{root}/data/valid]"
+    searched: Dict[str, Any] = {}
+    if name == "tune":
+        best = command("tune", [config, *options, validation, f"tune.num_samples={tune_samples}",
+                                "tune.max_concurrent=1"], root)
+        searched = best["config"]
+        # The best trial's run: its checkpoint and its sampled keys.
+        options = options + [f"checkpoint_path={best['checkpoint_path']}"] + [
+            f"{key}={value}" for key, value in searched.items()]
+        trained = {"best": {"epoch": best["metrics"].get("best_version")},
+                   "version": best["version"]}
+    else:
+        trained = command("train", [config, *options, validation], root)
     seconds = time.perf_counter() - start
     report = command("eval", [config, *options, "eval.sampled=false", "eval.per_relation=false",
                               f"eval.edge_paths=[{root}/data/test]",
                               f"eval.filter_paths=[{root}/data/train,{root}/data/valid,"
-                              f"{root}/data/test]"])
+                              f"{root}/data/test]"], root)
     kept = test["edges"] / (test["edges"] + test["dropped_unseen"])
     filtered = report["metrics"]["all"]["filtered"]
     best = trained.get("best", {})
@@ -99,15 +120,18 @@ def run_arm(name: str, partitions: int, work: Path, data: Path) -> Dict[str, Any
             "mrr_of_ranked_edges": filtered["mrr"], "test_edges_ranked": test["edges"],
             "test_edges_unseen": test["dropped_unseen"], "best_epoch": best.get("epoch"),
             "epochs_trained": trained["version"], "version_evaluated": report["version"],
-            "train_seconds": round(seconds, 1)}
+            "train_seconds": round(seconds, 1), "searched": searched,
+            "tune_samples": tune_samples if name == "tune" else None}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, default=DATA, help="the WN18RR directory")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--arms", nargs="+", default=["pbg", "quality"], choices=list(ARMS))
     parser.add_argument("--partitions", type=int, nargs="+", default=[1],
                         help="partition counts of the quality arm (pbg runs on 1)")
+    parser.add_argument("--tune-samples", type=int, default=4,
+                        help="trials of the tune arm (the first is the recipe itself)")
     parser.add_argument("--work-dir", type=Path, default=None)
     args = parser.parse_args()
     missing = [s for s in SPLITS if not (args.data / f"{s}.txt").is_file()]
@@ -117,13 +141,15 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="wn18rr-"))
     results = []
     for name in args.arms:
-        for partitions in ([1] if name == "pbg" else args.partitions):
-            result = run_arm(name, partitions, work, args.data)
+        for partitions in (args.partitions if name == "quality" else [1]):
+            result = run_arm(name, partitions, work, args.data, args.tune_samples)
             results.append(result)
             print(f"{name:8s} {partitions}p  MRR {result['mrr']:.4f}  Hits@1 {result['hits@1']:.4f}  "
                   f"Hits@3 {result['hits@3']:.4f}  Hits@10 {result['hits@10']:.4f}  best epoch "
                   f"{result['best_epoch']} of {result['epochs_trained']}  train "
-                  f"{result['train_seconds']:.0f} s", flush=True)
+                  f"{result['train_seconds']:.0f} s"
+                  + "".join(f"  {k}={v:.4g}" if isinstance(v, float) else f"  {k}={v}"
+                            for k, v in result["searched"].items()), flush=True)
     print(json.dumps({"benchmark": "wn18rr", "data": str(args.data), "results": results}))
 
 

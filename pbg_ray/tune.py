@@ -6,7 +6,8 @@ in [0.01, 0.5], dimension in {50, 100, 200}, margin uniform in [0.05, 0.5] where
 loss_fn=ranking: a key that changes nothing for the config is left out, with a line saying
 why), the metric (reported after every epoch: with validation.edge_paths the best validation
 so far, else PBG's sampled MRR on eval_edge_paths), the number
-of trials and the scheduler (ASHA stops poor trials early). Each trial trains the sampled
+of trials and the scheduler (ASHA stops poor trials early). The first trial trains the
+config's own values of the sampled keys (tune.config_first). Each trial trains the sampled
 config under <checkpoint_path>-<trial id> and prints a line per epoch. The best trial, by
 the metric of each trial's last epoch (the one its checkpoint holds), is printed at the
 end with its config and checkpoint, then one JSON line.

@@ -132,6 +132,10 @@ class TuneConfig:
         "Whether the best trial has the highest (max) or lowest (min) metric.")
     num_samples: int = option(1, check=at_least_one, help=
         "Trials sampled (each grid_search value is crossed with every sample).")
+    config_first: bool = option(True, help=
+        "The first sample takes the config's own values of the sampled keys (the config as "
+        "given, e.g. a recipe, is one of the trials), so the best trial is never one the "
+        "search found worse than its starting point; false: every sample drawn.")
     max_concurrent: Optional[int] = option(None, check=at_least_one.with_fix(
         "Set it to 1 or more, or null for no limit."), help=
         "Trials running at once; null: as many as the cluster's resources fit.")

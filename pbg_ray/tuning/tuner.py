@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Mapping
 from omegaconf import OmegaConf
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search.basic_variant import BasicVariantGenerator
+from ray.tune.search.sample import Domain
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import (
@@ -57,6 +59,17 @@ def search_space(config: ConfigSchema) -> Dict[str, Any]:
             spec = fn(args) if sampler in ("choice", "grid_search") else fn(*args)
         space[key] = spec
     return space
+
+
+def starting_point(config: ConfigSchema) -> Dict[str, Any]:
+    """The config's own values of the keys its search samples (tune.config_first): the
+    first sample's, crossed with any grid_search as a sample is; empty when
+    tune.config_first is off or nothing is sampled."""
+    if not config.tune.config_first:
+        return {}
+    values = OmegaConf.create(config.to_dict())
+    return {key: OmegaConf.select(values, key, throw_on_missing=True)
+            for key, spec in search_space(config).items() if isinstance(spec, Domain)}
 
 
 def trial_resources(config: ConfigSchema) -> tune.PlacementGroupFactory:
@@ -135,6 +148,10 @@ class ResultLines(tune.Callback):
         print(f"{total_num_samples} trials of {', '.join(searched) or 'the config as it is'}: "
               f"each reports {metric} ({measured}) after each of its "
               f"{config.num_epochs} epochs; {stops}", flush=True)
+        start = starting_point(config)
+        if start:
+            print("the first trial trains the config's own values: " + " ".join(
+                f"{k}={v}" for k, v in start.items()) + " (tune.config_first)", flush=True)
         for key, why in idle.items():
             print(f"{key} is left out of the search: it changes nothing here ({why})",
                   flush=True)
@@ -235,9 +252,11 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
                                       reduction_factor=settings.reduction_factor)
         else:
             scheduler = FIFOScheduler()
+        start = starting_point(config)
         tuner = tune.Tuner(
             trainable, param_space=search_space(config),
             tune_config=tune.TuneConfig(
+                search_alg=BasicVariantGenerator(points_to_evaluate=[start] if start else None),
                 metric=metric, mode=settings.mode, num_samples=settings.num_samples,
                 max_concurrent_trials=settings.max_concurrent, scheduler=scheduler),
             run_config=tune.RunConfig(

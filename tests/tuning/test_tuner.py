@@ -9,7 +9,8 @@ from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import grace_period, idle_keys
 from pbg_ray.errors import PbgRayError
-from pbg_ray.tuning.tuner import run_tune, search_space, trial_config, trial_resources
+from pbg_ray.tuning.tuner import (
+    run_tune, search_space, starting_point, trial_config, trial_resources)
 from tests.fault_injection import armed, edges_lost_or_doubled
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
@@ -98,6 +99,36 @@ def test_keys_that_change_nothing_for_the_config_are_left_out_of_the_search(
     assert set(found) == set(idle)
     assert all(part in found[key] for key, part in idle.items()), found
     assert set(search_space(config)) == {"lr", *space} - set(idle)
+
+
+def test_the_first_sample_is_the_config_itself_unless_told(tmp_path):
+    """tune.config_first: the config's own values of the sampled keys, dotted ones
+    included; fixed values and grids are not samples."""
+    config = tune_config(tmp_path, search_space={
+        "lr": {"loguniform": [0.01, 0.5]}, "batch_size": 30, "dimension": {"grid_search": [4, 8]},
+        "relations": {"0": {"operator": {"choice": ["diagonal", "none"]}}}})
+    config = ConfigSchema.from_dict(dict(config.to_dict(), lr=0.123))
+    assert starting_point(config) == {"lr": 0.123,
+                                      "relations.0.operator": config.relations[0].operator}
+    off = dict(config.to_dict())
+    off["tune"]["config_first"] = False
+    assert starting_point(ConfigSchema.from_dict(off)) == {}
+    grid_only = tune_config(tmp_path)  # lr: grid_search
+    assert starting_point(grid_only) == {}
+
+
+@pytest.mark.slow
+def test_a_search_trains_the_config_as_given_first_then_samples(ray_session, tmp_path):
+    config = tune_config(tmp_path, search_space={"lr": {"loguniform": [0.01, 0.5]}},
+                         num_samples=2, scheduler="fifo")
+    config = ConfigSchema.from_dict(dict(config.to_dict(), lr=0.0123, num_epochs=1))
+    write_random_graph(config, num_edges=100)
+    write_random_graph(ConfigSchema.from_dict(
+        dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=20, seed=1)
+    run_tune(config)
+    trial_dirs = sorted((tmp_path / "checkpoints-tune" / "pbg_ray_tune").glob("run_trial_*"))
+    lrs = sorted(json.loads((d / "params.json").read_text())["lr"] for d in trial_dirs)
+    assert len(lrs) == 2 and lrs[0] == 0.0123 and 0.01 <= lrs[1] <= 0.5 and lrs[1] != 0.0123
 
 
 @pytest.mark.parametrize("tune, message", [
