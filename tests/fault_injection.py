@@ -4,17 +4,19 @@ the engine (pbg_ray.runtime.faults: SIGKILL, exit or an exception, at the n-th t
 is reached), and a file size limit that makes an actor's writes fail as on a full disk.
 
 Importing this module arms nothing: it only sets PBG_RAY_FAULTS_DIR (unless set) to a fresh
-directory. pytest collects the test modules, and fault_bench imports this one, before Ray
+directory, removed when the process that made it exits. pytest collects the test modules, and fault_bench imports this one, before Ray
 starts, so every Ray worker and every driver started as a subprocess inherits it."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import random
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +39,18 @@ from pbg_ray.runtime.faults import FAULTS_DIR_ENV
 from pbg_ray.types import Bucket
 from tests.util import assert_valid_checkpoint
 
-FAULTS_DIR = Path(os.environ.setdefault(FAULTS_DIR_ENV, tempfile.mkdtemp(prefix="pbg_ray-faults-")))
+
+
+def _faults_dir() -> Path:
+    """PBG_RAY_FAULTS_DIR as inherited, or a fresh directory (set in the environment for the
+    processes started from here) removed when this process exits."""
+    if FAULTS_DIR_ENV not in os.environ:
+        os.environ[FAULTS_DIR_ENV] = tempfile.mkdtemp(prefix="pbg_ray-faults-")
+        atexit.register(shutil.rmtree, os.environ[FAULTS_DIR_ENV], ignore_errors=True)
+    return Path(os.environ[FAULTS_DIR_ENV])
+
+
+FAULTS_DIR = _faults_dir()
 
 DRIVER_POINTS = ("driver.before_apply", "driver.after_apply", "driver.before_commit",
                  "driver.version_written", "driver.after_commit")
