@@ -95,33 +95,45 @@ def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: in
     start = time.perf_counter()
     validation = f"validation.edge_paths=[{root}/data/valid]"
     searched: Dict[str, Any] = {}
+    first_trial: Dict[str, Any] = {}
     if name == "tune":
         best = command("tune", [config, *options, validation, f"tune.num_samples={tune_samples}",
                                 "tune.max_concurrent=1"], root)
+        seconds = time.perf_counter() - start
         searched = best["config"]
+        trained = {"best": {"epoch": best["metrics"].get("best_version")},
+                   "version": best["version"]}
+        # The first trial trained the recipe as it is (tune.config_first): on test too.
+        recipe = f"{root}/model-{best['trial_id'].rsplit('_', 1)[0]}_00000"
+        first_trial = test_metrics(config, options + [f"checkpoint_path={recipe}"], root, test)
         # The best trial's run: its checkpoint and its sampled keys.
         options = options + [f"checkpoint_path={best['checkpoint_path']}"] + [
             f"{key}={value}" for key, value in searched.items()]
-        trained = {"best": {"epoch": best["metrics"].get("best_version")},
-                   "version": best["version"]}
     else:
         trained = command("train", [config, *options, validation], root)
-    seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+    best = trained.get("best", {})
+    return {"arm": name, "partitions": partitions, "options": options,
+            **test_metrics(config, options, root, test), "best_epoch": best.get("epoch"),
+            "epochs_trained": trained["version"], "train_seconds": round(seconds, 1),
+            "searched": searched, "tune_samples": tune_samples if name == "tune" else None,
+            "first_trial": first_trial}
+
+
+def test_metrics(config: Path, options: Sequence[str], root: Path, test: Dict[str, Any]
+                 ) -> Dict[str, Any]:
+    """Filtered ranking of the test split by the best version `options` name, the test
+    edges naming an entity training never saw counted as misses."""
     report = command("eval", [config, *options, "eval.sampled=false", "eval.per_relation=false",
                               f"eval.edge_paths=[{root}/data/test]",
                               f"eval.filter_paths=[{root}/data/train,{root}/data/valid,"
                               f"{root}/data/test]"], root)
     kept = test["edges"] / (test["edges"] + test["dropped_unseen"])
     filtered = report["metrics"]["all"]["filtered"]
-    best = trained.get("best", {})
-    return {"arm": name, "partitions": partitions, "options": options,
-            "mrr": filtered["mrr"] * kept, "hits@1": filtered["hits@1"] * kept,
+    return {"mrr": filtered["mrr"] * kept, "hits@1": filtered["hits@1"] * kept,
             "hits@3": filtered["hits@3"] * kept, "hits@10": filtered["hits@10"] * kept,
             "mrr_of_ranked_edges": filtered["mrr"], "test_edges_ranked": test["edges"],
-            "test_edges_unseen": test["dropped_unseen"], "best_epoch": best.get("epoch"),
-            "epochs_trained": trained["version"], "version_evaluated": report["version"],
-            "train_seconds": round(seconds, 1), "searched": searched,
-            "tune_samples": tune_samples if name == "tune" else None}
+            "test_edges_unseen": test["dropped_unseen"], "version_evaluated": report["version"]}
 
 
 def main() -> None:
@@ -150,6 +162,10 @@ def main() -> None:
                   f"{result['train_seconds']:.0f} s"
                   + "".join(f"  {k}={v:.4g}" if isinstance(v, float) else f"  {k}={v}"
                             for k, v in result["searched"].items()), flush=True)
+            if result["first_trial"]:
+                print(f"{'':8s}    its first trial, the recipe as it is: MRR "
+                      f"{result['first_trial']['mrr']:.4f}  Hits@10 "
+                      f"{result['first_trial']['hits@10']:.4f}", flush=True)
     print(json.dumps({"benchmark": "wn18rr", "data": str(args.data), "results": results}))
 
 

@@ -10,6 +10,7 @@ rescored, and an exact search streams the file in blocks."""
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -36,19 +37,24 @@ STREAM_ROWS = 65536
 
 
 class StoredRows:
-    """A partition's embeddings where the checkpoint keeps them, read on demand: a memory map
-    of the HDF5 dataset where the file is local and the dataset contiguous float32 (pages
-    the kernel may drop, not the process's own memory), else reads through h5py."""
+    """A partition's embeddings where the checkpoint keeps them, read on demand. Where the
+    file is local and the dataset contiguous float32: rows taken from a memory map of it
+    (pages the kernel may drop, not the process's own memory) advised as random access,
+    so that a row's page fault reads that page and not the device's readahead (megabytes
+    a fault: a query's few hundred rows would read gigabytes), and blocks read with plain
+    reads, which keep the readahead; else both through h5py."""
 
     def __init__(self, path: StoragePath) -> None:
         self.path = path
         self.mapped: Optional[np.ndarray] = None
+        self.offset: Optional[int] = None
         with open_h5(path) as hf:
             ds = hf[EMBEDDING_DATASET]
             self.shape = ds.shape
             offset = ds.id.get_offset() if isinstance(path, Path) else None
             if offset is not None and ds.chunks is None and ds.dtype == np.float32:
-                self.mapped = np.memmap(path, np.float32, "r", offset, ds.shape)
+                self.offset = offset
+                self.mapped = _random_access_map(path, offset, ds.shape)
 
     def __len__(self) -> int:
         return self.shape[0]
@@ -56,16 +62,29 @@ class StoredRows:
     def take(self, offsets: np.ndarray) -> np.ndarray:
         """float32 rows [len(offsets), D] (offsets in any order, repeats allowed)."""
         if self.mapped is not None:
-            return np.asarray(self.mapped[offsets])
+            return self.mapped[offsets]
         unique, inverse = np.unique(offsets, return_inverse=True)
         with open_h5(self.path) as hf:
             return hf[EMBEDDING_DATASET][unique].astype(np.float32)[inverse]
 
     def block(self, start: int, stop: int) -> np.ndarray:
-        if self.mapped is not None:
-            return np.array(self.mapped[start:stop])  # a copy: torch wants writable arrays
+        if self.offset is not None:
+            width = self.shape[1]
+            return np.fromfile(self.path, np.float32, (stop - start) * width,
+                               offset=self.offset + start * width * 4).reshape(-1, width)
         with open_h5(self.path) as hf:
             return hf[EMBEDDING_DATASET][start:stop].astype(np.float32)
+
+
+def _random_access_map(path: Path, offset: int, shape: Tuple[int, ...]) -> np.ndarray:
+    """A read-only float32 array [shape] at byte `offset` of the file, memory-mapped with
+    MADV_RANDOM (no readahead on its page faults)."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    length = offset - start + int(np.prod(shape)) * 4
+    with open(path, "rb") as f:
+        mapping = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_READ, offset=start)
+    mapping.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapping, np.float32, int(np.prod(shape)), offset - start).reshape(shape)
 
 
 @dataclasses.dataclass
