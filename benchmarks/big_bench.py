@@ -450,8 +450,9 @@ def serve_phase(bench: Bench, config: Path, community: np.ndarray, questions: Li
                 figures: PhaseFigures, probes: int, rerank: int, groups: int,
                 levels: Sequence[int], seconds: float) -> None:
     """Start `serve` in the cgroup (serve.ivf_probes=`probes`, serve.pq_rerank=`rerank`,
-    serve.shard_groups=`groups`; the index an earlier start built and saved is reused), measure recall@10, the answers' planted share and the load
-    at each concurrency level, stop it with SIGINT."""
+    serve.shard_groups=`groups`; the index an earlier start built and saved is reused),
+    measure recall@10, the answers' planted share and the load at each concurrency level,
+    stop it with SIGINT."""
     port, launched = free_port(), time.perf_counter()
     out = bench.work / "logs" / f"serve_probes{probes}.out"
     err = bench.work / "logs" / f"serve_probes{probes}.err"

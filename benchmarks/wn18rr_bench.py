@@ -89,8 +89,9 @@ def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: in
     relations = sorted({line.split("\t")[1] for line in (data / "train.txt").read_text().splitlines()})
     config = config_file(root, relations, partitions, quality=name != "pbg")
     inputs = ",".join(str(data / f"{split}.txt") for split in SPLITS)
-    imported = command("import_edges", [config, *options, f"importer.inputs=[{inputs}]",
-                                        f"eval_edge_paths=[{root}/data/valid,{root}/data/test]"], root)
+    imported = command("import_edges", [
+        config, *options, f"importer.inputs=[{inputs}]",
+        f"eval_edge_paths=[{root}/data/valid,{root}/data/test]"], root)
     test = imported["inputs"][2]
     start = time.perf_counter()
     validation = f"validation.edge_paths=[{root}/data/valid]"
@@ -105,7 +106,7 @@ def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: in
                    "version": best["version"]}
         # The first trial trained the recipe as it is (tune.config_first): on test too.
         recipe = f"{root}/model-{best['trial_id'].rsplit('_', 1)[0]}_00000"
-        first_trial = test_metrics(config, options + [f"checkpoint_path={recipe}"], root, test)
+        first_trial = scored_on_test(config, options + [f"checkpoint_path={recipe}"], root, test)
         # The best trial's run: its checkpoint and its sampled keys.
         options = options + [f"checkpoint_path={best['checkpoint_path']}"] + [
             f"{key}={value}" for key, value in searched.items()]
@@ -114,13 +115,13 @@ def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: in
         seconds = time.perf_counter() - start
     best = trained.get("best", {})
     return {"arm": name, "partitions": partitions, "options": options,
-            **test_metrics(config, options, root, test), "best_epoch": best.get("epoch"),
+            **scored_on_test(config, options, root, test), "best_epoch": best.get("epoch"),
             "epochs_trained": trained["version"], "train_seconds": round(seconds, 1),
             "searched": searched, "tune_samples": tune_samples if name == "tune" else None,
             "first_trial": first_trial}
 
 
-def test_metrics(config: Path, options: Sequence[str], root: Path, test: Dict[str, Any]
+def scored_on_test(config: Path, options: Sequence[str], root: Path, test: Dict[str, Any]
                  ) -> Dict[str, Any]:
     """Filtered ranking of the test split by the best version `options` name, the test
     edges naming an entity training never saw counted as misses."""
@@ -141,7 +142,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="the WN18RR directory")
     parser.add_argument("--arms", nargs="+", default=["pbg", "quality"], choices=list(ARMS))
     parser.add_argument("--partitions", type=int, nargs="+", default=[1],
-                        help="partition counts of the quality arm (pbg runs on 1)")
+                        help="partition counts of the quality arm (pbg and tune run on 1)")
     parser.add_argument("--tune-samples", type=int, default=4,
                         help="trials of the tune arm (the first is the recipe itself)")
     parser.add_argument("--work-dir", type=Path, default=None)

@@ -4,8 +4,9 @@ the engine (pbg_ray.runtime.faults: SIGKILL, exit or an exception, at the n-th t
 is reached), and a file size limit that makes an actor's writes fail as on a full disk.
 
 Importing this module arms nothing: it only sets PBG_RAY_FAULTS_DIR (unless set) to a fresh
-directory, removed when the process that made it exits. pytest collects the test modules, and fault_bench imports this one, before Ray
-starts, so every Ray worker and every driver started as a subprocess inherits it."""
+directory, removed when the process that made it exits. pytest collects the test modules,
+and fault_bench imports this one, before Ray starts, so every Ray worker and every driver
+started as a subprocess inherits it."""
 
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ from pbg_ray.model.params import partition_keys
 from pbg_ray.runtime.faults import FAULTS_DIR_ENV
 from pbg_ray.types import Bucket
 from tests.util import assert_valid_checkpoint
-
 
 
 def _faults_dir() -> Path:
