@@ -257,20 +257,28 @@ def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpo
                          env=dict(os.environ, **joining_the_session(ray_session)))
     assert code == 0, err[-3000:]
     lines = out.splitlines()
-    assert lines[:2] == [
+    given = ConfigSchema.from_dict(data)  # the first trial's lr and dimension (config_first)
+    own = f"lr={given.lr:.4g} dimension={given.dimension}"
+    assert lines[:3] == [
         "2 trials of lr, dimension: each reports mrr (on eval_edge_paths) after each of its 2 "
         "epochs; ASHA stops the poor ones early (from epoch 1 on)",
+        f"the first trial trains the config's own values: lr={given.lr} "
+        f"dimension={given.dimension} (tune.config_first)",
         "margin is left out of the search: it changes nothing here (the ranking loss's margin, "
         "and loss_fn=softmax)"], out
     results = [re.fullmatch(r"trial (\w+) epoch (\d)/2: mrr=(\S+)  loss=\S+  \| "
-                            r"lr=\S+ dimension=(?:50|100|200)( \(stopped early by ASHA\))?",
-                            line) for line in lines[2:-5]]
+                            r"(lr=\S+ dimension=\d+)( \(stopped early by ASHA\))?",
+                            line) for line in lines[3:-5]]
     assert all(results), out
+    first = min(r[1] for r in results)
+    assert all((r[4] == own) == (r[1] == first) for r in results), out
+    assert all(re.fullmatch(r"lr=\S+ dimension=(50|100|200)", r[4]) for r in results
+               if r[1] != first), out
     epochs = {}  # trial -> its epochs reported, in order
     for result in results:
         epochs.setdefault(result[1], []).append(int(result[2]))
     assert len(epochs) == 2 and all(e == list(range(1, len(e) + 1)) for e in epochs.values())
-    stopped = {r[1] for r in results if r[4]}
+    stopped = {r[1] for r in results if r[5]}
     assert stopped == {t for t, e in epochs.items() if len(e) < 2}, out  # said where it stopped
     assert lines[-5] == (f"2 trials: {2 - len(stopped)} ran all 2 epochs, {len(stopped)} "
                          "stopped early; the best has the highest mrr at its last epoch (which "
@@ -285,14 +293,15 @@ def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpo
     assert lines[-2] == f"best checkpoint: {best['checkpoint_path']} (version {best['version']})"
     # Neither Ray's line per Tune checkpoint nor the trials' pass lines.
     assert "Checkpoint successfully created" not in err and "buckets," not in err, err[-3000:]
-    # Two trials, each beside the configured checkpoint_path, with the default space's keys
-    # that act sampled: their configs differ, margin is the file's.
-    trials = sorted(tmp_path.glob("data/checkpoints-*/config.json"))
+    # Two trials, each beside the configured checkpoint_path: the first with the config's
+    # own lr and dimension, the second with the default space's keys that act sampled;
+    # margin is the file's.
+    trials = sorted(tmp_path.glob("data/checkpoints-*/config.json"))  # in trial order
     assert len(trials) == 2 and best["checkpoint_path"] in {str(t.parent) for t in trials}
     sampled = [{k: json.loads(t.read_text())[k] for k in ("lr", "dimension", "margin")}
                for t in trials]
-    assert sampled[0] != sampled[1]
-    assert all(0.01 <= s["lr"] <= 0.5 and s["dimension"] in (50, 100, 200) for s in sampled)
+    assert (sampled[0]["lr"], sampled[0]["dimension"]) == (given.lr, given.dimension)
+    assert 0.01 <= sampled[1]["lr"] <= 0.5 and sampled[1]["dimension"] in (50, 100, 200)
     assert all(s["margin"] == 0.1 for s in sampled)
     assert (tmp_path / "data" / "checkpoints-tune").is_dir()
     assert not Path(data["checkpoint_path"]).exists() and not list(workdir.iterdir())
