@@ -117,21 +117,6 @@ def test_the_first_sample_is_the_config_itself_unless_told(tmp_path):
     assert starting_point(grid_only) == {}
 
 
-@pytest.mark.slow
-def test_a_search_trains_the_config_as_given_first_then_samples(ray_session, tmp_path):
-    config = tune_config(tmp_path, search_space={"lr": {"loguniform": [0.01, 0.5]}},
-                         num_samples=2, scheduler="fifo")
-    config = ConfigSchema.from_dict(dict(config.to_dict(), lr=0.0123, num_epochs=1))
-    write_random_graph(config, num_edges=100)
-    write_random_graph(ConfigSchema.from_dict(
-        dict(config.to_dict(), edge_paths=[str(tmp_path / "valid")])), num_edges=20, seed=1)
-    run_tune(config)
-    trial_dirs = sorted((tmp_path / "checkpoints-tune" / "pbg_ray_tune").glob("run_trial_*"))
-    # In trial order (a trial's directory is named by its number, 00000 first).
-    lrs = [json.loads((d / "params.json").read_text())["lr"] for d in trial_dirs]
-    assert len(lrs) == 2 and lrs[0] == 0.0123 and 0.01 <= lrs[1] <= 0.5 and lrs[1] != 0.0123
-
-
 @pytest.mark.parametrize("tune, message", [
     ({"search_space": {"lrr": {"uniform": [0.1, 0.2]}}}, "unknown key 'lrr' (did you mean 'lr'?)"),
     ({"search_space": {"lr": {"uniform": [0.2, 0.1]}}}, "low bound 0.2 is not below"),
