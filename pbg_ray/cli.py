@@ -34,6 +34,7 @@ from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import demo_checkpoint_path, demo_graph_dir, demo_graph_path
 from pbg_ray.io.storage import sibling
+from pbg_ray.runtime.tasks import worker_died
 
 logger = logging.getLogger("pbg_ray")
 
@@ -119,11 +120,12 @@ def per_job_paths(config: ConfigSchema) -> ConfigSchema:
 
 
 def user_error(err: BaseException) -> Optional[PbgRayError]:
-    """The PbgRayError that `err` is or carries (a Ray task's error wraps its cause)."""
+    """The PbgRayError that `err` is or carries (a Ray task's error wraps its cause), or
+    the one that says a task's worker died on every try (runtime.tasks.worker_died)."""
     cause = getattr(err, "cause", None)
     if isinstance(cause, PbgRayError):
         return cause
-    return err if isinstance(err, PbgRayError) else None
+    return err if isinstance(err, PbgRayError) else worker_died(err)
 
 
 def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -119,9 +119,9 @@ def _clear(point: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def fired(point: str) -> bool:
-    """Whether the fault armed at `point` fired."""
-    return any(FAULTS_DIR.glob(f"{point}.fired-*"))
+def fired(point: str) -> int:
+    """How often the fault armed at `point` fired (once at most unless armed to repeat)."""
+    return len(list(FAULTS_DIR.glob(f"{point}.fired-*")))
 
 
 def release(point: str) -> None:
@@ -130,14 +130,16 @@ def release(point: str) -> None:
 
 
 @contextlib.contextmanager
-def armed(point: str, hits: int = 1, action: str = "kill") -> Iterator[Callable[[], bool]]:
+def armed(point: str, hits: int = 1, action: str = "kill",
+          repeat: bool = False) -> Iterator[Callable[[], int]]:
     """Arm fault point `point` (pbg_ray.runtime.faults) for the block: the `hits`-th time a
-    process reaches it, that process fails by `action` ("kill", "exit" or "raise") or
-    waits there until released ("hold"). Yields `fired`; after the block the fault is
-    disarmed if it did not fire, and a held process released."""
+    process reaches it (`repeat`: and every time after), that process fails by `action`
+    ("kill", "exit" or "raise") or waits there until released ("hold"). Yields `fired`;
+    after the block the fault is disarmed if it is still armed, and a held process
+    released."""
     _clear(point)
     staged = FAULTS_DIR / f".{point}.tmp"
-    staged.write_text(json.dumps({"action": action, "hits": hits}))
+    staged.write_text(json.dumps({"action": action, "hits": hits, "repeat": repeat}))
     staged.rename(FAULTS_DIR / point)  # whole, or not there, to the processes reading it
     try:
         yield lambda: fired(point)

@@ -67,6 +67,8 @@ from pbg_ray.io.name_keys import mix, name_keys
 from pbg_ray.io.raw import RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path
 from pbg_ray.runtime.connect import connect_ray
+from pbg_ray.runtime.faults import fault_point
+from pbg_ray.runtime.tasks import TASK_RETRIES
 
 logger = logging.getLogger("pbg_ray")
 
@@ -186,6 +188,7 @@ def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema,
     check = IdReader(config)
     dynamic, weighted = config.dynamic_relations, config.importer.weight_col is not None
     for number, path in zip(items["input"], items["shard"]):
+        fault_point("importer.read_shard")
         table = RawTable(path, config.importer)
         reader, edges, rows = None, {}, 0
         for batch, rel in check.batches(table, learn=False):
@@ -588,8 +591,11 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
     shards = [{"input": number, "shard": str(shard.path)}
               for number, spec in enumerate(config.importer.inputs)
               for shard in input_shards(spec)]
+    # Ray Data runs a task again without end when its worker dies (killed for memory, as a
+    # rule): TASK_RETRIES times here, as pbg_ray's other tasks, and then the import stops.
+    # (Ray 2.60 deprecates such remote arguments, with nothing named in their place yet.)
     read = ray.data.from_items(shards, override_num_blocks=len(shards)).map_batches(
-        _read_blocks, batch_size=1, batch_format="numpy",
+        _read_blocks, batch_size=1, batch_format="numpy", max_retries=TASK_RETRIES,
         fn_kwargs={"config": config, "block_rows": BLOCK_ROWS})
     read = _reraising(read.materialize)
     parts = max(tasks, -(-read.size_bytes() // PART_BYTES))

@@ -14,6 +14,7 @@ from pbg_ray.config import RayConfig
 from pbg_ray.errors import PbgRayError
 from pbg_ray.runtime.budget import (
     MemoryBudget, MemoryPlan, memory_budget, object_store_memory)
+from pbg_ray.runtime.tasks import TASK_RETRIES
 
 logger = logging.getLogger("pbg_ray")
 
@@ -25,8 +26,9 @@ TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
 # A local Ray started here starts no plain workers ahead of need: Ray would start one per
 # CPU as the driver connects, for tasks without a runtime_env, and pbg_ray's tasks run in
 # their own (runtime.tasks.TASK_RUNTIME_ENV), whose workers start as the trainer asks for
-# them; the actors start in workers of their own when created.
-LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+# them; the actors start in workers of their own when created. A task that Ray's memory
+# monitor kills is run again TASK_RETRIES times, not without end.
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "task_oom_retries": TASK_RETRIES}
 # The address of the local Ray that connect_ray started, on this machine: no autoscaler
 # adds a node to it (see check_task_fits).
 _local_gcs_address: Optional[str] = None

@@ -10,6 +10,7 @@ pbg_ray calls `fault_point(name)` at these points (in the process that reaches t
     driver.version_written       every file of the new version is written;
                                  checkpoint_version.txt still names the previous one
     driver.after_commit          the new version is current, the superseded one dropped
+    importer.read_shard          a Ray Data task of the import is about to read a shard
     train_task.after_read        a train task read its edges and partitions
     train_task.before_return     a train task trained its bucket (in disk placement began
                                  writing its swap files) and is about to return
@@ -25,14 +26,16 @@ pbg_ray calls `fault_point(name)` at these points (in the process that reaches t
 Nothing is armed unless the environment variable PBG_RAY_FAULTS_DIR names a directory
 (read once per process: set it before Ray starts, so that every Ray worker inherits it).
 A point is armed by a file in that directory named after the point, holding JSON
-{"action": "kill" | "exit" | "raise" | "hold", "hits": n}. Every hit of an armed point, in
-any process, takes the next number by creating `<point>.hit-<k>` (O_EXCL: one process per
-k); the process whose hit is the n-th renames the armed file to `<point>.fired-<pid>`,
-which disarms it, and then SIGKILLs itself, exits with EXIT_STATUS, raises FaultInjected,
-or ("hold") waits there until `<point>.released` exists: the fired file tells a test
-that the moment has come for a fault it makes itself (the node of the held process
-removed), and the hold keeps the run at that moment until the test has made it. So each
-armed fault fires exactly once.
+{"action": "kill" | "exit" | "raise" | "hold", "hits": n[, "repeat": true]}. Every hit of
+an armed point, in any process, takes the next number by creating `<point>.hit-<k>`
+(O_EXCL: one process per k); the process whose hit is the n-th renames the armed file to
+`<point>.fired-<pid>`, which disarms it, and then SIGKILLs itself, exits with EXIT_STATUS,
+raises FaultInjected, or ("hold") waits there until `<point>.released` exists: the fired
+file tells a test that the moment has come for a fault it makes itself (the node of the
+held process removed), and the hold keeps the run at that moment until the test has made
+it. So each armed fault fires exactly once, unless "repeat": then the armed file stays,
+and every hit from the n-th on fires (the k-th leaving `<point>.fired-<pid>-<k>`): a fault
+that meets every retry of the work, as a task that always outgrows its memory does.
 """
 
 from __future__ import annotations
@@ -78,10 +81,13 @@ def _hit(path: str, name: str) -> None:
             break
         except FileExistsError:
             continue
-    if hit != fault["hits"]:
+    if hit < fault["hits"] or (hit > fault["hits"] and not fault.get("repeat")):
         return
     try:
-        os.rename(path, f"{path}.fired-{os.getpid()}")
+        if fault.get("repeat"):
+            os.close(os.open(f"{path}.fired-{os.getpid()}-{hit}", os.O_CREAT))
+        else:
+            os.rename(path, f"{path}.fired-{os.getpid()}")
     except FileNotFoundError:  # disarmed meanwhile
         return
     if fault["action"] == "kill":

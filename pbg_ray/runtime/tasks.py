@@ -1,6 +1,7 @@
 """What every Ray task of pbg_ray that reads partitions or runs the kernel shares: its
 worker's environment and threads; and the results of tasks and the end of actors, with the
-project's errors and nothing left going on behind a failure."""
+project's errors (a worker that died on every try of its task among them) and nothing left
+going on behind a failure."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import OutOfMemoryError, RayTaskError, WorkerCrashedError
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
@@ -20,6 +21,10 @@ from pbg_ray.model.native import KERNEL_ENV
 # keeps an idle pool per runtime_env, at most a worker per CPU in all: tasks of a second
 # kind would push these workers out, and each new worker imports torch again.
 TASK_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
+# How often a task whose worker died is run again before the run stops: Ray's default for
+# tasks, which Ray Data's tasks (the import's read) and, on the local Ray pbg_ray starts,
+# tasks that Ray's memory monitor killed are given too (theirs: without end).
+TASK_RETRIES = 3
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.
 CANCEL_WAIT_S = 60.0
@@ -64,6 +69,26 @@ def get_results(refs: Any, wait_all: bool = False) -> Any:
         if isinstance(err, RayTaskError) and isinstance(err.cause, PbgRayError):
             raise err.cause from None
         raise
+
+
+def worker_died(err: BaseException) -> Optional[PbgRayError]:
+    """One line for a run stopped because a task's worker died on every try (`err` is, or
+    was raised from, Ray's WorkerCrashedError or its memory monitor's OutOfMemoryError),
+    saying what most often ends a worker and how to fix that; None for other errors."""
+    died, seen = err, set()
+    while died is not None and id(died) not in seen:
+        if isinstance(died, (WorkerCrashedError, OutOfMemoryError)):
+            break
+        seen.add(id(died))
+        died = died.__cause__
+    else:
+        return None
+    ray_says = str(died).strip().split("\n")[0].split(". ")[0].rstrip(".")
+    what = "a Ray task's worker died on each of its tries" if died is err else str(err)
+    return PbgRayError(
+        f"{what} (Ray: {ray_says}). A worker that outgrows the memory of its node is ended "
+        "by the kernel's OOM killer or Ray's memory monitor (Ray's lines above say which): "
+        "give the run more memory, or run fewer tasks at once (ray.num_cpus).")
 
 
 def discard(refs: List[ray.ObjectRef], timeout: Optional[float] = CANCEL_WAIT_S) -> None:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
+from pbg_ray.cli import user_error
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer import ray_data
@@ -20,7 +21,9 @@ from pbg_ray.io import raw
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names
 from pbg_ray.io.storage import storage_path
+from pbg_ray.runtime.tasks import TASK_RETRIES
 from pbg_ray.types import Bucket
+from tests.fault_injection import armed
 from tests.importer.util import error_of, make, random_rows, write_parquet, write_text
 
 TYPED = dict(entities={"node": {"num_partitions": 2}, "tag": {}, "unused": {}},
@@ -122,6 +125,27 @@ def test_a_bad_row_stops_the_ray_data_engine_naming_shard_and_line(ray_session, 
     message = error_of(config)
     assert message.startswith("input file ") and "part-1.tsv', line 2: empty lhs name" in message
     assert "\n" not in message and "Traceback" not in message
+    assert not any(p.name.startswith(".import") for p in tmp_path.rglob("*"))  # nothing staged
+    assert not (tmp_path / "train").exists() or not list((tmp_path / "train").iterdir())
+
+
+def test_a_read_whose_worker_dies_on_every_try_stops_the_import_in_one_line(ray_session,
+                                                                           tmp_path):
+    # As a read task that outgrows its memory is killed again on each of Ray's retries:
+    # the import stops after TASK_RETRIES of them (Ray Data's own default retries without
+    # end) and the command says so in one line.
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_text(shards / "part-0.tsv", random_rows(20))
+    config = make(tmp_path, [str(shards)], engine="ray")
+    with armed("importer.read_shard", action="kill", repeat=True) as fired:
+        with pytest.raises(Exception) as raised:
+            import_graph(config)
+        assert fired() == TASK_RETRIES + 1
+    message = str(user_error(raised.value))
+    assert message.startswith("a Ray task's worker died on each of its tries (Ray: The worker "
+                              "died unexpectedly while executing this task)")
+    assert "ray.num_cpus" in message and "\n" not in message
     assert not any(p.name.startswith(".import") for p in tmp_path.rglob("*"))  # nothing staged
     assert not (tmp_path / "train").exists() or not list((tmp_path / "train").iterdir())
 

@@ -2,7 +2,9 @@
 times, counted per piece."""
 
 import pytest
+from ray.exceptions import WorkerCrashedError
 
+from pbg_ray.cli import user_error
 from pbg_ray.training.failures import FailurePolicy
 
 
@@ -17,3 +19,14 @@ def test_work_is_retried_until_it_failed_max_failures_times():
         policy.retry("bucket (0, 1)", "the trainer of bucket (0, 1)", cause)
     assert raised.value.__cause__ is cause
     assert policy.failures == {"bucket (0, 1)": 3, "bucket (1, 0)": 1}
+
+
+def test_a_trainer_whose_worker_died_each_time_stops_the_command_in_one_line():
+    policy = FailurePolicy(max_failures=1)
+    with pytest.raises(RuntimeError) as raised:
+        policy.retry("bucket (0, 1)", "the trainer of bucket (0, 1)", WorkerCrashedError())
+    message = str(user_error(raised.value))
+    assert message.startswith("the trainer of bucket (0, 1) died 1 times; giving up (Ray: The "
+                              "worker died unexpectedly while executing this task). ")
+    assert "give the run more memory" in message and "\n" not in message
+    assert user_error(RuntimeError("not a worker")) is None

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.faults
 SETTINGS = dict(eval_fraction=0.0, comparator="dot", loss_fn="softmax", lr=0.1, global_emb=True)
 
 
-def test_an_armed_point_fires_once_at_its_hit_and_only_where_armed():
+def test_an_armed_point_fires_once_at_its_hit_or_from_it_on_and_only_where_armed():
     with armed("test.point", hits=2, action="raise") as fired:
         fault_point("test.point")
         fault_point("test.other")
@@ -35,7 +35,14 @@ def test_an_armed_point_fires_once_at_its_hit_and_only_where_armed():
         with pytest.raises(FaultInjected, match="at test.point"):
             fault_point("test.point")
         fault_point("test.point")  # fired, so disarmed
-    assert fired()
+    assert fired() == 1
+    with armed("test.point", hits=2, action="raise", repeat=True) as fired:
+        fault_point("test.point")
+        for _ in range(3):  # the 2nd hit and every one after
+            with pytest.raises(FaultInjected):
+                fault_point("test.point")
+        assert fired() == 3
+    fault_point("test.point")  # disarmed after the block
     reach = [sys.executable, "-c",
              "from pbg_ray.runtime.faults import fault_point; fault_point('test.point'); "
              "print('went on')"]
