@@ -234,7 +234,7 @@ def _split_block(parts: int, block: pa.Table) -> Tuple[pa.Table, ...]:
     names = pa.concat_tables([pa.table({c: _values(row, c) for c in NAME_COLUMNS})
                               for row in rows])
     part = _parts_of(names["name_key"].to_numpy(), parts)
-    order = np.argsort(part, kind="stable")
+    order = np.argsort(part.astype(np.uint16) if parts < 1 << 16 else part, kind="stable")  # radix
     starts = np.searchsorted(part[order], np.arange(parts + 1))
     return (edges,) + tuple(names.take(pa.array(order[starts[p]:starts[p + 1]]))
                             for p in range(parts))
