@@ -30,11 +30,14 @@ from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.cli import command_parser, report_errors
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation.entity_names import names_bytes
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.evaluation.questions import NeighborQuery
 from pbg_ray.importer.demo import demo_checkpoint_path
+from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.io.files import write_text_atomic
 from pbg_ray.io.storage import storage_path
+from pbg_ray.runtime.budget import memory_budget
 from pbg_ray.runtime.partition_jobs import predictor_map
 
 COMMANDS = ("score", "top-rhs", "top-lhs", "neighbors")
@@ -48,6 +51,10 @@ EXAMPLES = (
 # Per command: its arguments, as the queries file's tab-separated fields.
 FIELDS = {"score": ("lhs", "relation", "rhs"), "top-rhs": ("lhs", "relation"),
           "top-lhs": ("relation", "rhs"), "neighbors": ("name",)}
+# Batch mode keeps every partition's names where they take at most this share of the memory
+# budget: each names file is then read once (to find the questions' names), not again to
+# name the answers.
+NAMES_SHARE = 0.25
 FIELD_HELP = {"lhs": "the lhs entity's name", "relation": "the relation's name",
               "rhs": "the rhs entity's name", "name": "an entity's name"}
 
@@ -159,9 +166,12 @@ def answer_batch(model: Predictor, args: argparse.Namespace) -> None:
     """Batch mode: one JSON line per question of the queries file, in its order (an
     "error" instead of the answer where a line is not a question or names what the model
     lacks); each failed line is also reported on stderr, and the exit status is 1 if any
-    failed."""
+    failed. Every partition's names are kept where they fit NAMES_SHARE of the budget."""
     questions, errors = read_queries(args.queries, args.command)
     model.use(predictor_map(model.config))
+    names = names_bytes(model.config, load_entity_counts(model.config))
+    if names <= NAMES_SHARE * memory_budget(model.config.ray).bytes:
+        model.entity_names.keep_all()
     answers = answer(model, args, questions) if questions else {}
     errors.update((line, a["error"]) for line, a in answers.items() if "error" in a)
     for line, error in errors.items():

@@ -162,6 +162,10 @@ class EntityNames:
                 f"{self.source}. Pass the entity_path the checkpoint was trained on.")
         return PartitionNames(names)
 
+    def keep_all(self) -> None:
+        """From now on keep every partition read (a batch whose answers are in all of them)."""
+        self._kept.size = None
+
     def partitions(self, entity: str) -> range:
         return range(self.config.entities[entity].num_partitions)
 

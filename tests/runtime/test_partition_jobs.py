@@ -2,6 +2,7 @@
 the same files and answers as the library's single-process path, to local paths and to a
 real S3-compatible server; a failed export leaves no _SUCCESS and none of its files."""
 
+import collections
 import json
 import re
 import zipfile
@@ -13,6 +14,7 @@ import pytest
 
 from pbg_ray.checkpoints.exporter import export_checkpoint
 from pbg_ray.errors import PbgRayError
+from pbg_ray.evaluation import entity_names
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.embedding_tables import SUCCESS_FILE
 from pbg_ray.io.entities import save_entity_names
@@ -161,6 +163,26 @@ def test_predict_batch_of_each_command_to_stdout(ray_session, checkpoint, tmp_pa
                   write_queries(tmp_path / "l", [("to", "node-2-2")]), "-k", "4"])
     (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     same_ranking(line["lhs"], model.top_lhs("to", "node-2-2", k=4))
+
+
+def test_predict_batch_reads_each_names_file_once(ray_session, checkpoint, tmp_path, capsys,
+                                                  monkeypatch):
+    # Its questions name entities of every partition, and so do its answers: with every
+    # partition's names kept (they fit the budget), no names file is read a second time.
+    reads = collections.Counter()
+    read = entity_names.load_entity_names
+
+    def counted(path, entity, part):
+        reads[part] += 1
+        return read(path, entity, part)
+
+    monkeypatch.setattr(entity_names, "load_entity_names", counted)
+    queries = write_queries(tmp_path / "q", [(f"node-{p}-3", "to") for p in range(4)])
+    predict_main([checkpoint.checkpoint_path, "top-rhs", "--queries", queries, "-k", "20"])
+    answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    named = {int(name.split("-")[1]) for a in answers for name, _ in a["rhs"]}
+    assert named == {0, 1, 2, 3}
+    assert reads == {0: 1, 1: 1, 2: 1, 3: 1}
 
 
 def test_predict_batch_answers_the_good_lines_and_names_the_bad_ones(ray_session, checkpoint,
