@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from ray.exceptions import WorkerCrashedError
 
 from pbg_ray.cli import user_error
 from pbg_ray.config import ConfigSchema
@@ -139,7 +140,7 @@ def test_a_read_whose_worker_dies_on_every_try_stops_the_import_in_one_line(ray_
     write_text(shards / "part-0.tsv", random_rows(20))
     config = make(tmp_path, [str(shards)], engine="ray")
     with armed("importer.read_shard", action="kill", repeat=True) as fired:
-        with pytest.raises(Exception) as raised:
+        with pytest.raises(WorkerCrashedError) as raised:
             import_graph(config)
         assert fired() == TASK_RETRIES + 1
     message = str(user_error(raised.value))
