@@ -372,8 +372,8 @@ class Bench:
         """`python -m pbg_ray.<module> args` run to its end in the cgroup: (stdout, stderr);
         a status not in `expect` stops the benchmark. With `most_oom_kills`, the command
         and everything in the cgroup are killed once the kernel has OOM-killed that many
-        of its processes (Ray retries the tasks it loses, which may fail again without
-        end): stdout is then None."""
+        of its processes (Ray runs each task it loses again, TASK_RETRIES times, and each
+        run may be killed again): stdout is then None."""
         out, err = self.work / "logs" / f"{log}.out", self.work / "logs" / f"{log}.err"
         oom_before = self.cgroup.oom_kills()
         proc = self.cgroup.popen([sys.executable, "-m", f"pbg_ray.{module}", *args], out, err,
