@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Any, Callable, Deque, Dict, Iterator, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, Optional, Sequence, Tuple
 
 import ray
 
@@ -58,13 +58,13 @@ class RayPartitionMap:
                 discard(list(pending), timeout=None)
 
 
-def partition_map(config: ConfigSchema) -> MapPartitions:
-    """Connect to Ray (config.ray) and return a map whose tasks take
-    ray.cpus_per_trainer CPUs each, in train tasks' kind of worker, two tasks per such
-    slot in flight (one running, one result waiting to be consumed)."""
+def partition_map(config: ConfigSchema, cpus: Optional[float] = None) -> MapPartitions:
+    """Connect to Ray (config.ray) and return a map whose tasks take `cpus` CPUs each
+    (None: ray.cpus_per_trainer), in train tasks' kind of worker, two tasks per such slot
+    in flight (one running, one result waiting to be consumed)."""
     connect_ray(config.ray)
     check_cpus_per_trainer(config.ray)
-    cpus = config.ray.cpus_per_trainer
+    cpus = config.ray.cpus_per_trainer if cpus is None else cpus
     slots = ray.cluster_resources().get("CPU", 1) / cpus
     return RayPartitionMap({"num_cpus": cpus, "runtime_env": TASK_RUNTIME_ENV},
                            2 * max(1, math.floor(slots)))
@@ -72,5 +72,12 @@ def partition_map(config: ConfigSchema) -> MapPartitions:
 
 def predictor_map(config: ConfigSchema) -> MapPartitions:
     """partition_map for a Predictor of a checkpoint whose config is `config`: Ray's
-    address is the environment's (RAY_ADDRESS), not the one training used."""
-    return partition_map(dataclasses.replace(config, ray=dataclasses.replace(config.ray, address=None)))
+    address is the environment's (RAY_ADDRESS), not the one training used. Each task
+    takes the cluster's CPUs spread over the partitions of the largest entity type, at
+    least 1 and at most ray.cpus_per_trainer: where the partitions outnumber the CPUs,
+    one task reads its partition while another scores."""
+    config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, address=None))
+    connect_ray(config.ray)
+    partitions = max((e.num_partitions for e in config.entities.values()), default=1)
+    spread = max(1, math.floor(ray.cluster_resources().get("CPU", 1) / partitions))
+    return partition_map(config, min(config.ray.cpus_per_trainer, spread))

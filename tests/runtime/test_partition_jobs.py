@@ -3,6 +3,7 @@ the same files and answers as the library's single-process path, to local paths 
 real S3-compatible server; a failed export leaves no _SUCCESS and none of its files."""
 
 import collections
+import dataclasses
 import json
 import re
 import zipfile
@@ -20,7 +21,7 @@ from pbg_ray.io.embedding_tables import SUCCESS_FILE
 from pbg_ray.io.entities import save_entity_names
 from pbg_ray.io.storage import join, storage_path
 from pbg_ray.predict import main as predict_main
-from pbg_ray.runtime.partition_jobs import RayPartitionMap, partition_map
+from pbg_ray.runtime.partition_jobs import RayPartitionMap, partition_map, predictor_map
 from tests.util import partitioned_checkpoint
 
 FORMATS = ["tsv", "parquet", "bundle"]
@@ -115,6 +116,19 @@ def test_a_failed_export_leaves_no_marker_and_none_of_its_files(ray_session, che
         exported(checkpoint, "parquet", output, RayPartitionMap({"num_cpus": 1}, 2))
     assert not (output / SUCCESS_FILE).exists()
     assert not list(output.rglob("*.parquet")), "files of the failed export were left"
+
+
+def test_predict_tasks_take_the_cluster_cpus_spread_over_the_partitions(ray_session, checkpoint):
+    # On 2 CPUs, 4 partitions: a CPU a task where training's took 2, so that one task reads
+    # its partition while another scores; one partition: ray.cpus_per_trainer's 2 at most.
+    two = dataclasses.replace(checkpoint, ray=dataclasses.replace(checkpoint.ray,
+                                                                  cpus_per_trainer=2.0))
+    assert predictor_map(two).options["num_cpus"] == 1
+    whole = dataclasses.replace(two, entities={"node": dataclasses.replace(
+        two.entities["node"], num_partitions=1)})
+    assert predictor_map(whole).options["num_cpus"] == 2
+    half = dataclasses.replace(two, ray=dataclasses.replace(two.ray, cpus_per_trainer=0.5))
+    assert predictor_map(half).options["num_cpus"] == 0.5
 
 
 def write_queries(path, rows):
