@@ -73,9 +73,9 @@ def partition_map(config: ConfigSchema, cpus: Optional[float] = None) -> MapPart
 def predictor_map(config: ConfigSchema) -> MapPartitions:
     """partition_map for a Predictor of a checkpoint whose config is `config`: Ray's
     address is the environment's (RAY_ADDRESS), not the one training used. Each task
-    takes the cluster's CPUs spread over the partitions of the largest entity type, at
-    least 1 and at most ray.cpus_per_trainer: where the partitions outnumber the CPUs,
-    one task reads its partition while another scores."""
+    takes the cluster's CPUs spread over the partitions of the largest entity type (at
+    least 1), and never more than ray.cpus_per_trainer: where the partitions outnumber the
+    CPUs, one task reads its partition while another scores."""
     config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, address=None))
     connect_ray(config.ray)
     partitions = max((e.num_partitions for e in config.entities.values()), default=1)
