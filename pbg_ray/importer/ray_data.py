@@ -53,7 +53,7 @@ import ray
 import ray.data
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.errors import PbgRayError
+from pbg_ray.errors import PbgRayError, in_chain
 from pbg_ray.importer.dictionaries import (
     appended_places, cut_places, previous_types, shuffle_rng)
 from pbg_ray.importer.graph_import import local_phases, run_import
@@ -113,13 +113,9 @@ def choose_engine(config: ConfigSchema) -> str:
 
 def _user_error(err: BaseException) -> Optional[PbgRayError]:
     """The PbgRayError a task raised, found in the exceptions Ray wraps it in."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, PbgRayError):
-            return PbgRayError(str(getattr(err, "cause", None) or err.args[0]))
-        err = getattr(err, "cause", None) or err.__cause__
-    return None
+    found = in_chain(err, PbgRayError)
+    return None if found is None else PbgRayError(
+        str(getattr(found, "cause", None) or found.args[0]))
 
 
 def _reraising(fn, *args, **kwargs):

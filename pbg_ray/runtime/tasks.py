@@ -13,7 +13,7 @@ import ray
 from ray.exceptions import OutOfMemoryError, RayTaskError, WorkerCrashedError
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.errors import PbgRayError
+from pbg_ray.errors import PbgRayError, in_chain
 from pbg_ray.model.native import KERNEL_ENV
 
 # Every task that reads partitions or runs the kernel (train, eval, export, predict) starts
@@ -75,13 +75,8 @@ def worker_died(err: BaseException) -> Optional[PbgRayError]:
     """One line for a run stopped because a task's worker died on every try (`err` is, or
     was raised from, Ray's WorkerCrashedError or its memory monitor's OutOfMemoryError),
     saying what most often ends a worker and how to fix that; None for other errors."""
-    died, seen = err, set()
-    while died is not None and id(died) not in seen:
-        if isinstance(died, (WorkerCrashedError, OutOfMemoryError)):
-            break
-        seen.add(id(died))
-        died = died.__cause__
-    else:
+    died = in_chain(err, (WorkerCrashedError, OutOfMemoryError))
+    if died is None:
         return None
     ray_says = str(died).strip().split("\n")[0].split(". ")[0].rstrip(".")
     what = "a Ray task's worker died on each of its tries" if died is err else str(err)
