@@ -48,8 +48,11 @@ class Dictionary:
 
 
 def _positions(n: int, rng: np.random.Generator) -> np.ndarray:
-    """The place in the shuffled order of each of `n` names in canonical order."""
-    return np.argsort(rng.permutation(n))
+    """The place in the shuffled order of each of `n` names in canonical order: the
+    inverse of the shuffle (its argsort, by one scatter)."""
+    positions = np.empty(n, np.int64)
+    positions[rng.permutation(n)] = np.arange(n)
+    return positions
 
 
 def cut_places(n: int, num_partitions: int, rng: np.random.Generator) -> Tuple[np.ndarray, ...]:

@@ -7,7 +7,7 @@ pandas' integer hash table, which assigns ids in order of first appearance.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +18,7 @@ from pbg_ray.io.name_keys import HASHED, name_keys
 
 
 class _Growable:
-    """A 1-D numpy array that grows by appending (amortized doubling)."""
+    """A 1-D numpy array that grows by appending (by half its room at a time)."""
 
     def __init__(self, dtype) -> None:
         self._data = np.zeros(1024, dtype)
@@ -27,7 +27,7 @@ class _Growable:
     def extend(self, values: np.ndarray) -> None:
         need = self.size + len(values)
         if need > len(self._data):
-            grown = np.zeros(max(need, 2 * len(self._data)), self._data.dtype)
+            grown = np.zeros(max(need, len(self._data) * 3 // 2), self._data.dtype)
             grown[:self.size] = self._data[:self.size]
             self._data = grown
         self._data[self.size:need] = values
@@ -75,8 +75,16 @@ class NameIndex:
             self._counts.extend(np.zeros(len(first), np.int64))
             self._names.append(names.take(pa.array(first)).cast(pa.large_string()))
         self._verify(ids, keys, checks, names)
-        self._counts.array[:] += np.bincount(ids, counts, minlength=len(self)).astype(np.int64)
+        # ufunc.at touches the ids seen; a bincount would write every id of the index.
+        np.add.at(self._counts.array, ids, 1 if counts is None else np.asarray(counts, np.int64))
         return ids
+
+    def close(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Once every name is in: (keys, counts, checks) by id, handed over; the index
+        keeps its names only (name_chunks, names), no hash table."""
+        keyed = self.keys(), self.counts, self.checks()
+        self._table = self._keys = self._counts = self._checks = None
+        return keyed
 
     def lookup(self, names: pa.Array) -> np.ndarray:
         """Ids of `names`, -1 for names never added."""
@@ -108,6 +116,15 @@ class NameIndex:
         """The key of each id: a canonical order of the names that doesn't depend
         on the order of rows or batches."""
         return self._keys.array
+
+    def drain_names(self) -> Iterator[Tuple[int, pa.Array]]:
+        """The names as added, in chunks, each let go once the next is asked for: (the
+        id of the first, the chunk's names). The index holds no names after."""
+        first = 0
+        while self._names:
+            chunk = self._names.pop(0)
+            yield first, chunk
+            first += len(chunk)
 
     def names(self) -> pa.Array:
         """Every name, by id (large_string: more than 2 GiB of names is fine)."""

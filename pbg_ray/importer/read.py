@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,8 @@ from pbg_ray.importer.name_index import NameIndex
 from pbg_ray.io.raw import MAX_EXAMPLES, RawBatch, RawTable, input_shards
 
 logger = logging.getLogger("pbg_ray")
+
+RELATIONS = -1  # the name type of relation names; an entity type's: its place in EntityTypes.names
 
 
 def spill_dtype(weighted: bool) -> np.dtype:
@@ -60,13 +62,21 @@ class EntityTypes:
 class IdReader:
     """Names -> ids for one import, and its inputs -> spill files."""
 
-    def __init__(self, config: ConfigSchema) -> None:
+    def __init__(self, config: ConfigSchema,
+                 shared: Optional[Callable[[int, str], Any]] = None) -> None:
+        """`shared(name_type, what)`: the index of a name type (RELATIONS or an entity
+        type's), with NameIndex's add, in place of a NameIndex of this process (the Ray
+        Data engine's, whose names go to its dictionary shards)."""
         self.config = config
         self.settings = config.importer
         self.types = EntityTypes.of(config)
-        self.entity_index = {t: NameIndex(f"entity type {t!r}") for t in self.types.names}
-        self.relation_index = NameIndex("relation names")
-        if not config.dynamic_relations:
+        make = shared or (lambda _, what: NameIndex(what))
+        self.entity_index = {t: make(i, f"entity type {t!r}")
+                             for i, t in enumerate(self.types.names)}
+        if config.dynamic_relations:
+            self.relation_index = make(RELATIONS, "relation names")
+        else:
+            self.relation_index = NameIndex("relation names")
             self.relation_index.add(pa.array([r.name for r in config.relations], pa.string()))
         self.spill_dtype = spill_dtype(self.settings.weight_col is not None)
 

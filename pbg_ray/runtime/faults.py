@@ -11,6 +11,9 @@ pbg_ray calls `fault_point(name)` at these points (in the process that reaches t
                                  checkpoint_version.txt still names the previous one
     driver.after_commit          the new version is current, the superseded one dropped
     importer.read_shard          a Ray Data task of the import is about to read a shard
+    importer.batch_named         a read task's batch has its names' ids, counted by the
+                                 dictionary shards
+    importer.shard_add           a dictionary shard is about to add a read call's names
     train_task.after_read        a train task read its edges and partitions
     train_task.before_return     a train task trained its bucket (in disk placement began
                                  writing its swap files) and is about to return

@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 import ray
-from ray.exceptions import OutOfMemoryError, RayTaskError, WorkerCrashedError
+from ray.exceptions import ActorDiedError, OutOfMemoryError, RayTaskError, WorkerCrashedError
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, in_chain
@@ -72,14 +72,18 @@ def get_results(refs: Any, wait_all: bool = False) -> Any:
 
 
 def worker_died(err: BaseException) -> Optional[PbgRayError]:
-    """One line for a run stopped because a task's worker died on every try (`err` is, or
-    was raised from, Ray's WorkerCrashedError or its memory monitor's OutOfMemoryError),
-    saying what most often ends a worker and how to fix that; None for other errors."""
-    died = in_chain(err, (WorkerCrashedError, OutOfMemoryError))
+    """One line for a run stopped because a task's worker died on every try, or an
+    actor's worker died (`err` is, or was raised from, Ray's WorkerCrashedError, its
+    memory monitor's OutOfMemoryError or ActorDiedError), saying what most often ends a
+    worker and how to fix that; None for other errors."""
+    died = in_chain(err, (WorkerCrashedError, OutOfMemoryError, ActorDiedError))
     if died is None:
         return None
     ray_says = str(died).strip().split("\n")[0].split(". ")[0].rstrip(".")
-    what = "a Ray task's worker died on each of its tries" if died is err else str(err)
+    if isinstance(died, ActorDiedError):
+        what = "a Ray actor's worker died"
+    else:
+        what = "a Ray task's worker died on each of its tries" if died is err else str(err)
     return PbgRayError(
         f"{what} (Ray: {ray_says}). A worker that outgrows the memory of its node is ended "
         "by the kernel's OOM killer or Ray's memory monitor (Ray's lines above say which): "

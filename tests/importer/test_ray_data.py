@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+import ray
 from ray.exceptions import WorkerCrashedError
 
 from pbg_ray.cli import user_error
@@ -21,6 +22,7 @@ from pbg_ray.importer.ray_data import choose_engine, import_graph
 from pbg_ray.io import raw
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names
+from pbg_ray.io.name_keys import name_keys
 from pbg_ray.io.storage import storage_path
 from pbg_ray.runtime.tasks import TASK_RETRIES
 from pbg_ray.types import Bucket
@@ -205,32 +207,27 @@ def test_two_nodes_import_what_one_process_imports(tmp_path):
     assert_same_import(local, on_ray, local_stats, summary["stats"])
 
 
-def test_indexed_blocks_merged_by_ray_data_count_and_route_as_apart(tmp_path, monkeypatch):
-    """A shard longer than a block is indexed as several blocks, which Ray Data may hand
-    on as rows of one of its blocks: splitting, counting and routing give the same either
-    way."""
+def test_blocks_merged_by_ray_data_route_as_apart(ray_session, tmp_path, monkeypatch):
+    """A shard longer than a block is read as several blocks, which Ray Data may hand on
+    as rows of one of its blocks: routing gives the same either way."""
     monkeypatch.setattr(raw, "PARQUET_BATCH_ROWS", 50)
     rows = random_rows(500, 0, num_names=200)
     path = write_parquet(tmp_path / "edges.parquet", rows)
     distinct = len({name for lhs, _, rhs in rows for name in (lhs, rhs)})
     config = make(tmp_path / "out", [path], entity_min_count=5)
+    shard = ray.remote(ray_data.DictionaryShard).remote(config, 0, 1)
     items = {"input": np.array([0]), "shard": np.array([path])}
-    apart = list(ray_data._read_blocks(items, config, block_rows=120))
+    apart = list(ray_data._read_blocks(items, config, 120, [shard]))
     assert [len(ray_data._values(b, "lhs")) for b in apart] == [150, 150, 150, 50]
     assert [b["stats"][0].as_py() is None for b in apart] == [True, True, True, False]
-    merged = ray_data._split_block._function(2, pa.concat_tables(apart))
-    each = [ray_data._split_block._function(2, block) for block in apart]
-    assert merged[0] == pa.concat_tables([split[0] for split in each])
-    counted = [ray_data._count_part._function(config, *(split[1 + p] for split in each))
-               for p in range(2)]
-    assert [len(c[0][0][0]) for c in counted] == [
-        len(ray_data._count_part._function(config, merged[1 + p])[0][0][0]) for p in range(2)]
-    assert sum(len(c[0][0][0]) for c in counted) == distinct  # each name by one task
-    lookup, kept = ray_data._dictionary._function(config, 0, False, [], *(c[0] for c in counted))
-    assert len(lookup[0]) == distinct and 0 < kept < distinct  # the rare ones: dropped
-    assert (lookup[1] == ray_data.DROPPED).sum() == distinct - kept
-    routed = ray_data._route_block._function(config, 2, [0], merged[0], lookup)
-    in_parts = [ray_data._route_block._function(config, 2, [0], split[0], lookup) for split in each]
+    keyed = ray.get(shard.keyed.remote(0))
+    assert len(keyed[0]) == distinct and keyed[1].sum() == 2 * len(rows)
+    places, kept = ray_data._dictionary._function(config, 0, False, [shard], keyed)
+    assert len(places) == distinct and 0 < kept < distinct  # the rare ones: dropped
+    assert (places == ray_data.DROPPED).sum() == distinct - kept
+    merged = pa.concat_tables(apart)
+    routed = ray_data._route_block._function(config, 2, [0], merged, places)
+    in_parts = [ray_data._route_block._function(config, 2, [0], b, places) for b in apart]
     assert routed[0] == [figures for block in in_parts for figures in block[0]]
     assert sum(figures["dropped"] for figures in routed[0]) > 0
     for writer in (1, 2):
@@ -240,23 +237,78 @@ def test_indexed_blocks_merged_by_ray_data_count_and_route_as_apart(tmp_path, mo
             assert all(np.array_equal(mine[k], other[k]) for k in mine)
 
 
-def test_two_names_sharing_a_key_stop_the_count_naming_both(tmp_path, monkeypatch):
-    """The count task compares every sighting's second hash: two names given one key (by
-    hand here: a real collision is a chance of one in 10^19) are named in one line."""
-    path = write_text(tmp_path / "edges.tsv",
-                      [("entity-number-one", "follows", "entity-number-two")])
-    config = make(tmp_path / "out", [path])
-    items = {"input": np.array([0]), "shard": np.array([path])}
-    block = list(ray_data._read_blocks(items, config, block_rows=10))[0]
-    names = ray_data._split_block._function(1, block)[1]
-    one_key = np.full(len(names), names["name_key"][0].as_py(), np.uint64)
-    names = names.set_column(names.schema.get_field_index("name_key"), "name_key",
-                             pa.array(one_key))
+def test_two_names_sharing_a_key_stop_the_dictionary_shard_naming_both(tmp_path):
+    """A dictionary shard compares every sighting's second hash: two names given one key
+    (by hand here: a real collision is a chance of one in 10^19) are named in one line."""
+    config = make(tmp_path / "out", [])
+    shard = ray_data.DictionaryShard(config, 0, 1)
+    names = pa.array(["entity-number-one", "entity-number-two"])
+    keys, checks = name_keys(names)
     with pytest.raises(PbgRayError) as caught:
-        ray_data._count_part._function(config, names)
+        shard.add(0, ("read", "edges.tsv", 0, 0), np.full(2, keys[0]), checks, names, None)
     message = str(caught.value)
     assert "entity type 'node'" in message and "'entity-number-one'" in message
     assert "'entity-number-two'" in message and "same 64-bit key" in message
+
+
+def test_a_dictionary_shard_counts_a_read_call_once(tmp_path):
+    """A read task run again after its worker died sends its calls again: their names
+    keep their ids and are not counted twice."""
+    shard = ray_data.DictionaryShard(make(tmp_path / "out", []), 1, 2)
+    names = pa.array(["a", "b", "a"])
+    keys, checks = name_keys(names)
+    first = shard.add(0, ("read", "part-0", 0, 0), keys, checks, names, None)
+    assert first.tolist() == [1, 3, 1]  # index ids 0, 1 of shard 1 of 2
+    again = shard.add(0, ("read", "part-0", 0, 0), keys, checks, names, None)
+    assert again.tolist() == first.tolist()
+    shard.add(0, ("read", "part-1", 0, 0), keys[:1], checks[:1], names[:1], None)
+    keyed_keys, counts, _ = shard.keyed(0)
+    assert keyed_keys.tolist() == keys[:2].tolist() and counts.tolist() == [3, 1]
+
+
+def test_a_read_task_killed_after_counting_imports_what_the_local_engine_does(
+        ray_session, tmp_path):
+    # The first read task dies once its first batch's names are counted; Ray Data runs it
+    # again. With entity_min_count=2 a name counted twice would be kept where the local
+    # engine drops it.
+    rows = random_rows(300, 2, num_names=150)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for i in range(2):
+        write_text(shards / f"part-{i}.tsv", rows[i * 150:(i + 1) * 150])
+    local = make(tmp_path / "local", [str(shards)], engine="local", entity_min_count=2)
+    on_ray = make(tmp_path / "ray", [str(shards)], engine="ray", entity_min_count=2)
+    local_stats = import_graph(local)
+    with armed("importer.batch_named", action="kill") as fired:
+        ray_stats = import_graph(on_ray)
+        assert fired() == 1
+    assert_same_import(local, on_ray, local_stats, ray_stats)
+
+
+def test_a_dictionary_shard_that_dies_stops_the_import_in_one_line(ray_session, tmp_path):
+    source = write_text(tmp_path / "e.tsv", random_rows(20))
+    config = make(tmp_path, [source], engine="ray")
+    with armed("importer.shard_add", action="kill") as fired:
+        with pytest.raises(Exception) as raised:
+            import_graph(config)
+        assert fired() == 1
+    message = str(user_error(raised.value))
+    assert message.startswith("a Ray actor's worker died (Ray: The actor died unexpectedly")
+    assert "ray.num_cpus" in message and "\n" not in message
+    assert not any(p.name.startswith(".import") for p in tmp_path.rglob("*"))  # nothing staged
+
+
+def test_names_over_two_dictionary_shards_import_as_in_one_process(ray_session, tmp_path,
+                                                                  monkeypatch):
+    # One shard per CPU: the 2 CPUs of the test's Ray give two, each with about half the
+    # names, relation names included.
+    monkeypatch.setattr(ray_data, "CPUS_PER_SHARD", 1)
+    source = write_text(tmp_path / "e.tsv", random_rows(400, 5, num_names=120))
+    one = [{"name": "any", "lhs": "node", "rhs": "node"}]
+    settings = dict(relations=one, dynamic_relations=True, entity_min_count=2)
+    local = make(tmp_path / "local", [source], engine="local", **settings)
+    on_ray = make(tmp_path / "ray", [source], engine="ray", **settings)
+    assert_same_import(local, on_ray, import_graph(local), import_graph(on_ray))
 
 
 def test_a_previous_dictionary_naming_an_entity_twice_is_refused_by_keys(tmp_path):
