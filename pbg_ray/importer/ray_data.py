@@ -461,7 +461,9 @@ def _write_names(config: ConfigSchema, directory: StoragePath, writer: int, writ
                 offset = np.concatenate([o for o, _ in pieces])
                 placed = pa.concat_arrays([n for _, n in pieces])
                 new = np.flatnonzero(offset >= len(names))
-                names += placed.take(pa.array(new[np.argsort(offset[new])])).to_pylist()
+                by_offset = np.empty(len(new), np.int64)  # the new names' offsets: each once
+                by_offset[offset[new] - len(names)] = new
+                names += placed.take(pa.array(by_offset)).to_pylist()
             if name_type == RELATIONS:
                 save_relation_names(directory, names)
                 save_dynamic_rel_count(directory, len(names))

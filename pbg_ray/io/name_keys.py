@@ -64,13 +64,9 @@ def name_keys(names: pa.Array) -> Tuple[np.ndarray, np.ndarray]:
     short = length <= 7
     hashed = mix(w0 ^ (len64 * _K1))
     check = mix((w0 + _K4) * (len64 | _U(1)))
-    w1 = word(1)
-    more = length > 8
-    hashed[more] = mix(hashed[more] ^ w1[more])
-    check[more] = mix(check[more] + w1[more] * _K4)
-    rows = np.flatnonzero(length > 16)
-    j = 2
-    while len(rows):  # names longer than 16 bytes: one more word per round
+    rows = np.flatnonzero(length > 8)
+    j = 1
+    while len(rows):  # names longer than 8 bytes: one more word per round
         w = word(j, rows)
         hashed[rows] = mix(hashed[rows] ^ w)
         check[rows] = mix(check[rows] + w * _K4)
