@@ -10,9 +10,9 @@ committed by the same `run_import` as the local engine:
     dictionary    actors, each the NameIndex of every name type for the names whose
     shards        key hashes to it (ids in order of first sighting, first-input counts,
                   the second hash compared at every sighting, the names themselves): one
-                  hash table lookup a name, where a sort of every block's names would
-                  cost ten (docs/benchmarks-log.md, "Import at 20M names"); a read task
-                  run again after its worker died is not counted twice
+                  hash table lookup a name, several times cheaper than sorting every
+                  block's names (docs/benchmarks-log.md, "Import at 20M names"); a read
+                  task run again after its worker died is not counted twice
     dictionaries  a task per entity type (and relation names) places the names by their
                   keys alone (dictionaries.py's cut_places and appended_places, the local
                   engine's seed rule) and returns the place of every id
