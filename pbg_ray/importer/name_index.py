@@ -79,9 +79,15 @@ class NameIndex:
         np.add.at(self._counts.array, ids, 1 if counts is None else np.asarray(counts, np.int64))
         return ids
 
+    def nbytes(self) -> int:
+        """The bytes the index holds: its hash table, its arrays with their room, its names."""
+        return (self._table.sizeof()
+                + sum(a._data.nbytes for a in (self._keys, self._checks, self._counts))
+                + sum(chunk.nbytes for chunk in self._names))
+
     def close(self) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Once every name is in: (keys, counts, checks) by id, handed over; the index
-        keeps its names only (name_chunks, names), no hash table."""
+        keeps its names only (drain_names, names), no hash table."""
         keyed = self.keys(), self.counts, self.checks()
         self._table = self._keys = self._counts = self._checks = None
         return keyed

@@ -65,7 +65,8 @@ from pbg_ray.io.entities import (
 from pbg_ray.io.name_keys import mix, name_keys
 from pbg_ray.io.raw import RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path
-from pbg_ray.runtime.connect import connect_ray
+from pbg_ray.runtime.budget import GIB, MemoryBudget, memory_budget
+from pbg_ray.runtime.connect import connect_ray, starts_local_ray
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RETRIES, worker_died
 
@@ -78,6 +79,7 @@ OFFSET_MASK = (1 << PLACE_BITS) - 1
 BLOCK_ROWS = 1 << 20  # edges of a shard read into one block at most
 PART_BYTES = 64 << 20  # blocks' bytes per names writer and bucket writer
 CPUS_PER_SHARD = 2  # dictionary shards: one per this many of the cluster's CPUs
+SHARD_SHARE = 0.4  # of a local Ray's memory budget, what the dictionary shards may hold
 MAX_IDS = 1 << 31  # ids are int32 in the blocks
 
 # Per name type, the place of every id (partition << PLACE_BITS | offset; DROPPED, UNSEEN).
@@ -166,9 +168,12 @@ class DictionaryShard:
     NameIndex of the names whose key hashes to this shard. An id it gives is
     `index id * shards + shard`, unique over the shards."""
 
-    def __init__(self, config: ConfigSchema, shard: int, shards: int) -> None:
+    def __init__(self, config: ConfigSchema, shard: int, shards: int,
+                 budget: Optional[MemoryBudget] = None) -> None:
+        """`budget`: a local Ray's, whose SHARD_SHARE the shards' names may hold (a run
+        on a cluster: no bound)."""
         types = EntityTypes.of(config)
-        self.shard, self.shards = shard, shards
+        self.shard, self.shards, self.budget = shard, shards, budget
         self.slots = _slots(config)
         self.indexes = {t: NameIndex(_what(types, t)) for t in self.slots}
         self.counted: Set[Tuple[Any, ...]] = set()
@@ -184,11 +189,29 @@ class DictionaryShard:
         self.counted.add(call)
         index = self.indexes[name_type]
         ids = index.add_keyed(keys, checks, names, counts)
+        self._check_memory()
         if len(index) * self.shards > MAX_IDS:
             raise PbgRayError(f"{index.what}: more than {MAX_IDS:,} names in one import, the "
                               "most the Ray Data engine gives ids to. Import them in parts "
                               "(importer.previous_entity_path).")
         return (ids * self.shards + self.shard).astype(np.int32)
+
+    def _check_memory(self) -> None:
+        """Stops the import in one line once the names outgrow the shard's share of the
+        budget, where the machine would otherwise thrash at its limit."""
+        if self.budget is None:
+            return
+        held = sum(index.nbytes() for index in self.indexes.values())
+        share = SHARD_SHARE * self.budget.bytes / self.shards
+        if held > share:
+            names = sum(len(index) for index in self.indexes.values())
+            raise PbgRayError(
+                f"the import's names outgrow its memory: dictionary shard {self.shard} of "
+                f"{self.shards} holds {held / GIB:.2f} GiB for {names:,} names, over its "
+                f"share ({SHARD_SHARE:.0%} of {self.budget}, over the shards). Give the "
+                "import more memory, run it on a cluster (a dictionary shard per "
+                f"{CPUS_PER_SHARD} CPUs), or import the inputs in parts "
+                "(importer.previous_entity_path).")
 
     def keyed(self, name_type: int) -> Keyed:
         """A name type's (keys, counts, checks), by index id, once every read is done:
@@ -580,7 +603,8 @@ def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, An
               for shard in input_shards(spec)]
     shard_actor = ray.remote(DictionaryShard).options(num_cpus=0, scheduling_strategy="SPREAD")
     count = max(1, tasks // CPUS_PER_SHARD)
-    shards = [shard_actor.remote(config, s, count) for s in range(count)]
+    budget = memory_budget(config.ray) if starts_local_ray(config.ray) else None
+    shards = [shard_actor.remote(config, s, count, budget) for s in range(count)]
     try:
         return _phases(config, stages, shards, inputs, previous, tasks)
     finally:

@@ -24,6 +24,7 @@ from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names
 from pbg_ray.io.name_keys import name_keys
 from pbg_ray.io.storage import storage_path
+from pbg_ray.runtime.budget import MemoryBudget
 from pbg_ray.runtime.tasks import TASK_RETRIES
 from pbg_ray.types import Bucket
 from tests.fault_injection import armed
@@ -322,3 +323,19 @@ def test_a_previous_dictionary_naming_an_entity_twice_is_refused_by_keys(tmp_pat
     with pytest.raises(PbgRayError, match="entity type 'node' lists a name twice "
                                           "\\('an-entity-with-a-long-name'\\)"):
         ray_data._dictionary._function(config, 0, True, [])
+
+
+def test_names_outgrowing_a_dictionary_shards_share_of_the_budget_stop_it_in_one_line(
+        tmp_path):
+    budget = MemoryBudget(4 << 20, "ray.memory_budget")
+    shard = ray_data.DictionaryShard(make(tmp_path / "out", []), 0, 2, budget)
+    few = pa.array([f"name-{i:06d}" for i in range(100)])
+    shard.add(0, ("read", "part-0", 0, 0), *name_keys(few), few, None)  # within its share
+    many = pa.array([f"name-{i:06d}" for i in range(100_000)])
+    with pytest.raises(PbgRayError) as caught:
+        shard.add(0, ("read", "part-0", 0, 1), *name_keys(many), many, None)
+    message = str(caught.value)
+    assert message.startswith("the import's names outgrow its memory: dictionary shard 0 of 2 "
+                              "holds ")
+    assert "100,000 names" in message and "(ray.memory_budget)" in message
+    assert "importer.previous_entity_path" in message and "\n" not in message
