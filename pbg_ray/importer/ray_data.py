@@ -256,26 +256,33 @@ class _SharedIndex:
     def add(self, names: pa.Array, counts: Optional[np.ndarray] = None) -> np.ndarray:
         keys, checks = name_keys(names)
         call = next(self.calls)
+        if len(self.shards) == 1:  # every name to the one shard: no grouping, no copies
+            return _got([self.shards[0].add.remote(self.name_type, call, keys, checks, names,
+                                                   counts)])[0]
         shard = _shard_of(keys, len(self.shards))
         order = np.argsort(shard.astype(np.uint16), kind="stable")  # radix
         bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
-        refs = {}
+        refs, rows = [], []
         for s, handle in enumerate(self.shards):
             mine = order[bounds[s]:bounds[s + 1]]
-            if len(mine) == len(keys):  # one shard has them all: no copies
-                refs[s] = handle.add.remote(self.name_type, call, keys, checks, names, counts)
-            elif len(mine):
-                refs[s] = handle.add.remote(
+            if len(mine):
+                refs.append(handle.add.remote(
                     self.name_type, call, keys[mine], checks[mine], names.take(pa.array(mine)),
-                    None if counts is None else counts[mine])
-        try:
-            found = ray.get(list(refs.values()))
-        except ActorDiedError as err:  # said here: Ray Data's driver may not unpickle it
-            raise worker_died(err) from None
+                    None if counts is None else counts[mine]))
+                rows.append(mine)
         ids = np.empty(len(keys), np.int32)
-        for s, got in zip(refs, found):
-            ids[order[bounds[s]:bounds[s + 1]]] = got
+        for mine, got in zip(rows, _got(refs)):
+            ids[mine] = got
         return ids
+
+
+def _got(refs: List[Any]) -> List[np.ndarray]:
+    """The dictionary shards' answers; a shard whose worker died said in one line here
+    (Ray Data's driver may not unpickle Ray's error)."""
+    try:
+        return ray.get(refs)
+    except ActorDiedError as err:
+        raise worker_died(err) from None
 
 
 # --- read ----------------------------------------------------------------------------
