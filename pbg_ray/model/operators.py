@@ -1,10 +1,14 @@
 """Relation operators: the transformation a relation applies to an embedding before comparison.
 
-Each operator works on vectors x [..., D] with parameters `p` (name -> tensor). A
-parameter either has its stored shape (per-relation mode: one set for the batch's
-relation, broadcast over all rows) or a leading row dimension matching x [n, D]
-(dynamic mode: `p[name] = stored[rel_ids]`, one set per edge). `backward` returns
-the input gradient and parameter gradients reduced to the shapes of `p`.
+Each operator's math is written once, on its parameters packed into one vector theta of
+`packed_size` floats (its parameters flattened in `param_names` order): `apply(x, theta)`
+maps rows x [M, D]; `apply_backward(x, theta, dy)` returns the rows' gradient and theta's.
+theta is either [P], one set for every row (per-relation mode: the batch's relation), or
+[M, P], one set per row (dynamic mode: the set of each edge's relation id); theta's
+gradient has theta's shape (summed over the rows for a shared set). Outputs may be written
+into given tensors (`out`, `dx_out`, `dtheta_out`), so that the device step keeps its
+buffers. `forward` / `backward` take the parameters as PBG's named tensors instead
+(rows of any leading shape), the form the CPU kernel and the scorer use.
 
 Parameter names are PBG's checkpoint names; `dynamic_names` are those of PBG's
 dynamic operators (the same tensors with a leading [num_relations] dimension).
@@ -12,6 +16,7 @@ dynamic operators (the same tensors with a leading [num_relations] dimension).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
 import numpy as np
@@ -19,21 +24,21 @@ import numpy as np
 from pbg_ray.model.native import c_ready, extension
 from pbg_ray.model.registry import Registry
 
-if TYPE_CHECKING:  # the math uses tensor methods only, so the layout loads without torch
+if TYPE_CHECKING:
     from torch import Tensor
 
 Params = Dict[str, "Tensor"]
 
 
-def _sum_to(grad: Tensor, like: Tensor) -> Tensor:
-    """Sum broadcast leading dimensions away so grad has like's shape."""
-    if grad.dim() > like.dim():
-        grad = grad.reshape(-1, *like.shape).sum(0)
-    return grad
+def _torch():
+    """torch, imported where the math runs: the layout (names, shapes, init) loads without it."""
+    import torch
+    return torch
 
 
 class Operator:
-    """Base: the identity. Subclasses define `param_names`, `init`, `forward`, `backward`."""
+    """Base: the identity. Subclasses define `param_names`, `param_shapes`, `init`, `apply`
+    and `apply_backward`."""
 
     name: str
     # (per-relation name, dynamic-mode name) of each parameter, in PBG's registration order.
@@ -46,15 +51,67 @@ class Operator:
     def __init__(self, dim: int) -> None:
         self.dim = dim
 
+    def param_shapes(self) -> Tuple[Tuple[int, ...], ...]:
+        """The stored shape of each parameter, in param_names order."""
+        return ()
+
+    @property
+    def packed_size(self) -> int:
+        return sum(math.prod(s) for s in self.param_shapes())
+
     def init(self) -> Dict[str, np.ndarray]:
         """Per-relation parameters at PBG's initial values (the identity transformation)."""
         return {}
 
+    def pack(self, p: Params) -> Tensor:
+        """theta [..., P] of named parameters (each of its stored shape after the leading ones)."""
+        parts = [p[n] for n, _ in self.param_names]
+        lead = parts[0].shape[:parts[0].dim() - len(self.param_shapes()[0])]
+        return _cat([t.reshape(*lead, -1) for t in parts])
+
+    def unpack(self, theta: Tensor) -> Params:
+        """The named parameters in theta [..., P]: views."""
+        out, start, lead = {}, 0, theta.shape[:-1]
+        for (name, _), shape in zip(self.param_names, self.param_shapes()):
+            size = math.prod(shape)
+            out[name] = theta[..., start:start + size].view(*lead, *shape)
+            start += size
+        return out
+
+    def apply(self, x: Tensor, theta: Tensor, out: Optional[Tensor] = None) -> Tensor:
+        return x if out is None else out.copy_(x)
+
+    def apply_backward(self, x: Tensor, theta: Tensor, dy: Tensor,
+                       dx_out: Optional[Tensor] = None,
+                       dtheta_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        return (dy if dx_out is None else dx_out.copy_(dy)), theta.new_zeros(theta.shape)
+
     def forward(self, x: Tensor, p: Params) -> Tensor:
-        return x
+        if not self.param_names:
+            return x
+        theta = self.pack(p)
+        rows = x.reshape(-1, x.shape[-1])
+        return self.apply(rows, theta).view(x.shape)
 
     def backward(self, x: Tensor, p: Params, dy: Tensor) -> Tuple[Tensor, Params]:
-        return dy, {}
+        if not self.param_names:
+            return dy, {}
+        theta = self.pack(p)
+        dx, dtheta = self.apply_backward(x.reshape(-1, x.shape[-1]), theta,
+                                         dy.reshape(-1, dy.shape[-1]))
+        return dx.view(x.shape), self.unpack(dtheta)
+
+
+def _cat(parts):
+    return _torch().cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+
+def _row_sum(t: Tensor, theta: Tensor, out: Optional[Tensor]) -> Tensor:
+    """t [M, ...] summed over its rows where theta is one set for all rows ([P]), as it
+    is where theta has a set per row; into `out` if given."""
+    if theta.dim() == 1:
+        return t.sum(0) if out is None else _torch().sum(t, 0, out=out)
+    return t if out is None else out.copy_(t)
 
 
 OPERATORS: Registry[Operator] = Registry("operator")
@@ -66,15 +123,21 @@ class DiagonalOperator(Operator):
     param_names = (("diagonal", "diagonals"),)
     reg_params = ("diagonal",)
 
+    def param_shapes(self):
+        return ((self.dim,),)
+
     def init(self):
         return {"diagonal": np.ones(self.dim, np.float32)}
 
-    def forward(self, x, p):
-        return x * p["diagonal"]
+    def apply(self, x, theta, out=None):
+        return _mul(x, theta, out)
 
-    def backward(self, x, p, dy):
-        d = p["diagonal"]
-        return dy * d, {"diagonal": _sum_to(dy * x, d)}
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+        return _mul(dy, theta, dx_out), _row_sum(dy * x, theta, dtheta_out)
+
+
+def _mul(a: Tensor, b: Tensor, out: Optional[Tensor]) -> Tensor:
+    return a * b if out is None else _torch().mul(a, b, out=out)
 
 
 @OPERATORS.register("translation")
@@ -82,62 +145,85 @@ class TranslationOperator(Operator):
     param_names = (("translation", "translations"),)
     reg_params = ("translation",)
 
+    def param_shapes(self):
+        return ((self.dim,),)
+
     def init(self):
         return {"translation": np.zeros(self.dim, np.float32)}
 
-    def forward(self, x, p):
-        return x + p["translation"]
+    def apply(self, x, theta, out=None):
+        return x + theta if out is None else _torch().add(x, theta, out=out)
 
-    def backward(self, x, p, dy):
-        return dy, {"translation": _sum_to(dy, p["translation"])}
-
-
-def _linear(x: Tensor, a: Tensor) -> Tensor:
-    # PBG computes matmul(A, x.unsqueeze(-1)): y_i = sum_j A_ij x_j.
-    if a.dim() == 3:  # one matrix per row
-        return a.bmm(x.unsqueeze(-1)).squeeze(-1)
-    return x @ a.t()
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+        return (dy if dx_out is None else dx_out.copy_(dy)), _row_sum(dy, theta, dtheta_out)
 
 
-def _linear_backward(x: Tensor, a: Tensor, dy: Tensor) -> Tuple[Tensor, Tensor]:
-    if a.dim() == 3:
-        return dy.unsqueeze(1).bmm(a).squeeze(1), dy.unsqueeze(-1) * x.unsqueeze(-2)
-    d = a.shape[0]
-    return dy @ a, dy.reshape(-1, d).t() @ x.reshape(-1, d)
+class _Linear(Operator):
+    """y = A x (+ t): PBG computes matmul(A, x.unsqueeze(-1)). theta holds A row-major."""
+
+    reg_params = None
+
+    def _matrix(self, theta: Tensor) -> Tensor:
+        return theta[..., :self.dim * self.dim].view(*theta.shape[:-1], self.dim, self.dim)
+
+    def _bias(self, theta: Tensor) -> Optional[Tensor]:
+        return None
+
+    def apply(self, x, theta, out=None):
+        torch = _torch()
+        a, t = self._matrix(theta), self._bias(theta)
+        if a.dim() == 3:  # one matrix per row
+            y = torch.bmm(a, x.unsqueeze(-1)).squeeze(-1)
+            if t is not None:
+                y = y + t
+            return y if out is None else out.copy_(y)
+        if t is None:
+            return torch.mm(x, a.t()) if out is None else torch.mm(x, a.t(), out=out)
+        return torch.addmm(t, x, a.t()) if out is None else torch.addmm(t, x, a.t(), out=out)
+
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+        torch = _torch()
+        a = self._matrix(theta)
+        d2 = self.dim * self.dim
+        dtheta = theta.new_empty(theta.shape) if dtheta_out is None else dtheta_out
+        if a.dim() == 3:
+            dx = torch.bmm(dy.unsqueeze(1), a).squeeze(1)
+            dx = dx if dx_out is None else dx_out.copy_(dx)
+            torch.mul(dy.unsqueeze(-1), x.unsqueeze(-2), out=dtheta[:, :d2].view(-1, self.dim,
+                                                                                 self.dim))
+        else:
+            dx = torch.mm(dy, a) if dx_out is None else torch.mm(dy, a, out=dx_out)
+            torch.mm(dy.t(), x, out=dtheta[:d2].view(self.dim, self.dim))
+        if self._bias(theta) is not None:
+            _row_sum(dy, theta, dtheta[..., d2:])
+        return dx, dtheta
 
 
 @OPERATORS.register("linear")
-class LinearOperator(Operator):
+class LinearOperator(_Linear):
     param_names = (("linear_transformation", "linear_transformations"),)
-    reg_params = None
+
+    def param_shapes(self):
+        return ((self.dim, self.dim),)
 
     def init(self):
         return {"linear_transformation": np.eye(self.dim, dtype=np.float32)}
 
-    def forward(self, x, p):
-        return _linear(x, p["linear_transformation"])
-
-    def backward(self, x, p, dy):
-        dx, da = _linear_backward(x, p["linear_transformation"], dy)
-        return dx, {"linear_transformation": da}
-
 
 @OPERATORS.register("affine")
-class AffineOperator(Operator):
+class AffineOperator(_Linear):
     param_names = (("linear_transformation", "linear_transformations"),
                    ("translation", "translations"))
-    reg_params = None
+
+    def param_shapes(self):
+        return ((self.dim, self.dim), (self.dim,))
+
+    def _bias(self, theta):
+        return theta[..., self.dim * self.dim:]
 
     def init(self):
         return {"linear_transformation": np.eye(self.dim, dtype=np.float32),
                 "translation": np.zeros(self.dim, np.float32)}
-
-    def forward(self, x, p):
-        return _linear(x, p["linear_transformation"]) + p["translation"]
-
-    def backward(self, x, p, dy):
-        dx, da = _linear_backward(x, p["linear_transformation"], dy)
-        return dx, {"linear_transformation": da, "translation": _sum_to(dy, p["translation"])}
 
 
 _operators = extension("_operators")
@@ -145,61 +231,79 @@ _operators = extension("_operators")
 
 @OPERATORS.register("complex_diagonal")
 class ComplexDiagonalOperator(Operator):
-    """x = (re, im) halves times the complex diagonal (real, imag):
-    y = x * [real, real] + swap(x) * [-imag, imag], swap exchanging the halves
-    (three passes over x instead of PBG's seven; on the CPU one C loop, _operators.c,
-    for the relation's own parameters)."""
+    """x = (re, im) halves times the complex diagonal (real, imag): per coordinate k the
+    2x2 real matrix A_k = [[real, -imag], [imag, real]] maps (re_k, im_k). theta = (real,
+    imag) [2, D/2] expands to A [2, 2, D/2] by one product with a fixed 4x2 matrix, and
+    the forward, the backward and the parameters' gradient are each a product and a sum
+    (on the CPU one C loop, _operators.c, for the relation's own parameters)."""
 
     param_names = (("real", "real"), ("imag", "imag"))
     reg_params = ("real", "imag")
     complex_pairs = True
 
+    def param_shapes(self):
+        return ((self.dim // 2,), (self.dim // 2,))
+
     def init(self):
         half = self.dim // 2
         return {"real": np.ones(half, np.float32), "imag": np.zeros(half, np.float32)}
 
-    @staticmethod
-    def _swap(x: Tensor) -> Tensor:
-        return x.roll(x.shape[-1] // 2, dims=-1)
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        self._expansions: Dict[Tuple[object, object], Tensor] = {}
+
+    def _expansion(self, theta: Tensor) -> Tensor:
+        """The fixed [4, 2] map from (real, imag) to A's entries (00, 01, 10, 11), made
+        once per dtype and device."""
+        key = (theta.dtype, theta.device)
+        if key not in self._expansions:
+            self._expansions[key] = _torch().tensor(
+                [[1., 0.], [0., -1.], [0., 1.], [1., 0.]], dtype=theta.dtype, device=theta.device)
+        return self._expansions[key]
+
+    def _matrices(self, theta: Tensor) -> Tensor:
+        """A [2, 2, h] (shared) or [M, 2, 2, h] (per row) of theta [2h] or [M, 2h]."""
+        h = self.dim // 2
+        ri = theta.view(*theta.shape[:-1], 2, h)
+        return (self._expansion(theta) @ ri).view(*theta.shape[:-1], 2, 2, h)
+
+    def apply(self, x, theta, out=None):
+        h = self.dim // 2
+        m = x.shape[0]
+        if self._native(x, theta):
+            y = x.new_empty(x.shape) if out is None else out
+            _operators.forward(x.data_ptr(), m, self.dim, theta.data_ptr(),
+                               theta[h:].data_ptr(), y.data_ptr())
+            return y
+        a = self._matrices(theta)
+        prod = x.view(m, 1, 2, h) * (a if a.dim() == 3 else a.view(m, 2, 2, h))
+        y = prod.sum(2) if out is None else _torch().sum(prod, 2, out=out.view(m, 2, h))
+        return y.view(m, self.dim)
+
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+        h = self.dim // 2
+        m = x.shape[0]
+        if self._native(x, theta, dy):
+            dx = x.new_empty(x.shape) if dx_out is None else dx_out
+            dtheta = theta.new_empty(theta.shape) if dtheta_out is None else dtheta_out
+            _operators.backward(x.data_ptr(), dy.data_ptr(), m, self.dim, theta.data_ptr(),
+                                theta[h:].data_ptr(), dx.data_ptr(), dtheta.data_ptr(),
+                                dtheta[h:].data_ptr())
+            return dx, dtheta
+        a = self._matrices(theta)
+        g = dy.view(m, 2, 1, h)
+        prod = g * (a if a.dim() == 3 else a.view(m, 2, 2, h))
+        dx = prod.sum(1) if dx_out is None else _torch().sum(prod, 1, out=dx_out.view(m, 2, h))
+        da = _row_sum(g * x.view(m, 1, 2, h), theta, None).view(*theta.shape[:-1], 4, h)
+        expansion_t = self._expansion(theta).t()
+        if dtheta_out is None:
+            dtheta = (expansion_t @ da).view(theta.shape)
+        else:
+            _torch().matmul(expansion_t, da, out=dtheta_out.view(*theta.shape[:-1], 2, h))
+            dtheta = dtheta_out
+        return dx.view(m, self.dim), dtheta
 
     @staticmethod
-    def _halves(first: Tensor, second: Tensor) -> Tensor:
-        """[first, second] along the last dimension."""
-        h = first.shape[-1]
-        out = first.new_empty(*first.shape[:-1], 2 * h)
-        out[..., :h] = first
-        out[..., h:] = second
-        return out
-
-    @staticmethod
-    def _native(x: Tensor, p: Params, *others: Tensor) -> bool:
-        """Whether _operators.c serves x [..., D] with one parameter set [D/2]."""
-        return (_operators is not None and p["real"].dim() == 1
-                and c_ready((x, p["real"], p["imag"], *others)))
-
-    def forward(self, x, p):
-        r, i = p["real"], p["imag"]
-        if self._native(x, p):
-            out = x.new_empty(x.shape)
-            _operators.forward(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1],
-                               r.data_ptr(), i.data_ptr(), out.data_ptr())
-            return out
-        # In place on the one new buffer: these vectors are large and memory-bound.
-        return self._swap(x).mul_(self._halves(-i, i)).addcmul_(x, self._halves(r, r))
-
-    def backward(self, x, p, dy):
-        r, i = p["real"], p["imag"]
-        h = r.shape[-1]
-        if self._native(x, p, dy):
-            dx, d_real, d_imag = x.new_empty(x.shape), r.new_empty(h), i.new_empty(h)
-            _operators.backward(x.data_ptr(), dy.data_ptr(), x.numel() // x.shape[-1],
-                                x.shape[-1], r.data_ptr(), i.data_ptr(), dx.data_ptr(),
-                                d_real.data_ptr(), d_imag.data_ptr())
-            return dx, {"real": d_real, "imag": d_imag}
-        like = x.new_empty(*r.shape[:-1], 2 * h)
-        # d real = dy_re re + dy_im im;  d imag = dy_im re - dy_re im.
-        t = _sum_to(dy * x, like)
-        dx = self._swap(dy)
-        s = _sum_to(dx * x, like)
-        dx.mul_(self._halves(i, -i)).addcmul_(dy, self._halves(r, r))
-        return dx, {"real": t[..., :h] + t[..., h:], "imag": s[..., :h] - s[..., h:]}
+    def _native(x: Tensor, theta: Tensor, *others: Tensor) -> bool:
+        """Whether _operators.c serves rows x [M, D] with one parameter set theta [D]."""
+        return _operators is not None and theta.dim() == 1 and c_ready((x, theta, *others))

@@ -58,7 +58,7 @@ def test_complex_diagonal_matches_the_torch_ops(monkeypatch, rows_shape, dim):
 def test_the_c_gradients_are_the_derivatives_of_the_forward():
     op = operators.ComplexDiagonalOperator(8)
     x, dy, params = inputs((4, 3), 8, seed=1)
-    assert op._native(x, params, dy)
+    assert op._native(x.view(-1, 8), op.pack(params), dy.view(-1, 8))
     x64 = x.double().requires_grad_()
     p64 = {k: v.double().requires_grad_() for k, v in params.items()}
     re, im = x64[..., :4], x64[..., 4:]
@@ -76,10 +76,10 @@ def test_inputs_the_c_code_does_not_take_go_to_the_torch_ops():
     per_row = {k: v.expand(6, -1).contiguous() for k, v in params.items()}  # dynamic relations
     float64 = {k: v.double() for k, v in params.items()}
     transposed = torch.randn(16, 6).t()
-    assert OP._native(x, params, dy)
-    assert not OP._native(x, per_row, dy)
-    assert not OP._native(x.double(), float64, dy.double())
-    assert not OP._native(transposed, params)
+    assert OP._native(x, OP.pack(params), dy)
+    assert not OP._native(x, OP.pack(per_row), dy)
+    assert not OP._native(x.double(), OP.pack(float64), dy.double())
+    assert not OP._native(transposed, OP.pack(params))
     # Per-row parameters still give each row its own transformation.
     y = OP.forward(x, per_row)
     torch.testing.assert_close(y, OP.forward(x, params))
