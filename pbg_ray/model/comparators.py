@@ -9,6 +9,10 @@ batch-negative block between the two sides).
 Q and K. It is linear in G (the kernel sums both sides' G before calling it) and may
 overwrite G. Comparators with `needs_scores` read S there; the others never do, so the
 loss may turn S into G in place.
+
+The batched products go through `bmm`: the CPU kernel's numpy BLAS (blas.bmm) by default;
+a comparator made `for_device` uses torch.bmm, writes the gradients into given tensors
+where it can, and never reads a value back to the host (the device step, model.device_step).
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ _MAX_CLAMPED_SCORE = -1.0000001e-15  # l2 scores at or above this were clamped
 class Comparator:
     name: str
     needs_scores = False
+    # The batched product, and whether the comparator may read values on the host to skip
+    # work (the CPU kernel) or must never (the device step: make_comparator(for_device=True)).
+    bmm = staticmethod(bmm)
+    host_checks = True
 
     def prepare(self, x: Tensor) -> Tuple[Tensor, Any]:
         """Per-vector preparation before comparing (e.g. normalization): (y, ctx for backward)."""
@@ -47,7 +55,9 @@ class Comparator:
         """All-pairs scores [n, P, N], written into `out` if given (a reused buffer)."""
         raise NotImplementedError
 
-    def matrix_backward(self, q: Tensor, k: Tensor, s: Tensor, g: Tensor) -> Tuple[Tensor, Tensor]:
+    def matrix_backward(self, q: Tensor, k: Tensor, s: Tensor, g: Tensor,
+                        out: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
+        """(dQ, dK), written into out = (dQ, dK) if given."""
         raise NotImplementedError
 
 
@@ -64,10 +74,11 @@ class DotComparator(Comparator):
         return g * k, g * q
 
     def matrix(self, q, k, out=None):
-        return bmm(q, k.transpose(1, 2), out)
+        return self.bmm(q, k.transpose(1, 2), out)
 
-    def matrix_backward(self, q, k, s, g):
-        return bmm(g, k), bmm(g.transpose(1, 2), q)
+    def matrix_backward(self, q, k, s, g, out=None):
+        dq, dk = (None, None) if out is None else out
+        return self.bmm(g, k, dq), self.bmm(g.transpose(1, 2), q, dk)
 
 
 @COMPARATORS.register("cos")
@@ -92,7 +103,7 @@ def _augment(x: Tensor, *columns: Tensor) -> Tensor:
     return torch.cat([x, *columns, pad], dim=-1)
 
 
-def _expanded_bmm(q: Tensor, k: Tensor, scale: float, sign: float,
+def _expanded_bmm(bmm, q: Tensor, k: Tensor, scale: float, sign: float,
                   out: Optional[Tensor]) -> Tensor:
     """sign * (|q_i|^2 + |k_j|^2) + scale * q_i.k_j for all pairs of each chunk, [n, P, N],
     from one bmm of vectors augmented with their squared norms and ones (no extra passes
@@ -104,8 +115,8 @@ def _expanded_bmm(q: Tensor, k: Tensor, scale: float, sign: float,
     return bmm(qa, ka.transpose(1, 2), out)
 
 
-def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0
-                           ) -> Tuple[Tensor, Tensor]:
+def _squared_dist_backward(bmm, q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0,
+                           out: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
     """Gradients of sum_ij h_ij * (-|q_i - k_j|^2) * scale / 2 w.r.t. q and k:
     scale (h k - rowsum(h) q) and scale (h^T q - colsum(h) k). A column of ones appended
     to k and q makes the bmm's produce the row and column sums too (no passes over h)."""
@@ -114,7 +125,14 @@ def _squared_dist_backward(q: Tensor, k: Tensor, h: Tensor, scale: float = 2.0
     hq = bmm(h.transpose(1, 2), _augment(q, torch.ones_like(q[..., :1])))
     dq = hk[..., :d].sub_(hk[..., d:d + 1] * q).mul_(scale)
     dk = hq[..., :d].sub_(hq[..., d:d + 1] * k).mul_(scale)
-    return dq, dk
+    return _into(out, dq, dk)
+
+
+def _into(out: Optional[Tuple[Tensor, Tensor]], dq: Tensor, dk: Tensor) -> Tuple[Tensor, Tensor]:
+    """(dq, dk), copied into out's tensors if given."""
+    if out is None:
+        return dq, dk
+    return out[0].copy_(dq), out[1].copy_(dk)
 
 
 @COMPARATORS.register("squared_l2")
@@ -130,10 +148,10 @@ class SquaredL2Comparator(Comparator):
 
     def matrix(self, q, k, out=None):
         # -(|q|^2 + |k|^2 - 2 q.k), the all-pairs expansion PBG uses, as one bmm.
-        return _expanded_bmm(q, k, 2.0, -1.0, out)
+        return _expanded_bmm(self.bmm, q, k, 2.0, -1.0, out)
 
-    def matrix_backward(self, q, k, s, g):
-        return _squared_dist_backward(q, k, g)
+    def matrix_backward(self, q, k, s, g, out=None):
+        return _squared_dist_backward(self.bmm, q, k, g, out=out)
 
 
 @COMPARATORS.register("l2")
@@ -152,16 +170,17 @@ class L2Comparator(Comparator):
         return dq, -dq
 
     def matrix(self, q, k, out=None):
-        sq = _expanded_bmm(q, k, -2.0, 1.0, out)
+        sq = _expanded_bmm(self.bmm, q, k, -2.0, 1.0, out)
         return sq.clamp_min_(_MIN_SQUARED_DIST).sqrt_().neg_()
 
-    def matrix_backward(self, q, k, s, g):
+    def matrix_backward(self, q, k, s, g, out=None):
         # d(-dist)/d(-sq) = 1 / (2 dist) = -0.5 / s, zero where the clamp was active; the
         # -0.5 is folded into the gradient formula's factor of 2.
         h = g.div_(s)
-        if s.amax() > _MAX_CLAMPED_SCORE:  # rare (identical vectors): mask only then
+        # Rare (identical vectors): on the host, masked only then.
+        if not self.host_checks or s.amax() > _MAX_CLAMPED_SCORE:
             h.masked_fill_(s > _MAX_CLAMPED_SCORE, 0)
-        return _squared_dist_backward(q, k, h, -1.0)
+        return _squared_dist_backward(self.bmm, q, k, h, -1.0, out)
 
 
 class BiasedComparator(Comparator):
@@ -171,6 +190,7 @@ class BiasedComparator(Comparator):
     def __init__(self, base: Comparator) -> None:
         self.base = base
         self.needs_scores = base.needs_scores
+        self.bmm, self.host_checks = base.bmm, base.host_checks
         self.name = f"biased {base.name}"
 
     def prepare(self, x):
@@ -192,15 +212,25 @@ class BiasedComparator(Comparator):
         s = self.base.matrix(q[..., 1:], k[..., 1:], out)
         return s.add_(q[..., :1]).add_(k[..., 0].unsqueeze(-2))
 
-    def matrix_backward(self, q, k, s, g):
+    def matrix_backward(self, q, k, s, g, out=None):
         dq0 = g.sum(-1, keepdim=True)
         dk0 = g.sum(-2).unsqueeze(-1)
         if self.base.needs_scores:
             s = s - q[..., :1] - k[..., 0].unsqueeze(-2)
         dq, dk = self.base.matrix_backward(q[..., 1:], k[..., 1:], s, g)
-        return torch.cat([dq0, dq], dim=-1), torch.cat([dk0, dk], dim=-1)
+        if out is None:
+            return torch.cat([dq0, dq], dim=-1), torch.cat([dk0, dk], dim=-1)
+        return torch.cat([dq0, dq], dim=-1, out=out[0]), torch.cat([dk0, dk], dim=-1, out=out[1])
 
 
-def make_comparator(name: str, bias: bool) -> Comparator:
+def make_comparator(name: str, bias: bool, for_device: bool = False) -> Comparator:
+    """The comparator `name` (with PBG's bias coordinate if `bias`); `for_device`: for the
+    device step (torch's bmm, no host reads)."""
     comparator = COMPARATORS.get(name)()
+    if for_device:
+        comparator.bmm, comparator.host_checks = _torch_bmm, False
     return BiasedComparator(comparator) if bias else comparator
+
+
+def _torch_bmm(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    return torch.bmm(a, b) if out is None else torch.bmm(a, b, out=out)

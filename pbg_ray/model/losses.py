@@ -10,6 +10,12 @@ logistic loss divides by it, like PBG's).
 `forward_backward` returns (loss, dpos, dblocks), the gradient of each block written into
 `out` (one tensor per block, of its shape): the block itself when the caller no longer needs
 the scores, else a reusable buffer, so no large tensor is allocated per batch.
+
+`rows` is the same loss in the device step's layout (model.device_step): scores
+[2, n, C, K] hold both sides' rows at once, each row's positive on the diagonal of its
+chunk's [C, C] block and its negatives in every other column; it adds each row's loss into
+an accumulator, returns the scores' gradient (the diagonal holding the positives'), and
+never reads a value back to the host.
 """
 
 from __future__ import annotations
@@ -85,6 +91,21 @@ class Loss:
                          num_neg: int, out: List[Tensor]) -> Result:
         raise NotImplementedError
 
+    def rows(self, scores: Tensor, weight: Optional[Tensor], inv_num_neg: Tensor,
+             loss_sum: Tensor) -> Tensor:
+        """The device layout's loss (module docstring): adds each row's loss times its
+        weight into loss_sum [2, n, C] and returns the gradient [2, n, C, K]. weight:
+        [.., n, C] (relation x edge weight, 0 on padding rows), or None where every row
+        weighs 1 (padding rows then carry a masked score that zeroes their loss: see
+        model.device_step); inv_num_neg [2, 1, 1]: 1 / each side's number of negatives
+        (masked ones included, as PBG counts them), 0 for a side without."""
+        raise NotImplementedError
+
+
+def _diagonal(t: Tensor) -> Tensor:
+    """The positives' entries of a [2, n, C, K] tensor of rows: [2, n, C] (a view)."""
+    return t.diagonal(0, 2, 3)
+
 
 LOSS_FUNCTIONS: Registry[Loss] = Registry("loss_fn")
 
@@ -117,6 +138,19 @@ class RankingLoss(Loss):
             grads.append(grad)
         return loss, dpos, grads
 
+    def rows(self, scores, weight, inv_num_neg, loss_sum):
+        hinge = torch.sub(scores, _diagonal(scores).unsqueeze(-1)).add_(self.margin).clamp_min_(0)
+        _diagonal(hinge).zero_()  # the positive against itself
+        if weight is None:
+            loss_sum.add_(hinge.sum(-1))
+        else:
+            loss_sum.addcmul_(hinge.sum(-1), weight)
+        grad = hinge.sign_()
+        if weight is not None:
+            grad.mul_(weight.unsqueeze(-1))
+        _diagonal(grad).sub_(grad.sum(-1))
+        return grad
+
 
 @LOSS_FUNCTIONS.register("logistic")
 class LogisticLoss(Loss):
@@ -133,6 +167,17 @@ class LogisticLoss(Loss):
             loss += (F.softplus(block).sum(-1) * w.squeeze(-1)).sum()
             grads.append(torch.sigmoid(block, out=o).mul_(w))
         return loss, dpos, grads
+
+    def rows(self, scores, weight, inv_num_neg, loss_sum):
+        # weight is never None here: a padding row's negatives would count.
+        pos = _diagonal(scores)
+        soft = F.softplus(scores)
+        soft_pos = _diagonal(soft)  # softplus(-pos) = softplus(pos) - pos
+        negatives = (soft.sum(-1) - soft_pos).mul_(inv_num_neg)
+        loss_sum.addcmul_(negatives.add_(soft_pos).sub_(pos), weight)
+        grad = torch.sigmoid(scores).mul_((weight * inv_num_neg).unsqueeze(-1))
+        _diagonal(grad).copy_(torch.sigmoid(pos).sub_(1).mul_(weight))
+        return grad
 
 
 @LOSS_FUNCTIONS.register("softmax")
@@ -166,3 +211,19 @@ class SoftmaxLoss(Loss):
         dpos = (pos - top).exp_().mul_(scale).sub_(weight)
         grads = [e.mul_(scale.unsqueeze(-1)) for e in exps]
         return loss, dpos, grads
+
+    def rows(self, scores, weight, inv_num_neg, loss_sum):
+        # Cross-entropy of each row against its diagonal (PBG's [pos, logsumexp(neg)]: the
+        # masked self it puts among the negatives adds exp(-1e9) = 0).
+        log_p = torch.log_softmax(scores, -1)
+        if weight is None:
+            loss_sum.sub_(_diagonal(log_p))
+        else:
+            loss_sum.addcmul_(_diagonal(log_p), weight, value=-1)
+        grad = log_p.exp_()
+        if weight is None:
+            _diagonal(grad).sub_(1)
+        else:
+            grad.mul_(weight.unsqueeze(-1))
+            _diagonal(grad).sub_(weight)
+        return grad
