@@ -182,12 +182,13 @@ class DeviceParams:
         flat = tensor[b.start:b.start + b.size]
         return flat if b.rows == 1 else flat.view(b.rows, b.width)
 
-    def write_back(self, params: ModelParams) -> None:
-        """Copy the parameters and sums into `params`' arrays (in place)."""
-        for tensor, arrays in ((self.theta, params.arrays), (self.sums, params.sums)):
-            host = tensor.cpu().numpy()
+    def write_back(self, params: ModelParams, host: np.ndarray) -> None:
+        """Copy theta and the sums, read to the host as `host` (theta then sums), into
+        `params`' arrays (in place)."""
+        size = self.theta.numel()
+        for flat, arrays in ((host[:size], params.arrays), (host[size:], params.sums)):
             for b in self.blocks.values():
-                packed = host[b.start:b.start + b.size].reshape(b.rows, b.width)
+                packed = flat[b.start:b.start + b.size].reshape(b.rows, b.width)
                 col = 0
                 for n in b.names:
                     width = arrays[n].size // b.rows
@@ -261,7 +262,8 @@ class _Group:
 
     index: Tensor  # [G, rows] table rows to gather
     update: Tensor  # [G, rows] table rows to update (the spare row where nothing goes)
-    first: Tensor  # [G, rows] the first position of each position's row
+    fold: Tensor  # [G, rows] where a position's gradient adds (its row's first position;
+    # the first position itself adds to the scratch row at the end of the gradients)
     weight: Optional[Tensor]  # [G, capacity] relation x edge weight, 0 on padding
     rel_rows: Optional[Tensor]  # [G, 2 C n] dynamic mode: each query row's parameter row
     own: Optional[Tensor]  # [G, 2 C n] all_negs: flat score index of each row's own entity
@@ -283,8 +285,7 @@ class KindStep:
         n, C, K = kind.num_chunks, kind.chunk_size, kind.width
         dev = t.device
         self.rows = torch.empty(r.rows, t.dim, device=dev)
-        self.grads = torch.zeros_like(self.rows)
-        self.folded = torch.empty_like(self.rows)
+        self.grads = torch.zeros(r.rows + 1, t.dim, device=dev)  # and a scratch row
         self.positions = torch.arange(r.rows, device=dev)
         self.loss_sum = torch.zeros(2, n, C, device=dev)
         self.violators = torch.zeros(2, n, C, K, dtype=torch.int32, device=dev)
@@ -309,13 +310,16 @@ class KindStep:
     def _base_mask(self) -> Optional[Tensor]:
         """Columns the kind's modes leave out, -1e9 ([2, 1, C, K]); None if none."""
         kind, C, K = self.kind, self.kind.chunk_size, self.kind.width
+        used = [0 if mode is Negatives.NONE else u for mode, u in zip(kind.modes, kind.num_negatives)]
+        if all(m is Negatives.BATCH_UNIFORM for m in kind.modes) and min(used) == K - C:
+            return None
         mask = torch.zeros(2, 1, C, K)
         off_diagonal = ~torch.eye(C, dtype=torch.bool)
-        for s, (mode, u) in enumerate(zip(kind.modes, kind.num_negatives)):
+        for s, (mode, u) in enumerate(zip(kind.modes, used)):
             if mode is not Negatives.BATCH_UNIFORM:
                 mask[s, 0, :, :C][off_diagonal] = MASKED_SCORE
-            mask[s, 0, :, C + (0 if mode is Negatives.NONE else u):] = MASKED_SCORE
-        return mask.to(self.t.device) if bool(mask.any()) else None
+            mask[s, 0, :, C + u:] = MASKED_SCORE
+        return mask.to(self.t.device)
 
     def mask(self, count: int) -> Optional[Tensor]:
         """The additive mask of a batch of `count` edges ([2, n, C, K], or broadcastable;
@@ -391,14 +395,14 @@ class KindStep:
         if t.known_rows:
             step_scale, frozen = t.known_scales(update)
             update = torch.where(frozen, t.tables.spare, update)
-        first, update = _fold_plan(update, self.positions, t.tables.spare)
+        fold, update = _fold_plan(update, self.positions, t.tables.spare)
         rel_rows = None
         if t.config.dynamic_relations and self.transforms:
             # B0 (rhs positives) take the rhs operator, B1 the lhs one (lhs block first).
             rows_of = t.params.blocks[operator_key(0, "lhs", "")].rows
             rel_rows = torch.cat([rel + rows_of, rel], 1)
         own = self._own_entities(lhs_pos, rhs_pos) if Negatives.ALL in kind.modes else None
-        return _Group(index, update, first, weight, rel_rows, own, step_scale)
+        return _Group(index, update, fold, weight, rel_rows, own, step_scale)
 
     def _own_entities(self, lhs_pos: Tensor, rhs_pos: Tensor) -> Tensor:
         """all_negs: each row's flat index in the scores [2, n, C, K] of its own entity
@@ -425,10 +429,11 @@ class KindStep:
                 g = params.view(params.theta, global_emb_key(self._entity(side)))
                 for region in regions:
                     x[region] += g
-        theta = None
+        theta = expanded = None
         if self.transforms:
             theta = self._theta(group, j)
-            self.op.apply(x[r.raw], theta, out=x[r.transformed])
+            expanded = self.op.expand(theta)
+            self.op.apply(x[r.raw], theta, out=x[r.transformed], expanded=expanded)
         scored, ctx = x[r.scored], None
         if t.prepares:
             scored, ctx = t.comparator.prepare(scored)
@@ -452,7 +457,7 @@ class KindStep:
         if self.zero_param_grads:
             params.grad.zero_()
         if self.transforms:
-            self._operator_backward(group, j, x, theta)
+            self._operator_backward(group, j, x, theta, expanded)
         if t.regularizer is not None:
             self._regularize(group, j, x, count)
         if t.config.global_emb:
@@ -480,16 +485,17 @@ class KindStep:
         lhs, rhs = (params.blocks[operator_key(0, s, "")] for s in ("lhs", "rhs"))
         return tensor[lhs.start:rhs.start + rhs.size].view(-1, self.op.packed_size)
 
-    def _operator_backward(self, group: _Group, j: int, x: Tensor, theta: Tensor) -> None:
+    def _operator_backward(self, group: _Group, j: int, x: Tensor, theta: Tensor,
+                           expanded: Tensor) -> None:
         r, params, grads = self.regions, self.t.params, self.grads
         if not self.t.config.dynamic_relations:
             self.op.apply_backward(
                 x[r.raw], theta, grads[r.transformed], dx_out=grads[r.raw],
                 dtheta_out=params.view(params.grad, self.theta_block) if self.theta_block
-                else None)
+                else None, expanded=expanded)
             return
         _, dtheta = self.op.apply_backward(x[r.raw], theta, grads[r.transformed],
-                                           dx_out=grads[r.raw])
+                                           dx_out=grads[r.raw], expanded=expanded)
         self._dynamic(params.grad).index_add_(0, group.rel_rows[j], dtheta)
 
     def _regularize(self, group: _Group, j: int, x: Tensor, count: int) -> None:
@@ -532,7 +538,9 @@ class KindStep:
     def _row_adagrad(self, group: _Group, j: int) -> None:
         """Row Adagrad of the batch's rows (PBG's RowAdagrad; module docstring)."""
         t, tables = self.t, self.t.tables
-        folded = self.folded.zero_().index_add_(0, group.first[j], self.grads)
+        # Each position's gradient, and at a row's first position the others' added.
+        rows = self.regions.rows
+        folded = torch.index_add(self.grads, 0, group.fold[j], self.grads[:rows])[:rows]
         update = group.update[j]
         square = torch.baddbmm(t.sum_floor, folded.unsqueeze(1), folded.unsqueeze(2))
         tables.sums.index_add_(0, update, square.view(-1), alpha=1 / t.dim)
@@ -591,14 +599,17 @@ class _KindCursor:
 
 
 def _fold_plan(update: Tensor, positions: Tensor, spare: int) -> Tuple[Tensor, Tensor]:
-    """For rows update [G, M]: (the first position of each position's row, the rows to
-    update: each row at its first position, the spare row elsewhere), by one sort."""
+    """For rows update [G, M] (M positions, of which positions [M] are the indices): (where
+    each position's gradient adds: its row's first position, or for that first position
+    M, a scratch row; the rows to update: each row at its first position, the spare row
+    elsewhere), by one sort."""
     ordered, order = torch.sort(update, dim=1, stable=True)
     starts = torch.ones_like(ordered, dtype=torch.bool)
     torch.ne(ordered[:, 1:], ordered[:, :-1], out=starts[:, 1:])
     run_start = torch.where(starts, positions, 0).cummax(1).values
     first = torch.empty_like(order).scatter_(1, order, order.gather(1, run_start))
-    return first, torch.where(first == positions, update, spare)
+    is_first = first == positions
+    return torch.where(is_first, len(positions), first), torch.where(is_first, update, spare)
 
 
 class BucketTrainer:
@@ -669,9 +680,8 @@ class BucketTrainer:
                         members))
         return out
 
-    def train(self, edges: EdgeList, seed: int) -> Dict[str, float]:
-        """Train one pass over `edges`: PBG's stats sums {"loss", "reg", "violators_lhs",
-        "violators_rhs"}, read once."""
+    def train(self, edges: EdgeList, seed: int) -> Tensor:
+        """Train one pass over `edges`: its stats on the device (read_back reads them)."""
         dev = self.device
         self.edge_weights = edges.weight is not None
         generator = torch.Generator(device=dev).manual_seed(seed % 2 ** 64)
@@ -702,18 +712,24 @@ class BucketTrainer:
                                            counts[mine].tolist(), generator))
         for b in (host_order if host_order is not None else range(num_batches)):
             cursors[kind_of[b] if host_order is not None else 0].next()
-        return self._read_stats(steps)
+        return self._stats(steps)
 
-    def _read_stats(self, steps: Sequence["KindStep"]) -> Dict[str, float]:
-        """The stats summed over the kinds, read to the host at once."""
-        totals = torch.stack([
-            sum((s.loss_sum.sum() for s in steps), torch.zeros((), device=self.device)),
-            self.reg_sum,
-            sum((s.violators[0].sum() for s in steps), torch.zeros((), device=self.device)),
-            sum((s.violators[1].sum() for s in steps), torch.zeros((), device=self.device)),
-        ]).tolist()
-        return {"loss": totals[0], "reg": totals[1], "violators_lhs": int(totals[2]),
-                "violators_rhs": int(totals[3])}
+    def _stats(self, steps: Sequence["KindStep"]) -> Tensor:
+        """The stats summed over the kinds: [loss, reg, violators lhs, rhs], on the device."""
+        zero = torch.zeros((), device=self.device)
+        return torch.stack([
+            sum((s.loss_sum.sum() for s in steps), zero), self.reg_sum,
+            sum((s.violators[0].sum() for s in steps), zero),
+            sum((s.violators[1].sum() for s in steps), zero)])
+
+
+def read_back(stats: Tensor, shared: DeviceParams, params: ModelParams) -> Dict[str, float]:
+    """BucketTrainer.train's stats and the shared parameters (into `params`' arrays), read
+    from the device in one copy: PBG's stats sums."""
+    host = torch.cat([stats, shared.theta, shared.sums]).cpu().numpy()
+    shared.write_back(params, host[4:])
+    return {"loss": float(host[0]), "reg": float(host[1]), "violators_lhs": int(host[2]),
+            "violators_rhs": int(host[3])}
 
 
 def _upload_edges(edges: EdgeList, device: torch.device) -> Dict[str, Tensor]:
@@ -739,11 +755,10 @@ def train_bucket_on_device(config: ConfigSchema, bucket: Bucket, edges: EdgeList
     tables = DeviceTables.join(on_device)
     shared = DeviceParams(config, params, dev)
     copy_s = _synchronized(dev) - start
-    metrics = BucketTrainer(config, bucket, tables, shared, known).train(edges, seed)
+    stats = BucketTrainer(config, bucket, tables, shared, known).train(edges, seed)
     copy_start = _synchronized(dev)
-    host = {k: (torch.from_numpy(e), torch.from_numpy(s)) for k, (e, s) in partitions.items()}
-    tables.split(host)
-    shared.write_back(params)
+    metrics = read_back(stats, shared, params)
+    tables.split({k: (torch.from_numpy(e), torch.from_numpy(s)) for k, (e, s) in partitions.items()})
     copy_s += _synchronized(dev) - copy_start
     elapsed = time.perf_counter() - start
     return {"count": len(edges), "metrics": metrics,

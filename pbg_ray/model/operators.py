@@ -7,7 +7,8 @@ theta is either [P], one set for every row (per-relation mode: the batch's relat
 [M, P], one set per row (dynamic mode: the set of each edge's relation id); theta's
 gradient has theta's shape (summed over the rows for a shared set). Outputs may be written
 into given tensors (`out`, `dx_out`, `dtheta_out`), so that the device step keeps its
-buffers. `forward` / `backward` take the parameters as PBG's named tensors instead
+buffers, and `expand(theta)`, the form the math uses (complex_diagonal's 2x2 matrices), may
+be passed in once made for a batch's forward and backward. `forward` / `backward` take the parameters as PBG's named tensors instead
 (rows of any leading shape), the form the CPU kernel and the scorer use.
 
 Parameter names are PBG's checkpoint names; `dynamic_names` are those of PBG's
@@ -78,12 +79,17 @@ class Operator:
             start += size
         return out
 
-    def apply(self, x: Tensor, theta: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    def expand(self, theta: Tensor) -> Tensor:
+        """theta in the form apply and apply_backward compute with (theta itself here)."""
+        return theta
+
+    def apply(self, x: Tensor, theta: Tensor, out: Optional[Tensor] = None,
+              expanded: Optional[Tensor] = None) -> Tensor:
         return x if out is None else out.copy_(x)
 
     def apply_backward(self, x: Tensor, theta: Tensor, dy: Tensor,
-                       dx_out: Optional[Tensor] = None,
-                       dtheta_out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                       dx_out: Optional[Tensor] = None, dtheta_out: Optional[Tensor] = None,
+                       expanded: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         return (dy if dx_out is None else dx_out.copy_(dy)), theta.new_zeros(theta.shape)
 
     def forward(self, x: Tensor, p: Params) -> Tensor:
@@ -129,10 +135,10 @@ class DiagonalOperator(Operator):
     def init(self):
         return {"diagonal": np.ones(self.dim, np.float32)}
 
-    def apply(self, x, theta, out=None):
+    def apply(self, x, theta, out=None, expanded=None):
         return _mul(x, theta, out)
 
-    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None, expanded=None):
         return _mul(dy, theta, dx_out), _row_sum(dy * x, theta, dtheta_out)
 
 
@@ -151,10 +157,10 @@ class TranslationOperator(Operator):
     def init(self):
         return {"translation": np.zeros(self.dim, np.float32)}
 
-    def apply(self, x, theta, out=None):
+    def apply(self, x, theta, out=None, expanded=None):
         return x + theta if out is None else _torch().add(x, theta, out=out)
 
-    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None, expanded=None):
         return (dy if dx_out is None else dx_out.copy_(dy)), _row_sum(dy, theta, dtheta_out)
 
 
@@ -169,7 +175,7 @@ class _Linear(Operator):
     def _bias(self, theta: Tensor) -> Optional[Tensor]:
         return None
 
-    def apply(self, x, theta, out=None):
+    def apply(self, x, theta, out=None, expanded=None):
         torch = _torch()
         a, t = self._matrix(theta), self._bias(theta)
         if a.dim() == 3:  # one matrix per row
@@ -181,7 +187,7 @@ class _Linear(Operator):
             return torch.mm(x, a.t()) if out is None else torch.mm(x, a.t(), out=out)
         return torch.addmm(t, x, a.t()) if out is None else torch.addmm(t, x, a.t(), out=out)
 
-    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None, expanded=None):
         torch = _torch()
         a = self._matrix(theta)
         d2 = self.dim * self.dim
@@ -261,13 +267,13 @@ class ComplexDiagonalOperator(Operator):
                 [[1., 0.], [0., -1.], [0., 1.], [1., 0.]], dtype=theta.dtype, device=theta.device)
         return self._expansions[key]
 
-    def _matrices(self, theta: Tensor) -> Tensor:
+    def expand(self, theta):
         """A [2, 2, h] (shared) or [M, 2, 2, h] (per row) of theta [2h] or [M, 2h]."""
         h = self.dim // 2
         ri = theta.view(*theta.shape[:-1], 2, h)
         return (self._expansion(theta) @ ri).view(*theta.shape[:-1], 2, 2, h)
 
-    def apply(self, x, theta, out=None):
+    def apply(self, x, theta, out=None, expanded=None):
         h = self.dim // 2
         m = x.shape[0]
         if self._native(x, theta):
@@ -275,12 +281,12 @@ class ComplexDiagonalOperator(Operator):
             _operators.forward(x.data_ptr(), m, self.dim, theta.data_ptr(),
                                theta[h:].data_ptr(), y.data_ptr())
             return y
-        a = self._matrices(theta)
-        prod = x.view(m, 1, 2, h) * (a if a.dim() == 3 else a.view(m, 2, 2, h))
+        a = self.expand(theta) if expanded is None else expanded
+        prod = x.view(m, 1, 2, h) * a
         y = prod.sum(2) if out is None else _torch().sum(prod, 2, out=out.view(m, 2, h))
         return y.view(m, self.dim)
 
-    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None):
+    def apply_backward(self, x, theta, dy, dx_out=None, dtheta_out=None, expanded=None):
         h = self.dim // 2
         m = x.shape[0]
         if self._native(x, theta, dy):
@@ -290,9 +296,9 @@ class ComplexDiagonalOperator(Operator):
                                 theta[h:].data_ptr(), dx.data_ptr(), dtheta.data_ptr(),
                                 dtheta[h:].data_ptr())
             return dx, dtheta
-        a = self._matrices(theta)
+        a = self.expand(theta) if expanded is None else expanded
         g = dy.view(m, 2, 1, h)
-        prod = g * (a if a.dim() == 3 else a.view(m, 2, 2, h))
+        prod = g * a
         dx = prod.sum(1) if dx_out is None else _torch().sum(prod, 1, out=dx_out.view(m, 2, h))
         da = _row_sum(g * x.view(m, 1, 2, h), theta, None).view(*theta.shape[:-1], 4, h)
         expansion_t = self._expansion(theta).t()
