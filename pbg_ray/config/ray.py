@@ -43,7 +43,19 @@ class RayConfig:
         "would add a larger node) and a warning on a cluster, whose autoscaler may.")
     gpus_per_trainer: float = option(0.0, check=not_negative.with_fix(
         "Use 0 for CPU training."), help=
-        "GPUs each train task asks Ray for (0: CPU training).")
+        "GPUs each train task asks Ray for (0: CPU training). A task on a GPU trains its "
+        "bucket with the device step: the bucket's rows, parameters, negatives and stats "
+        "stay on the GPU for the bucket's life (docs/architecture.md).")
+    device_step: bool = option(False, help=
+        "Train tasks on CPUs run the device step (the GPU's, on one thread a task) instead "
+        "of the CPU kernel: the GPU path checked where no GPU is. Tasks on GPUs always run it.")
+    device_buffer: Optional[int] = option(None, check=Bounds(
+        "must be at least 2", "A bucket needs its two partitions on the device at once; use "
+        "2 or more, or null.", low=2), help=
+        "Partitions each device-step trainer keeps on its device between buckets (at least "
+        "2): a bucket copies to the device only those it lacks, and back only what a "
+        "checkpoint, a swap file or an eviction needs. null: as many as fit in half the "
+        "GPU's memory, so a table that fits crosses to it once a run (on the CPU: all).")
     placement: str = option("memory", check=one_of(PLACEMENTS), help=
         '"memory": partitions live in partition-store actors spread over the cluster; "disk": '
         "partitions are swapped to checkpoint storage, so one machine trains tables larger "

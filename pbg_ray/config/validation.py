@@ -54,6 +54,8 @@ def validate_config(config: "ConfigSchema", source: str) -> None:
              "(bias=true adds each vector's first coordinate, which no faiss metric does)",
              "Set serve.index=exact (or auto, which searches biased models exactly).")
     config.importer.validate(fail)
+    if config.ray.device_step or config.ray.gpus_per_trainer > 0 or config.num_gpus > 0:
+        _device_step_features(config, fail)
 
 
 def _relation_fits_entities(config: "ConfigSchema", idx: int, fail: Fail) -> None:
@@ -83,6 +85,26 @@ def _relation_fits_entities(config: "ConfigSchema", idx: int, fail: Fail) -> Non
         fail(f"{key}.operator",
              f"lhs {rel.lhs!r} and rhs {rel.rhs!r} have different dimensions",
              "Give both entity types the same dimension.")
+
+
+def _device_step_features(config: "ConfigSchema", fail: Fail) -> None:
+    """What the device step (GPU training, ray.device_step) does not train."""
+    key, off = (("ray.device_step", "false") if config.ray.device_step else
+                ("ray.gpus_per_trainer", "0") if config.ray.gpus_per_trainer > 0 else
+                ("num_gpus", "0"))
+    for name, entity in config.entities.items():
+        if entity.featurized:
+            fail(f"entities.{name}.featurized",
+                 f"featurized entities train on CPUs only, and {key} asks for the device step",
+                 f"Train on CPUs ({key}={off}) or make {name!r} a plain entity type.")
+    dims = {name: config.entity_dimension(name) for name in config.entities}
+    if len(set(dims.values())) > 1:
+        name = min(dims, key=lambda n: (dims[n] == config.dimension, n))
+        fail(f"entities.{name}.dimension",
+             f"the device step ({key}) trains entity types of one dimension, and they "
+             f"have {dims}",
+             f"Give every entity type dimension={config.dimension}, or train on CPUs "
+             f"({key}={off}).")
 
 
 def _training_keys(config: "ConfigSchema", fail: Fail) -> None:

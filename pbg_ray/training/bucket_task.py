@@ -19,6 +19,7 @@ by name (BucketRefs: a BucketStats, the parameters' delta, a result per partitio
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads
 from pbg_ray.training.scheduler import partitions_to_keep
+from pbg_ray.training.device_buffer import DeviceBuffer
 from pbg_ray.training.partition_buffer import PartitionBuffer, writable
 from pbg_ray.training.bucket_sources import SwapFile
 from pbg_ray.types import Bucket, EdgeList
@@ -84,6 +86,11 @@ class BucketWork:
     deltas: Tuple[bool, ...]
     warmup_s: float = 0.0  # the Hogwild warm-up (HogwildWarmUp) the driver decided
     following: Optional[Bucket] = None  # the trainer's next bucket: its edges are read ahead
+    # Per key: the version of the values the task receives and of its result once applied
+    # (None: unknown, or a delta), by which a device-step worker keeps partitions on its
+    # device (training.device_buffer).
+    versions: Tuple[Optional[str], ...] = ()
+    results: Tuple[Optional[str], ...] = ()
 
     @property
     def where(self) -> str:
@@ -114,6 +121,7 @@ class DiskPlan:
     next_use: Tuple[int, ...] = ()
     hand_over: FrozenSet[PartitionKey] = frozenset()
     write_back: Optional[Tuple[int, ...]] = None
+    ahead_versions: Tuple[Optional[str], ...] = ()  # the versions read_ahead's partitions are
 
 
 @dataclass
@@ -125,7 +133,8 @@ class TaskTiming:
     outside_kernel_s: float
     warmup_s: float
     bucket_wall_s: Optional[float] = None
-    # Within kernel_s: copying the bucket's tables and edges to the GPU and back (0 on CPU).
+    # Within kernel_s: copying partitions, parameters and edges to the device and back
+    # (the device step; 0 for the CPU kernel).
     device_copy_s: float = 0.0
 
 
@@ -151,6 +160,8 @@ class BucketStats:
     eval_after: Optional[Dict[str, Any]] = None
     partition_io: Dict[str, int] = field(default_factory=dict)
     worker: Optional[TaskWorker] = None
+    # The device step: partitions' copies and bytes to and from the device (DeviceBuffer).
+    device_io: Dict[str, int] = field(default_factory=dict)
 
     def line(self) -> Dict[str, Any]:
         """Its part of the bucket's training_stats.json line (PBG's keys; stats as per-edge
@@ -163,6 +174,8 @@ class BucketStats:
         line["timing"] = dataclasses.asdict(self.timing)
         if self.partition_io:
             line["partition_io"] = dict(self.partition_io)
+        if self.device_io:
+            line["device_io"] = dict(self.device_io)
         if self.worker is not None:
             line["worker"] = dataclasses.asdict(self.worker)
         return line
@@ -175,29 +188,43 @@ PartitionArg = Union[Tuple[np.ndarray, np.ndarray], SwapFile]
 
 # This worker process's buffers (train tasks of one worker run one at a time).
 _BUFFER = PartitionBuffer()
+_DEVICE_BUFFER = DeviceBuffer()
+
+
+def uses_device_step(config: ConfigSchema) -> bool:
+    """Whether train tasks run the device step (model.device_step): on GPUs, or with
+    ray.device_step."""
+    return gpus_per_trainer(config) > 0 or config.ray.device_step
 
 
 def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
                partitions: Sequence[PartitionArg], num_threads: int, device: str,
                known: Optional[KnownRows] = None, copies: Optional[PartitionBuffer] = None,
-               disk: DiskPlan = DiskPlan()) -> Tuple[Any, ...]:
+               disk: DiskPlan = DiskPlan(), on_device: Optional[DeviceBuffer] = None
+               ) -> Tuple[Any, ...]:
     """The pure part of the task: (BucketStats, params delta, one result per key of
     `work`, see PartitionArg). `known`: what init_path trained (incremental runs), trained
     at its own learning rate. `copies` gives the arrays the partitions are trained in (and
-    holds those written to swap files, see PartitionBuffer)."""
+    holds those written to swap files, see PartitionBuffer). With `on_device` the bucket
+    trains by the device step on `device`, from and into that buffer's partitions."""
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionBuffer(keep=False)
-    arrays, edges = _read(config, work, partitions, copies, disk, known)
+    arrays, edges = _read(config, work, partitions, copies, disk, known, on_device)
     held_out, train_edges = split_held_out(
         edges, config.eval_fraction,
         [config.seed, work.bucket.lhs, work.bucket.rhs, work.position.edge_chunk_idx])
     local = ModelParams({k: v.copy() for k, v in params.arrays.items()},
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
-    trained, copy_s, before, after = _train(config, work, held_out, train_edges, arrays,
-                                            local, num_threads, device, known)
+    if on_device is None:
+        trained, copy_s, before, after = _train(config, work, held_out, train_edges, arrays,
+                                                local, num_threads, known)
+    else:
+        trained, copy_s, before, after = _train_on_device(
+            config, work, held_out, train_edges, arrays, partitions, local, device, known,
+            on_device, disk)
     t_trained = time.perf_counter()
-    results = _results(config, work, partitions, arrays, copies, disk)
+    results = _results(config, work, partitions, arrays, copies, disk, on_device)
     delta = ModelParams({k: local.arrays[k] - params.arrays[k] for k in params.arrays},
                         {k: local.sums[k] - params.sums[k] for k in params.sums})
     t_end = time.perf_counter()
@@ -206,22 +233,28 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
                         warmup_s=work.warmup_s, device_copy_s=copy_s)
     swapped = any(isinstance(p, SwapFile) for p in partitions)
     stats = BucketStats(trained, timing, before, after,
-                        partition_io=copies.take_io() if swapped else {})
+                        partition_io=copies.take_io() if swapped else {},
+                        device_io=on_device.take_io() if on_device is not None else {})
     fault_point("train_task.before_return")
     return (stats, delta, *results)
 
 
 def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
-          copies: PartitionBuffer, disk: DiskPlan, known: Optional[KnownRows]
+          copies: PartitionBuffer, disk: DiskPlan, known: Optional[KnownRows],
+          on_device: Optional[DeviceBuffer] = None
           ) -> Tuple[Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], EdgeList]:
     """The bucket's partitions, writable, and its edges, checked (only those touching new
     entities where the incremental config says so); what the next bucket needs is read
-    ahead meanwhile."""
+    ahead meanwhile (and copied on to the device, with `on_device`)."""
     edges = copies.edges(work.edge_path, work.bucket, *work.chunk)
     arrays = {key: copies.load(config, key, p) if isinstance(p, SwapFile)
               else writable(p, copies.empty) for key, p in zip(work.keys, partitions)}
     fault_point("train_task.after_read")
-    copies.read_ahead(config, disk.read_ahead)
+    on_read = None
+    if on_device is not None and disk.ahead_versions:
+        versions = dict(zip([k for k, _ in disk.read_ahead], disk.ahead_versions))
+        on_read = lambda key, partition: on_device.ahead(key, versions[key], partition)  # noqa: E731
+    copies.read_ahead(config, disk.read_ahead, on_read)
     if work.following is not None:
         copies.read_edges_ahead(work.edge_path, work.following, *work.chunk)
     counts = partition_counts(list(work.keys), [arrays[key] for key in work.keys])
@@ -231,41 +264,52 @@ def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partition
     return arrays, edges
 
 
+def _held_out_stats(config: ConfigSchema, work: BucketWork, held_out: EdgeList,
+                    arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
+                    local: ModelParams) -> Optional[Dict[str, Any]]:
+    """PBG's sampled ranking of the bucket's held-out edges on `arrays` (None without
+    any), against eval_fraction's negatives, from the bucket's seed."""
+    from pbg_ray.model.kernel import evaluate_bucket
+
+    if not len(held_out):
+        return None
+    negatives = SampledNegatives.of_held_out(config)
+    return evaluate_bucket(config, work.bucket, held_out, arrays, local,
+                           seed=task_seed(config, work.position.iteration, work.bucket),
+                           num_batch_negs=negatives.batch, num_uniform_negs=negatives.uniform)
+
+
 def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edges: EdgeList,
            arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], local: ModelParams,
-           num_threads: int, device: str, known: Optional[KnownRows]) -> Tuple[Any, ...]:
-    """Train the bucket's edges in place: (training stats, seconds of copies to the GPU and
-    back, the held-out edges' before and after, None without held-out edges)."""
-    from pbg_ray.model.kernel import evaluate_bucket, train_bucket
+           num_threads: int, known: Optional[KnownRows]) -> Tuple[Any, ...]:
+    """Train the bucket's edges in place by the CPU kernel: (training stats, 0 seconds of
+    device copies, the held-out edges' before and after, None without held-out edges)."""
+    from pbg_ray.model.kernel import train_bucket
 
-    seed = task_seed(config, work.position.iteration, work.bucket)
-    negatives = SampledNegatives.of_held_out(config)
-
-    def held_out_stats() -> Optional[Dict[str, Any]]:
-        if not len(held_out):
-            return None
-        return evaluate_bucket(config, work.bucket, held_out, arrays, local, seed=seed,
-                               num_batch_negs=negatives.batch,
-                               num_uniform_negs=negatives.uniform)
-
-    before = held_out_stats()
+    before = _held_out_stats(config, work, held_out, arrays, local)
     trained = train_bucket(config, work.bucket, train_edges, arrays, local,
-                           num_threads=num_threads, device=device, seed=seed,
+                           num_threads=num_threads,
+                           seed=task_seed(config, work.position.iteration, work.bucket),
                            warmup_s=work.warmup_s, known=known)
-    return ({"count": trained["count"], "metrics": trained["metrics"]}, trained["device_copy_s"],
-            before, held_out_stats())
+    return ({"count": trained["count"], "metrics": trained["metrics"]}, 0.0, before,
+            _held_out_stats(config, work, held_out, arrays, local))
 
 
 def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
              arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
-             copies: PartitionBuffer, disk: DiskPlan) -> List[PartitionArg]:
+             copies: PartitionBuffer, disk: DiskPlan,
+             on_device: Optional[DeviceBuffer] = None) -> List[PartitionArg]:
     """Per key what the task returns (see PartitionArg); the swap files are written
-    behind the task, the next bucket's partitions first."""
+    behind the task, the next bucket's partitions first (each once the device's newer
+    values, if any, are copied into it)."""
     swapped = [(key, p) for key, p in zip(work.keys, partitions) if isinstance(p, SwapFile)]
     metadata = checkpoint_metadata(config, work.position) if swapped else {}
     first = {part: i for i, part in enumerate(disk.next_use)}
     for key, p in sorted(swapped, key=lambda kp: first.get(kp[0][1], len(first))):
-        copies.write_behind(config, key, p, arrays[key], metadata, key in disk.hand_over)
+        before_write = None if on_device is None else functools.partial(
+            on_device.copy_back, arrays[key])
+        copies.write_behind(config, key, p, arrays[key], metadata, key in disk.hand_over,
+                            before_write)
     if not disk.next_use:  # no bucket follows in the trainer's pass to take what is held
         copies.write_held()
     results: List[PartitionArg] = []
@@ -276,6 +320,57 @@ def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partit
         else:
             results.append((new_embs - p[0], new_sums - p[1]) if is_delta else (new_embs, new_sums))
     return results
+
+
+def _train_on_device(config: ConfigSchema, work: BucketWork, held_out: EdgeList,
+                     train_edges: EdgeList,
+                     arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
+                     partitions: Sequence[PartitionArg], local: ModelParams, device: str,
+                     known: Optional[KnownRows], on_device: DeviceBuffer, disk: DiskPlan
+                     ) -> Tuple[Any, ...]:
+    """_train by the device step: the partitions from the device buffer (copied there
+    where it lacks them), the bucket trained there, each copied back to its arrays at
+    once where the task returns them or evaluates held-out edges, else when its swap file
+    is written (the buffer's copy_back)."""
+    import torch
+
+    from pbg_ray.model.device_step import BucketTrainer, DeviceParams, DeviceTables, read_back
+    from pbg_ray.training.device_buffer import capacity, keys_by_next_use
+
+    dev = torch.device(device)
+    on_device.start(dev)
+    seed = task_seed(config, work.position.iteration, work.bucket)
+    if len(held_out):  # evaluated from the host arrays: the device's newer values first
+        for key in work.keys:
+            on_device.copy_back(arrays[key])
+    before = _held_out_stats(config, work, held_out, arrays, local)
+    start = _synchronized(dev)
+    tables_of = on_device.partitions(work.keys, work.versions or (None,) * len(work.keys),
+                                     arrays)
+    tables = DeviceTables.join(tables_of)
+    shared = DeviceParams(config, local, dev)
+    copy_s = _synchronized(dev) - start
+    stats = BucketTrainer(config, work.bucket, tables, shared, known).train(train_edges, seed)
+    copy_start = _synchronized(dev)
+    metrics = read_back(stats, shared, local)
+    tables.split(tables_of)
+    now = [is_delta or not isinstance(p, SwapFile) or len(held_out) > 0
+           for is_delta, p in zip(work.deltas, partitions)]
+    on_device.trained(work.keys, work.results or (None,) * len(work.keys), arrays, now)
+    room = capacity(config, dev, max(e.nbytes + s.nbytes for e, s in arrays.values()))
+    on_device.keep(None if room is None else max(len(work.keys), room),
+                   keys_by_next_use(config, disk.next_use, work.keys))
+    copy_s += _synchronized(dev) - copy_start
+    return ({"count": len(train_edges), "metrics": metrics}, copy_s, before,
+            _held_out_stats(config, work, held_out, arrays, local))
+
+
+def _synchronized(device: Any) -> float:
+    """time.perf_counter() once the device's queued work is done (a GPU runs behind)."""
+    if device.type == "cuda":
+        import torch
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @ray.remote(runtime_env=TASK_RUNTIME_ENV)
@@ -310,7 +405,8 @@ def train_bucket_task(config: ConfigSchema, work: BucketWork, params: ModelParam
     disk = _plan_buffer(config, work, partitions, disk, _BUFFER)
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     stats, *results = run_bucket(config, work, params, partitions, task_threads(config),
-                                 device, known, copies=_BUFFER, disk=disk)
+                                 device, known, copies=_BUFFER, disk=disk,
+                                 on_device=_DEVICE_BUFFER if uses_device_step(config) else None)
     stats.worker = TaskWorker(ray.get_runtime_context().get_node_id(), os.getpid(), start,
                               time.time())
     return (stats, *results)

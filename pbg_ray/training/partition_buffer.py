@@ -132,14 +132,16 @@ class PartitionBuffer:
         return partition
 
     def read_ahead(self, config: ConfigSchema,
-                   wanted: Sequence[Tuple[PartitionKey, PartitionSource]]) -> None:
+                   wanted: Sequence[Tuple[PartitionKey, PartitionSource]],
+                   on_read: Optional[Callable[[PartitionKey, Any], None]] = None) -> None:
         """Start reading the partitions of the next bucket that are not held, in the
-        background; the next task takes them with `load`."""
+        background; the next task takes them with `load`. `on_read(key, partition)` runs
+        on the reading thread once a partition is read (a device buffer copies it on)."""
         for key, source in wanted:
             if source.holdable and (key, source) not in self.held:
                 self.reads += 1
-                self.held[key, source] = (
-                    None, self.reader.submit(source.load, config, key, self.empty))
+                self.held[key, source] = (None, self.reader.submit(
+                    _read_ahead, config, key, source, self.empty, on_read))
 
     def read_edges_ahead(self, *where: Any) -> None:
         """Start reading the edges of read_edges(*where), the trainer's next bucket's, in
@@ -157,12 +159,16 @@ class PartitionBuffer:
 
     def write_behind(self, config: ConfigSchema, key: PartitionKey, lease: "SwapFile",
                      partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any],
-                     hand_over: bool = False) -> bool:
+                     hand_over: bool = False,
+                     before_write: Optional[Callable[[], None]] = None) -> bool:
         """Write `partition` to its swap file: in the background where it is local (the
         file's marker says when it is done), at once on object storage; then hold it.
         With `hand_over` (the trainer's next task trains it too) a local one is held for
-        that task instead, unwritten (see HandOver). Returns whether it is written."""
-        begin = functools.partial(self._begin_write, config, lease, partition, metadata)
+        that task instead, unwritten (see HandOver). `before_write` runs as the write
+        begins, whenever that is (a device buffer copies its newer values in). Returns
+        whether it is written."""
+        begin = functools.partial(self._begin_write, config, lease, partition, metadata,
+                                  before_write)
         if hand_over and self.keep and writes_behind(lease.staged):
             lease.begin_write()
             self.held[key, lease.written] = (partition, HandOver(begin, lease.asked, self.clock))
@@ -173,6 +179,8 @@ class PartitionBuffer:
         else:
             with self.lock:
                 self.writes += 1
+            if before_write is not None:
+                before_write()
             lease.write(config, *partition, metadata)
             pending = None
         if self.keep:
@@ -182,11 +190,13 @@ class PartitionBuffer:
         return True
 
     def _begin_write(self, config: ConfigSchema, lease: "SwapFile",
-                     partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any]
-                     ) -> Future:
+                     partition: Tuple[np.ndarray, np.ndarray], metadata: Dict[str, Any],
+                     before_write: Optional[Callable[[], None]] = None) -> Future:
         """Begin writing `partition` to its local swap file on the writer thread."""
         with self.lock:  # HandOver's thread begins writes too
             self.writes += 1
+        if before_write is not None:
+            before_write()
         return self.writer.submit(_write_behind, config, lease, partition, metadata)
 
     def take_io(self) -> Dict[str, int]:
@@ -250,6 +260,15 @@ class PartitionBuffer:
             self._reclaim(wait=not keep)
             if not keep:
                 self.free.clear()
+
+
+def _read_ahead(config: ConfigSchema, key: PartitionKey, source: PartitionSource,
+                empty: Callable[..., np.ndarray],
+                on_read: Optional[Callable[[PartitionKey, Any], None]]) -> Any:
+    partition = source.load(config, key, empty)
+    if on_read is not None:
+        on_read(key, partition)
+    return partition
 
 
 def _write_behind(config: ConfigSchema, lease: SwapFile, partition: Tuple[np.ndarray, np.ndarray],

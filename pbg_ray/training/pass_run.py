@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import sys
 import time
+import uuid
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
@@ -54,6 +55,7 @@ class Launched:
     following: Optional[Bucket]  # the trainer's next bucket, taken with this one
     followed: bool  # whether the following bucket's task is submitted behind this one
     t_start: float  # where its bucket_wall_s begins
+    results: Dict[PartitionKey, Optional[str]]  # the versions of its results (BucketWork)
     # The following bucket's task, submitted to start once this one has succeeded.
     successor: Optional["Launched"] = None
 
@@ -173,6 +175,7 @@ class PassRun:
         fault_point("driver.before_apply")
         self.applying += [trainer.store_of[k].update.remote(k, [task.refs.results[k]], d)
                           for k, d in zip(task.keys, task.deltas)]
+        trainer.versions.update(task.results)
         self.applying += [trainer.params.apply_delta.remote(task.refs.delta),
                           trainer.scheduler.release.remote(bucket)]
         self.sent(task)
@@ -266,6 +269,11 @@ class PassRun:
                   for k in keys]
         read_ahead = tuple((k, written[k] if k in written else replies[k]) for k in ahead
                            if k in written or replies[k] is not None)
+        # The version of each value the task receives, and a new one for each it returns
+        # (none for a delta): device-step workers keep partitions by them.
+        versions = tuple(behind[k].results[k] if k in behind else trainer.versions.get(k)
+                         for k in keys)
+        results = {k: None if d else uuid.uuid4().hex for k, d in zip(keys, deltas)}
         work = BucketWork(
             bucket, self.edge_path, self.position, trainer.num_relation_ids, tuple(keys),
             tuple(deltas), warmup_s=trainer.warm_up.seconds(
@@ -273,18 +281,23 @@ class PassRun:
                 before=previous.keys if previous is not None else ()),
             # The following bucket's edges are read while this one trains, if it has any.
             following=following if following is not None
-            and self.edge_counts[following] > 0 else None)
+            and self.edge_counts[following] > 0 else None,
+            versions=versions, results=tuple(results.values()))
+        ahead_versions = tuple(self.in_flight[k].results[k] if k in written
+                               else trainer.versions.get(k) for k, _ in read_ahead)
         refs = submit_bucket(config, work, trainer.params.get.remote(), leases, trainer.known,
                              self.disk_plan(keys, following, following_keys, followed,
-                                            read_ahead),
+                                            read_ahead, ahead_versions),
                              previous.refs.delta if previous is not None else None)
-        task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start)
+        task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start,
+                        results)
         self.in_flight.update((k, task) for k in keys)
         return task
 
     def disk_plan(self, keys: List[PartitionKey], following: Optional[Bucket],
                   following_keys: List[PartitionKey], followed: bool,
-                  read_ahead: Tuple[Tuple[PartitionKey, Any], ...]) -> DiskPlan:
+                  read_ahead: Tuple[Tuple[PartitionKey, Any], ...],
+                  ahead_versions: Tuple[Optional[str], ...]) -> DiskPlan:
         """What the task does besides its bucket (see DiskPlan): what the following bucket
         trains is held for it on the worker instead of written (see hand_over.HandOver)
         when its task follows this one; with one trainer, whose next buckets all run on
@@ -294,7 +307,7 @@ class PassRun:
             read_ahead, tuple(self.next_use(following)),
             frozenset(k for k in following_keys if k in keys) if followed else frozenset(),
             tuple(k[1] for k in following_keys)
-            if self.max_trainers == 1 and following is not None else None)
+            if self.max_trainers == 1 and following is not None else None, ahead_versions)
 
     def next_use(self, following: Optional[Bucket]) -> List[int]:
         """The partitions a trainer's next buckets need, in the order they first need

@@ -156,6 +156,8 @@ class Trainer:
         check_task_fits("ray.gpus_per_trainer", "GPU", gpus_per_trainer(self.config))
         sources, model_source = self._sources()
         self.warm_up = HogwildWarmUp(self.config, self.num_chunks)  # the partitions load anew
+        # Each partition's version (BucketWork.versions): unknown until a task trains it.
+        self.versions: Dict[PartitionKey, Optional[str]] = {}
         keys = sorted(sources)
         nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
         num_stores = self.config.ray.num_partition_stores or min(len(keys), max(1, len(nodes)))
