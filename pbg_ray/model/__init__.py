@@ -2,9 +2,12 @@
 the CPU: random-row gathers, RowAdagrad steps and the softmax loss in C, rows.py and
 losses.py; batched products through numpy's BLAS, blas.py).
 
-kernel.py        one pass of training or evaluation over a bucket's edge chunk
-                 (`train_bucket`, `evaluate_bucket`)
-embedder.py      scores, loss and gradients of one batch
+kernel.py        the CPU kernel: one pass of training or evaluation over a bucket's edge
+                 chunk (`train_bucket`, `evaluate_bucket`)
+device_step.py   the device step: a bucket trained on a GPU (or the CPU) with the host out
+                 of the batch loop (`BucketTrainer`, `train_bucket_on_device`)
+dispatch.py      a count of the aten operations and host reads of torch code (tests, benchmarks)
+embedder.py      scores, loss and gradients of one batch (the CPU kernel)
 operators.py     relation operators; comparators.py  comparators; losses.py  losses
 negatives.py     negative sampling; regularizers.py  N3
 optim.py         Adagrad and RowAdagrad updates; rows.py  random-row access (C loops)

@@ -115,19 +115,24 @@ class DeviceTables:
 
     @classmethod
     def join(cls, partitions: Dict[PartitionKey, Tuple[Tensor, Tensor]]) -> "DeviceTables":
-        """One table of the partitions (embeddings [N, D], sums [N]): a copy, except a
-        single partition with a spare row already (N + 1 rows, its size being N)."""
+        """One table of the partitions (each embeddings [N + 1, D] and sums [N + 1]: its N
+        rows, then a spare row): a single one as it is, several copied into one."""
         keys = list(partitions)
-        sizes = {k: partitions[k][0].shape[0] for k in keys}
+        sizes = {k: partitions[k][0].shape[0] - 1 for k in keys}
+        if len(keys) == 1:
+            embeddings, sums = partitions[keys[0]]
+            return cls(embeddings, sums, {keys[0]: 0}, sizes)
         offsets = dict(zip(keys, np.cumsum([0] + [sizes[k] for k in keys[:-1]]).tolist()))
-        embeddings = torch.cat([partitions[k][0] for k in keys] +
-                               [partitions[keys[0]][0].new_zeros(1, partitions[keys[0]][0].shape[1])])
-        sums = torch.cat([partitions[k][1] for k in keys] + [partitions[keys[0]][1].new_zeros(1)])
+        embeddings = torch.cat([partitions[k][0][:-1] for k in keys] +
+                               [partitions[keys[0]][0][-1:]])
+        sums = torch.cat([partitions[k][1][:-1] for k in keys] + [partitions[keys[0]][1][-1:]])
         return cls(embeddings, sums, offsets, sizes)
 
     def split(self, partitions: Dict[PartitionKey, Tuple[Tensor, Tensor]]) -> None:
-        """Copy each key's rows back into `partitions`."""
+        """Copy each key's rows back into the tensors `join` took them from."""
         for key, (embs, sums) in partitions.items():
+            if embs is self.embeddings:
+                continue
             start, size = self.offsets[key], self.sizes[key]
             embs[:size].copy_(self.embeddings[start:start + size])
             sums[:size].copy_(self.sums[start:start + size])
@@ -750,20 +755,32 @@ def train_bucket_on_device(config: ConfigSchema, bucket: Bucket, edges: EdgeList
     layout with the rate and the seconds of copies to the device and back."""
     start = time.perf_counter()
     dev = torch.device(device)
-    on_device = {k: (torch.from_numpy(e).to(dev), torch.from_numpy(s).to(dev))
-                 for k, (e, s) in partitions.items()}
+    on_device = {k: with_spare_row(e, s, dev) for k, (e, s) in partitions.items()}
     tables = DeviceTables.join(on_device)
     shared = DeviceParams(config, params, dev)
     copy_s = _synchronized(dev) - start
     stats = BucketTrainer(config, bucket, tables, shared, known).train(edges, seed)
     copy_start = _synchronized(dev)
     metrics = read_back(stats, shared, params)
-    tables.split({k: (torch.from_numpy(e), torch.from_numpy(s)) for k, (e, s) in partitions.items()})
+    tables.split(on_device)
+    for key, (embs, sums) in partitions.items():
+        torch.from_numpy(embs).copy_(on_device[key][0][:-1])
+        torch.from_numpy(sums).copy_(on_device[key][1][:-1])
     copy_s += _synchronized(dev) - copy_start
     elapsed = time.perf_counter() - start
     return {"count": len(edges), "metrics": metrics,
             "edges_per_s": len(edges) / elapsed if elapsed > 0 else 0.0,
             "device_copy_s": copy_s}
+
+
+def with_spare_row(embeddings: np.ndarray, sums: np.ndarray, device: torch.device
+                   ) -> Tuple[Tensor, Tensor]:
+    """A partition on `device` as DeviceTables takes it: its rows, then a spare row."""
+    e = torch.empty(len(embeddings) + 1, embeddings.shape[1], device=device)
+    s = torch.zeros(len(sums) + 1, device=device)
+    e[:-1].copy_(torch.from_numpy(embeddings))
+    s[:-1].copy_(torch.from_numpy(sums))
+    return e, s
 
 
 def _synchronized(device: torch.device) -> float:

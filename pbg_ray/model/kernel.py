@@ -1,14 +1,14 @@
-"""The bucket kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
+"""The CPU kernel: one pass of training (or evaluation) over one edge chunk of a bucket.
 
-PyTorch over numpy arrays the caller owns, with on the CPU C loops for the row gathers,
-RowAdagrad steps (rows.py) and softmax loss (losses.py), and numpy's BLAS for the batched
-products (blas.py). Entity partitions and shared parameters are updated in place
-(zero-copy views on CPU; copied to the GPU and back on device="cuda"). On CPU,
+PyTorch over numpy arrays the caller owns, with C loops for the row gathers, RowAdagrad
+steps (rows.py) and softmax loss (losses.py), and numpy's BLAS for the batched products
+(blas.py). Entity partitions and shared parameters are updated in place (zero-copy views).
 `num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
 the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild
 processes do: the ~100 small ops of a batch do not scale with intra-op threads,
 independent batches do. A bucket's batches and each batch's negatives follow its seed
-alone, whichever thread trains the batch, so threads add only Hogwild's races.
+alone, whichever thread trains the batch, so threads add only Hogwild's races. (A GPU
+trains by the device step, model.device_step.)
 """
 
 from __future__ import annotations
@@ -113,15 +113,14 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
 
 
 class KernelState:
-    """Torch views of the caller's arrays (copies on a GPU) and the optimizers' settings."""
+    """Torch views of the caller's arrays and the optimizers' settings."""
 
     def __init__(self, config: ConfigSchema, partitions, params: ModelParams,
-                 device: torch.device, writable: bool, known: Optional[KnownRows] = None) -> None:
+                 writable: bool, known: Optional[KnownRows] = None) -> None:
         def view(a: np.ndarray) -> Tensor:
             with warnings.catch_warnings():  # read-only arrays are fine when nothing writes
                 warnings.simplefilter("ignore", UserWarning)
-                return torch.from_numpy(a).to(device)
-        self.device = device
+                return torch.from_numpy(a)
         self.tables = {k: view(e) for k, (e, _) in partitions.items()}
         self.sums = {k: view(s) for k, (_, s) in partitions.items()} if writable else {}
         self.params = {k: view(a) for k, a in params.arrays.items()}
@@ -133,23 +132,13 @@ class KernelState:
         if known and known.lr_scale != 1:
             for name, rows in known.params.items():
                 if rows and name in self.params:
-                    scale = torch.ones(self.params[name].shape[0], device=device)
+                    scale = torch.ones(self.params[name].shape[0])
                     scale[:rows] = known.lr_scale
                     self.param_scale[name] = scale
         self.embedder = Embedder(config, self.tables, self.params, renorm_in_place=writable,
                                  frozen_rows=self.known_rows if self.known_scale == 0 else None)
         self.lr = config.lr
         self.relation_lr = relation_lr(config)
-
-    def copy_back(self, partitions, params: ModelParams) -> None:
-        if self.device.type == "cpu":
-            return  # the tensors are views of the arrays
-        for k, (e, s) in partitions.items():
-            e[...] = self.tables[k].cpu().numpy()
-            s[...] = self.sums[k].cpu().numpy()
-        for k in params.arrays:
-            params.arrays[k][...] = self.params[k].cpu().numpy()
-            params.sums[k][...] = self.param_sums[k].cpu().numpy()
 
 
 def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Tensor]
@@ -254,9 +243,8 @@ def _run_workers(num_workers: int, queue: BatchQueue, work: Callable[[int], Any]
 
 def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                  partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
-                 params: ModelParams, *, num_threads: int = 1, device: str = "cpu",
-                 seed: int = 0, warmup_s: float = 0.0,
-                 known: Optional[KnownRows] = None) -> Dict[str, Any]:
+                 params: ModelParams, *, num_threads: int = 1, seed: int = 0,
+                 warmup_s: float = 0.0, known: Optional[KnownRows] = None) -> Dict[str, Any]:
     """Train one pass over `edges` in batches of config.batch_size, updating the partitions'
     embeddings and row-Adagrad sums and the shared params in place (what `known` names
     at its scaled learning rate).
@@ -266,53 +254,37 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     thread trains it. With `warmup_s` the first thread trains alone for that long before
     the others join (BatchQueue), as PBG's first Hogwild process does in the first epoch.
 
-    Returns PBG's stats layout, metrics summed over batches, with the rate and the
-    seconds spent copying the tables, params and edges to a GPU and back (0 on CPU):
-    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s",
-    "device_copy_s"}.
+    Returns PBG's stats layout, metrics summed over batches, with the rate:
+    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.
     """
     start = time.perf_counter()
-    dev = torch.device(device)
-    num_workers = max(1, num_threads) if dev.type == "cpu" else 1
+    num_workers = max(1, num_threads)
     batches = edge_batches(config, edges.rel, config.batch_size, np.random.default_rng(seed))
     queue = BatchQueue(len(batches), warmup_s)
-    copy_start = time.perf_counter()
-    state = KernelState(config, partitions, params, dev, writable=True, known=known)
-    tensors = EdgeTensors(edges, dev)
-    copy_s = _synchronized(dev) - copy_start
+    state = KernelState(config, partitions, params, writable=True, known=known)
+    tensors = EdgeTensors(edges, torch.device("cpu"))
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
 
     def work(worker: int) -> np.ndarray:
         generator = torch.Generator()
-        owners = {k: torch.empty(n, dtype=torch.long, device=dev) for k, n in sizes.items()}
+        owners = {k: torch.empty(n, dtype=torch.long) for k, n in sizes.items()}
         totals = np.zeros(4)
         while (i := queue.take()) is not None:
             generator.manual_seed((seed + 1 + i) % 2**64)
-            batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]).to(dev),
+            batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]),
                                 config.num_batch_negs, config.num_uniform_negs, sizes, generator)
             totals += train_batch(state, batch, owners)
         return totals
 
-    with cpu_threads(1 if dev.type == "cpu" else torch.get_num_threads()):
+    with cpu_threads(1):
         totals = sum(_run_workers(num_workers, queue, work), np.zeros(4))
-    copy_start = _synchronized(dev)  # once the training queued on a GPU is done
-    state.copy_back(partitions, params)
-    copy_s += _synchronized(dev) - copy_start
     elapsed = time.perf_counter() - start
     return {
         "count": len(edges),
         "metrics": {"loss": float(totals[0]), "reg": float(totals[1]),
                     "violators_lhs": int(totals[2]), "violators_rhs": int(totals[3])},
         "edges_per_s": len(edges) / elapsed if elapsed > 0 else 0.0,
-        "device_copy_s": copy_s if dev.type != "cpu" else 0.0,
     }
-
-
-def _synchronized(device: torch.device) -> float:
-    """time.perf_counter() once the device's queued work is done (a GPU runs behind)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:
@@ -373,7 +345,7 @@ def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                for idx in edge_batches(config, edges.rel, batch_size, None)]
     arrays = {k: _read_named_rows(batches, k, p) if isinstance(p, PartitionRows) else p
               for k, p in partitions.items()}
-    state = KernelState(config, arrays, params, torch.device("cpu"), writable=False)
+    state = KernelState(config, arrays, params, writable=False)
     totals = dict.fromkeys(("pos_rank", "mrr", "r1", "r10", "r50", "auc"), 0.0)
     for batch in batches:
         scores = state.embedder.forward(batch)

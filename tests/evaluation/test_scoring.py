@@ -47,7 +47,7 @@ def case(operator, comparator, dynamic=False, **overrides):
 ])
 def test_side_scores_are_the_embedders(operator, comparator, dynamic, extra):
     config, parts, params, edges = case(operator, comparator, dynamic, **extra)
-    state = KernelState(config, parts, params, torch.device("cpu"), writable=False)
+    state = KernelState(config, parts, params, writable=False)
     sizes = {k: len(t) for k, t in state.tables.items()}
     batch = build_batch(config, Bucket(0, 0), EdgeTensors(edges, torch.device("cpu")),
                         torch.arange(len(edges)), 5, 4, sizes, torch.Generator().manual_seed(0))

@@ -107,7 +107,7 @@ def make_case(num_edges: int = 23, seed: int = 0, weights: bool = False,
 def ours(case: Case, seed: int = 0, eval_negs: bool = False) -> Tuple[KernelState, Batch]:
     """Our kernel state on copies of the case's arrays, and a batch of all its edges."""
     parts, params = case.copy_state()
-    state = KernelState(case.config, parts, params, torch.device("cpu"), writable=True)
+    state = KernelState(case.config, parts, params, writable=True)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
     c = case.config
     negs = (c.eval_num_batch_negs, c.eval_num_uniform_negs) if eval_negs else \

@@ -173,18 +173,3 @@ def test_params_from_checkpoint_defaults_and_errors():
     with pytest.raises(PbgRayError, match="shape"):
         params_from_checkpoint(case.config, 2, {"relations/0/operator/rhs/diagonal": np.ones(3)},
                                None)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_matches_cpu():
-    case = make_case(num_edges=200, operator="complex_diagonal", loss_fn="softmax")
-    results = []
-    for device in ("cpu", "cuda"):
-        parts, params = case.copy_state()
-        stats = train_bucket(case.config, Bucket(0, 0), case.edges, parts, params,
-                             device=device, seed=0)
-        results.append((stats["metrics"]["loss"], parts))
-    assert results[0][0] == pytest.approx(results[1][0], rel=1e-4)
-    for key in results[0][1]:
-        np.testing.assert_allclose(results[0][1][key][0], results[1][1][key][0], atol=1e-4)
