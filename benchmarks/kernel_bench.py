@@ -6,7 +6,11 @@ Two settings (issue 4):
      1000 batch + 1000 uniform negatives.
 Both trainers run Hogwild with `--workers` workers on identical initial embeddings and edges:
 torchbiggraph as its train loop does (a spawn pool of processes, each running
-process_in_batches with its Trainer and RowAdagrad), pbg_ray through `train_bucket`.
+process_in_batches with its Trainer and RowAdagrad), pbg_ray through `train_bucket` (the CPU
+kernel). With --device cuda (or --device-step on the CPU) pbg_ray's side is the device step
+(`train_bucket_on_device`), and a bucket of --profile-batches more batches is counted: on a
+GPU torch's profiler counts kernel launches and host synchronisations per batch, on the CPU
+a dispatch counter counts aten operations per batch and host reads.
 
 Also measures the machine's float32 matmul GFLOP/s (with --workers threads, or on the GPU
 with --device cuda) right before
@@ -18,6 +22,7 @@ it. Each trainer's edges/s is the best of --repeats runs. The last line is
 one JSON object with all the figures.
 
 Run: python benchmarks/kernel_bench.py [--edges-a 300000] [--edges-b 60000] [--device cuda]
+     [--device-step] [--profile-batches 50]
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import sys
 import time
 import warnings
 from functools import partial
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from pbg_ray.model.native import KERNEL_ENV
 
@@ -44,9 +49,18 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pbg_ray.config import ConfigSchema  # noqa: E402
+from pbg_ray.model.device_step import train_bucket_on_device  # noqa: E402
+from pbg_ray.model.dispatch import DispatchCount  # noqa: E402
 from pbg_ray.model.kernel import train_bucket  # noqa: E402
-from pbg_ray.model.params import init_params
-from pbg_ray.types import Bucket, EdgeList
+from pbg_ray.model.params import init_params  # noqa: E402
+from pbg_ray.types import Bucket, EdgeList  # noqa: E402
+
+# torch's profiler's names of the CUDA runtime calls that launch a kernel (a captured
+# graph's replay counts once) and that wait for the device (a copy to the host waits too).
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+            "cudaGraphLaunch")
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+         "cudaMemcpy", "cudaStreamWaitEvent")
 
 SETTINGS: Dict[str, Dict[str, Any]] = {
     "A": dict(operator="complex_diagonal", comparator="dot", loss_fn="softmax",
@@ -105,16 +119,48 @@ def config_dict(setting: Dict[str, Any], workers: int) -> Dict[str, Any]:
 
 
 def run_pbg_ray(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList, workers: int,
-                device: str) -> float:
+                device: Optional[str]) -> float:
+    """pbg_ray's edges/s on the bucket: the CPU kernel on `workers` threads, or (device
+    set) the device step there, after a warm-up of 10 batches."""
     config = ConfigSchema.from_dict(config_dict(setting, workers))
     partitions = {("node", 0): (embs.copy(), np.zeros(len(embs), np.float32))}
     params = init_params(config, 1)
     warm = edges[slice(0, min(len(edges), 10 * setting["batch_size"]))]
-    train_bucket(config, Bucket(0, 0), warm, partitions, params, num_threads=workers,
-                 device=device)
-    stats = train_bucket(config, Bucket(0, 0), edges, partitions, params,
-                         num_threads=workers, device=device, seed=1)
+    train = (partial(train_bucket, num_threads=workers) if device is None
+             else partial(train_bucket_on_device, device=device))
+    train(config, Bucket(0, 0), warm, partitions, params)
+    stats = train(config, Bucket(0, 0), edges, partitions, params, seed=1)
     return stats["edges_per_s"]
+
+
+def count_device_step(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList,
+                      device: str) -> Dict[str, float]:
+    """What a bucket of the device step asks of `device` per batch: on a GPU kernel
+    launches and host synchronisations (torch's profiler), on the CPU aten operations and
+    host reads (DispatchCount)."""
+    config = ConfigSchema.from_dict(config_dict(setting, 1))
+    partitions = {("node", 0): (embs.copy(), np.zeros(len(embs), np.float32))}
+    params = init_params(config, 1)
+    batches = -(-len(edges) // setting["batch_size"])
+    train_bucket_on_device(config, Bucket(0, 0), edges, partitions, params, device=device)
+    if device == "cpu":
+        count = DispatchCount()
+        with count.watching_reads():
+            train_bucket_on_device(config, Bucket(0, 0), edges, partitions, params,
+                                   device=device, seed=2)
+        return {"batches": batches, "ops_per_batch": count.num_ops / batches,
+                "host_reads_per_bucket": count.num_host_reads}
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        train_bucket_on_device(config, Bucket(0, 0), edges, partitions, params,
+                               device=device, seed=2)
+    calls: Dict[str, int] = {}
+    for event in prof.events():
+        calls[event.name] = calls.get(event.name, 0) + 1
+    return {"batches": batches,
+            "launches_per_batch": sum(calls.get(n, 0) for n in LAUNCHES) / batches,
+            "host_syncs_per_batch": sum(calls.get(n, 0) for n in SYNCS) / batches,
+            "device_to_host_copies": calls.get("cudaMemcpyAsync", 0)}
 
 
 def run_torchbiggraph(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList,
@@ -172,28 +218,35 @@ def main() -> None:
     parser.add_argument("--edges-b", type=int, default=60_000)
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--device", default="cpu", help="pbg_ray's device (cpu or cuda)")
+    parser.add_argument("--device", default="cpu",
+                        help="pbg_ray's device (cpu or cuda: the device step)")
+    parser.add_argument("--device-step", action="store_true",
+                        help="on the CPU too, pbg_ray's side is the device step (one thread)")
+    parser.add_argument("--profile-batches", type=int, default=50,
+                        help="batches of the device step's counted bucket (0: none)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per trainer (best edges/s; median fraction of the bound)")
     parser.add_argument("--skip-torchbiggraph", action="store_true")
     args = parser.parse_args()
 
+    step_device = args.device if args.device != "cpu" or args.device_step else None
     result: Dict[str, Any] = {"workers": args.workers, "device": args.device,
-                              "repeats": args.repeats}
+                              "repeats": args.repeats, "device_step": step_device is not None}
     if args.device == "cpu":
-        matmul_unit = f"{args.workers} threads"
+        matmul_unit = f"{1 if step_device else args.workers} threads"
     else:
         matmul_unit = torch.cuda.get_device_name()
         result["device_name"] = matmul_unit
+    threads = 1 if step_device == "cpu" else args.workers
     for name, num_edges in (("A", args.edges_a), ("B", args.edges_b)):
         setting = SETTINGS[name]
         embs, edges = make_bucket(args.entities, num_edges, seed=0)
         flops = flops_per_edge(setting)
         runs, rates, fractions = [], [], []
         for repeat in range(args.repeats):
-            before = matmul_gflops(args.workers, seconds=1.0, device=args.device)
-            runs.append(run_pbg_ray(setting, embs, edges, args.workers, args.device))
-            rates.append((before + matmul_gflops(args.workers, 1.0, args.device)) / 2)
+            before = matmul_gflops(threads, seconds=1.0, device=args.device)
+            runs.append(run_pbg_ray(setting, embs, edges, args.workers, step_device))
+            rates.append((before + matmul_gflops(threads, 1.0, args.device)) / 2)
             fractions.append(runs[-1] * flops / (rates[-1] * 1e9))
             print(f"setting {name} run {repeat + 1}: pbg_ray {runs[-1]:,.0f} edges/s; float32 "
                   f"matmul around it, {matmul_unit}: {rates[-1]:.1f} GFLOP/s; "
@@ -219,6 +272,19 @@ def main() -> None:
         print(f"  matmul FLOPs per edge {flops:,} (batch block shared between sides); "
               f"compute bound {bound:,.0f} edges/s at the median {gflops:.1f} GFLOP/s; "
               f"pbg_ray at {fraction:.0%} of it (median of the runs' fractions)")
+        if step_device is not None and args.profile_batches:
+            counted = count_device_step(
+                setting, embs, edges[slice(0, args.profile_batches * setting["batch_size"])],
+                step_device)
+            entry["device_step_counts"] = counted
+            if step_device == "cpu":
+                print(f"  device step per batch ({counted['batches']} batches): "
+                      f"{counted['ops_per_batch']:.1f} aten operations; "
+                      f"{counted['host_reads_per_bucket']} host read(s) in the bucket")
+            else:
+                print(f"  device step per batch ({counted['batches']} batches, torch's "
+                      f"profiler): {counted['launches_per_batch']:.1f} kernel launches, "
+                      f"{counted['host_syncs_per_batch']:.2f} host synchronisations")
         result[name] = entry
     print(json.dumps(result))
 

@@ -213,7 +213,8 @@ connect_ray(config.ray)  # the local Ray `python -m pbg_ray.train` starts
 t = time.perf_counter()
 result = Trainer(config).run()
 seconds = time.perf_counter() - t
-timing = [dict(s["timing"], epoch_idx=s["epoch_idx"], **s.get("partition_io", {}))
+timing = [dict(s["timing"], epoch_idx=s["epoch_idx"], start=s["worker"]["start"],
+               end=s["worker"]["end"], **s.get("partition_io", {}), **s.get("device_io", {}))
           for s in result.bucket_stats]
 print("TRAIN_SECONDS", seconds)
 print("TIMING", json.dumps(timing))
