@@ -10,7 +10,8 @@
 #                placement (the device buffer's copies, the same checkpoint both ways)
 #   kernels      kernel_bench's settings A and B on the GPU (edges/s, share of the GPU's
 #                matmul rate, kernel launches and host synchronisations per batch by
-#                torch's profiler), then on 2 CPU threads (the CPU kernel)
+#                torch's profiler), the kernels launched one by one and as CUDA graphs
+#                (ray.cuda_graphs), then on 2 CPU threads (the CPU kernel)
 #   gpu_bench    the engine on the GPU against CPU threads: 1 partition in memory, 8 on
 #                disk; edges/s per epoch, bytes to the device and back per epoch, MRR
 #   cpu_trainers the 8-partition graph on 1, 2, 4 and 8 CPU trainers of 2 threads
@@ -57,8 +58,11 @@ for s in $steps; do
     tests) step tests 150 python3 -m pytest -q -m gpu tests/model/test_device_step.py \
         tests/training/test_device_training.py ;;
     kernels)
-        step kernel_cuda 90 python3 benchmarks/kernel_bench.py --device cuda \
+        step kernel_cuda 75 python3 benchmarks/kernel_bench.py --device cuda \
             --skip-torchbiggraph --repeats 2 --edges-a 3000000 --edges-b 600000
+        step kernel_cuda_graphs 75 python3 benchmarks/kernel_bench.py --device cuda \
+            --cuda-graphs --skip-torchbiggraph --repeats 2 --edges-a 3000000 --edges-b 600000 \
+            --profile-batches 320
         step kernel_cpu 60 python3 benchmarks/kernel_bench.py --device cpu --workers 2 \
             --skip-torchbiggraph --repeats 1 ;;
     gpu_bench) step gpu_bench 210 python3 benchmarks/gpu_bench.py --scale "$scale" \

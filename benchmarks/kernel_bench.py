@@ -119,7 +119,7 @@ def config_dict(setting: Dict[str, Any], workers: int) -> Dict[str, Any]:
 
 
 def run_pbg_ray(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList, workers: int,
-                device: Optional[str]) -> float:
+                device: Optional[str], cuda_graphs: bool = False) -> float:
     """pbg_ray's edges/s on the bucket: the CPU kernel on `workers` threads, or (device
     set) the device step there, after a warm-up of 10 batches."""
     config = ConfigSchema.from_dict(config_dict(setting, workers))
@@ -127,14 +127,14 @@ def run_pbg_ray(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList, work
     params = init_params(config, 1)
     warm = edges[slice(0, min(len(edges), 10 * setting["batch_size"]))]
     train = (partial(train_bucket, num_threads=workers) if device is None
-             else partial(train_bucket_on_device, device=device))
+             else partial(train_bucket_on_device, device=device, cuda_graphs=cuda_graphs))
     train(config, Bucket(0, 0), warm, partitions, params)
     stats = train(config, Bucket(0, 0), edges, partitions, params, seed=1)
     return stats["edges_per_s"]
 
 
 def count_device_step(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList,
-                      device: str) -> Dict[str, float]:
+                      device: str, cuda_graphs: bool = False) -> Dict[str, float]:
     """What a bucket of the device step asks of `device` per batch: on a GPU kernel
     launches and host synchronisations (torch's profiler), on the CPU aten operations and
     host reads (DispatchCount)."""
@@ -142,7 +142,8 @@ def count_device_step(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList
     partitions = {("node", 0): (embs.copy(), np.zeros(len(embs), np.float32))}
     params = init_params(config, 1)
     batches = -(-len(edges) // setting["batch_size"])
-    train_bucket_on_device(config, Bucket(0, 0), edges, partitions, params, device=device)
+    train = partial(train_bucket_on_device, device=device, cuda_graphs=cuda_graphs)
+    train(config, Bucket(0, 0), edges, partitions, params)
     if device == "cpu":
         count = DispatchCount()
         with count.watching_reads():
@@ -152,8 +153,7 @@ def count_device_step(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList
                 "host_reads_per_bucket": count.num_host_reads}
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        train_bucket_on_device(config, Bucket(0, 0), edges, partitions, params,
-                               device=device, seed=2)
+        train(config, Bucket(0, 0), edges, partitions, params, seed=2)
     calls: Dict[str, int] = {}
     for event in prof.events():
         calls[event.name] = calls.get(event.name, 0) + 1
@@ -222,7 +222,10 @@ def main() -> None:
                         help="pbg_ray's device (cpu or cuda: the device step)")
     parser.add_argument("--device-step", action="store_true",
                         help="on the CPU too, pbg_ray's side is the device step (one thread)")
-    parser.add_argument("--profile-batches", type=int, default=50,
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="the device step on the GPU replays each group of 64 batches as "
+                             "a captured CUDA graph")
+    parser.add_argument("--profile-batches", type=int, default=128,
                         help="batches of the device step's counted bucket (0: none)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="runs per trainer (best edges/s; median fraction of the bound)")
@@ -231,7 +234,8 @@ def main() -> None:
 
     step_device = args.device if args.device != "cpu" or args.device_step else None
     result: Dict[str, Any] = {"workers": args.workers, "device": args.device,
-                              "repeats": args.repeats, "device_step": step_device is not None}
+                              "repeats": args.repeats, "device_step": step_device is not None,
+                              "cuda_graphs": args.cuda_graphs}
     if args.device == "cpu":
         matmul_unit = f"{1 if step_device else args.workers} threads"
     else:
@@ -245,7 +249,8 @@ def main() -> None:
         runs, rates, fractions = [], [], []
         for repeat in range(args.repeats):
             before = matmul_gflops(threads, seconds=1.0, device=args.device)
-            runs.append(run_pbg_ray(setting, embs, edges, args.workers, step_device))
+            runs.append(run_pbg_ray(setting, embs, edges, args.workers, step_device,
+                                    args.cuda_graphs))
             rates.append((before + matmul_gflops(threads, 1.0, args.device)) / 2)
             fractions.append(runs[-1] * flops / (rates[-1] * 1e9))
             print(f"setting {name} run {repeat + 1}: pbg_ray {runs[-1]:,.0f} edges/s; float32 "
@@ -275,7 +280,7 @@ def main() -> None:
         if step_device is not None and args.profile_batches:
             counted = count_device_step(
                 setting, embs, edges[slice(0, args.profile_batches * setting["batch_size"])],
-                step_device)
+                step_device, args.cuda_graphs)
             entry["device_step_counts"] = counted
             if step_device == "cpu":
                 print(f"  device step per batch ({counted['batches']} batches): "

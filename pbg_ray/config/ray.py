@@ -49,6 +49,11 @@ class RayConfig:
     device_step: bool = option(False, help=
         "Train tasks on CPUs run the device step (the GPU's, on one thread a task) instead "
         "of the CPU kernel: the GPU path checked where no GPU is. Tasks on GPUs always run it.")
+    cuda_graphs: bool = option(False, help=
+        "Train tasks on GPUs run each group of 64 full batches of a bucket of one relation (or "
+        "of dynamic relations) as one captured CUDA graph, one launch for the group's "
+        "kernels; kernel_bench --cuda-graphs measures it against launching them one by "
+        "one (docs/benchmarks.md, the GPU path).")
     device_buffer: Optional[int] = option(None, check=Bounds(
         "must be at least 2", "A bucket needs its two partitions on the device at once; use "
         "2 or more, or null.", low=2), help=

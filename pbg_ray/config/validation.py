@@ -56,6 +56,9 @@ def validate_config(config: "ConfigSchema", source: str) -> None:
     config.importer.validate(fail)
     if config.ray.device_step or config.ray.gpus_per_trainer > 0 or config.num_gpus > 0:
         _device_step_features(config, fail)
+    if config.ray.cuda_graphs and not (config.ray.gpus_per_trainer > 0 or config.num_gpus > 0):
+        fail("ray.cuda_graphs", "CUDA graphs need train tasks on GPUs",
+             "Set ray.gpus_per_trainer above 0, or ray.cuda_graphs=false.")
 
 
 def _relation_fits_entities(config: "ConfigSchema", idx: int, fail: Fail) -> None:

@@ -575,32 +575,85 @@ class _BatchTable:
 
 
 class _KindCursor:
-    """A kind's batches in the drawn order, indexed a group at a time."""
+    """A kind's batches in the drawn order, indexed a group at a time; with `graph`, each
+    group of GROUP_BATCHES full batches runs as one captured CUDA graph."""
 
     def __init__(self, step: KindStep, table: _BatchTable, sequence: Tensor,
-                 counts: Optional[List[int]], generator: torch.Generator) -> None:
+                 counts: List[int], generator: torch.Generator,
+                 graph: Optional["_GroupGraph"] = None) -> None:
         self.step_, self.table, self.sequence = step, table, sequence
-        self.counts = counts  # each batch's edges in order, where any is padded
+        self.counts = counts  # each batch's edges, in order
         self.generator = generator
+        self.graph = graph
         self.done = 0
         self.group: Optional[_Group] = None
         self.group_start = 0
+
+    def _next_group(self) -> _Group:
+        ids = self.sequence[self.done:self.done + GROUP_BATCHES]
+        tab = self.table
+        self.group_start = self.done
+        return self.step_.index_group(
+            tab.pos.index_select(0, ids), self.step_.draw_negatives(ids.shape[0], self.generator),
+            None if tab.weight is None else tab.weight.index_select(0, ids),
+            None if tab.rel is None else tab.rel.index_select(0, ids))
 
     def next(self) -> None:
         """Train the kind's next batch."""
         j = self.done - self.group_start
         if self.group is None or j == self.group.index.shape[0]:
-            ids = self.sequence[self.done:self.done + GROUP_BATCHES]
-            tab = self.table
-            self.group = self.step_.index_group(
-                tab.pos.index_select(0, ids),
-                self.step_.draw_negatives(ids.shape[0], self.generator),
-                None if tab.weight is None else tab.weight.index_select(0, ids),
-                None if tab.rel is None else tab.rel.index_select(0, ids))
-            self.group_start, j = self.done, 0
-        count = self.step_.kind.capacity if self.counts is None else self.counts[self.done]
-        self.step_.step(self.group, j, count)
+            self.group, j = self._next_group(), 0
+        self.step_.step(self.group, j, self.counts[self.done])
         self.done += 1
+
+    def run(self) -> None:
+        """Train all of the kind's batches (the bucket's only kind)."""
+        capacity = self.step_.kind.capacity
+        while self.done < len(self.counts):
+            counts = self.counts[self.done:self.done + GROUP_BATCHES]
+            if self.graph is not None and len(counts) == GROUP_BATCHES and min(counts) == capacity:
+                self.graph.run(self._next_group())
+                self.done += GROUP_BATCHES
+            else:
+                self.next()
+
+
+class _GroupGraph:
+    """A kind's group of GROUP_BATCHES full batches as one CUDA graph: the first group runs
+    as it is, on a side stream (first uses of cuBLAS and the allocator stay out of the
+    graph), the second is captured, then every group is copied into the inputs the graph
+    reads and the graph replayed: one launch where the group's kernels were one each."""
+
+    def __init__(self, step: KindStep) -> None:
+        self.step = step
+        self.inputs: Optional[_Group] = None
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.warm = False
+
+    def _steps(self) -> None:
+        for j in range(GROUP_BATCHES):
+            self.step.step(self.inputs, j, self.step.kind.capacity)
+
+    def run(self, group: _Group) -> None:
+        if self.inputs is None:
+            self.inputs = group
+        else:
+            for name, tensor in dataclasses.asdict(group).items():
+                if tensor is not None:
+                    getattr(self.inputs, name).copy_(tensor)
+        if not self.warm:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._steps()
+            torch.cuda.current_stream().wait_stream(side)
+            self.warm = True
+            return
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self._steps()
+        self.graph.replay()
 
 
 def _fold_plan(update: Tensor, positions: Tensor, spare: int) -> Tuple[Tensor, Tensor]:
@@ -621,8 +674,11 @@ class BucketTrainer:
     """A bucket's training on a device: its kinds' steps over DeviceTables and DeviceParams."""
 
     def __init__(self, config: ConfigSchema, bucket: Bucket, tables: DeviceTables,
-                 params: DeviceParams, known: Optional[KnownRows] = None) -> None:
+                 params: DeviceParams, known: Optional[KnownRows] = None,
+                 cuda_graphs: bool = False) -> None:
         self.config, self.bucket, self.tables, self.params = config, bucket, tables, params
+        # Replay full groups of a one-kind bucket as captured CUDA graphs (_GroupGraph).
+        self.cuda_graphs = cuda_graphs
         self.device = tables.embeddings.device
         self.dim = tables.embeddings.shape[1]
         self.lr = config.lr
@@ -697,26 +753,33 @@ class BucketTrainer:
             starts = np.arange(0, len(members), self.config.batch_size)
             batches.append((members, starts, np.minimum(self.config.batch_size,
                                                         len(members) - starts)))
-        # The batch order, then each kind's batches shuffled: drawn on the device.
-        num_batches = sum(len(b[1]) for b in batches)
-        order = torch.randperm(num_batches, generator=generator, device=dev)
-        kind_of = np.repeat(np.arange(len(steps)), [len(b[1]) for b in batches])
-        first_of = np.cumsum([0] + [len(b[1]) for b in batches])
-        padded = any((count < self.config.batch_size).any() for _, _, count in batches)
-        host_order = order.tolist() if len(steps) > 1 or padded else None  # the plan's read
-        cursors = []
-        for k, (step, (members, starts, counts)) in enumerate(zip(steps, batches)):
+        # Each kind's edges shuffled, then the batch order: drawn on the device. A bucket of
+        # one kind runs its short batch (if any) last, so the host needs no plan; one of
+        # several kinds reads the order once.
+        tables = []
+        for step, (members, starts, counts) in zip(steps, batches):
             perm = torch.randperm(len(members), generator=generator, device=dev)
             shuffled = torch.from_numpy(members).to(dev)[perm]
-            table = step.batch_table(on_device, shuffled, starts, counts)
-            if host_order is None:
-                cursors.append(_KindCursor(step, table, order, None, generator))
-            else:
-                mine = [b - first_of[k] for b in host_order if kind_of[b] == k]
-                cursors.append(_KindCursor(step, table, torch.tensor(mine, device=dev),
-                                           counts[mine].tolist(), generator))
-        for b in (host_order if host_order is not None else range(num_batches)):
-            cursors[kind_of[b] if host_order is not None else 0].next()
+            tables.append(step.batch_table(on_device, shuffled, starts, counts))
+        if len(steps) == 1:  # (its batches' counts are in that order too: the short one last)
+            (step,), (table,), ((_, _, counts),) = steps, tables, batches
+            full = int((counts == self.config.batch_size).sum())
+            order = torch.cat([torch.randperm(full, generator=generator, device=dev),
+                               torch.arange(full, len(counts), device=dev)])
+            graph = _GroupGraph(step) if self.cuda_graphs else None
+            _KindCursor(step, table, order, counts.tolist(), generator, graph).run()
+            return self._stats(steps)
+        num_batches = sum(len(b[1]) for b in batches)
+        order = torch.randperm(num_batches, generator=generator, device=dev).tolist()
+        kind_of = np.repeat(np.arange(len(steps)), [len(b[1]) for b in batches])
+        first_of = np.cumsum([0] + [len(b[1]) for b in batches])
+        cursors = []
+        for k, (step, table, (_, _, counts)) in enumerate(zip(steps, tables, batches)):
+            mine = [b - first_of[k] for b in order if kind_of[b] == k]
+            cursors.append(_KindCursor(step, table, torch.tensor(mine, device=dev),
+                                       counts[mine].tolist(), generator))
+        for b in order:
+            cursors[kind_of[b]].next()
         return self._stats(steps)
 
     def _stats(self, steps: Sequence["KindStep"]) -> Tensor:
@@ -749,17 +812,19 @@ def _upload_edges(edges: EdgeList, device: torch.device) -> Dict[str, Tensor]:
 def train_bucket_on_device(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                            partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
                            params: ModelParams, *, device: str = "cuda", seed: int = 0,
-                           known: Optional[KnownRows] = None) -> Dict[str, object]:
+                           known: Optional[KnownRows] = None,
+                           cuda_graphs: bool = False) -> Dict[str, object]:
     """kernel.train_bucket's contract on `device`: the arrays copied there, one pass over
-    `edges` trained by BucketTrainer, the arrays updated in place. Returns PBG's stats
-    layout with the rate and the seconds of copies to the device and back."""
+    `edges` trained by BucketTrainer (with `cuda_graphs`, full groups replayed as CUDA
+    graphs), the arrays updated in place. Returns PBG's stats layout with the rate and
+    the seconds of copies to the device and back."""
     start = time.perf_counter()
     dev = torch.device(device)
     on_device = {k: with_spare_row(e, s, dev) for k, (e, s) in partitions.items()}
     tables = DeviceTables.join(on_device)
     shared = DeviceParams(config, params, dev)
     copy_s = _synchronized(dev) - start
-    stats = BucketTrainer(config, bucket, tables, shared, known).train(edges, seed)
+    stats = BucketTrainer(config, bucket, tables, shared, known, cuda_graphs).train(edges, seed)
     copy_start = _synchronized(dev)
     metrics = read_back(stats, shared, params)
     tables.split(on_device)

@@ -350,7 +350,8 @@ def _train_on_device(config: ConfigSchema, work: BucketWork, held_out: EdgeList,
     tables = DeviceTables.join(tables_of)
     shared = DeviceParams(config, local, dev)
     copy_s = _synchronized(dev) - start
-    stats = BucketTrainer(config, work.bucket, tables, shared, known).train(train_edges, seed)
+    stats = BucketTrainer(config, work.bucket, tables, shared, known,
+                          config.ray.cuda_graphs and dev.type == "cuda").train(train_edges, seed)
     copy_start = _synchronized(dev)
     metrics = read_back(stats, shared, local)
     tables.split(tables_of)
