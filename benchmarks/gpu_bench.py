@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--cpu-trainers", nargs="*", type=int, default=[],
                         help="train the 8-partition graph on this many CPU trainers of 2 "
                              "threads each, one run per count")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="also train each setting on the GPU with ray.cuda_graphs=true")
     parser.add_argument("--device-step-on-cpu", action="store_true",
                         help="the GPU runs' side trains by the device step on the CPU "
                              "(ray.device_step): the script checked where no GPU is; its "
@@ -112,26 +114,33 @@ def main() -> None:
         nparts, placement = SETTINGS[name]
         root = graph(nparts)
         figures[name] = {}
-        for kind, gpus in (("gpu", 1.0), ("cpu", 0.0)):
+        kinds = [("gpu", 1.0)] + ([("gpu_graphs", 1.0)] if args.cuda_graphs else []) + [("cpu", 0.0)]
+        for kind, gpus in kinds:
             base = dict(config_dict(root, nparts, work / f"ckpt_{name}_{kind}", args.epochs),
                         workers=args.cpu_threads)
             cfg = as_pbg_ray(base)
-            cfg["ray"].update(placement=placement, gpus_per_trainer=gpus)
-            if kind == "gpu" and args.device_step_on_cpu:
-                cfg["ray"].update(gpus_per_trainer=0.0, device_step=True, num_trainers=1)
+            cfg["ray"].update(placement=placement, gpus_per_trainer=gpus,
+                              cuda_graphs=kind == "gpu_graphs")
+            if gpus and args.device_step_on_cpu:
+                cfg["ray"].update(gpus_per_trainer=0.0, device_step=True, num_trainers=1,
+                                  cuda_graphs=False)
             run = train_once(cfg, env, train_edges)
             run["mrr"] = mrr(cfg, args.epochs, str(root / "test"))
             figures[name][kind] = run
             print(f"[{name}] {kind}: {describe(run)}", flush=True)
-        gpu, cpu = figures[name]["gpu"], figures[name]["cpu"]
-        figures[name]["speedup"] = gpu["per_epoch"][-1]["edges_per_s"] / cpu["per_epoch"][-1]["edges_per_s"]
-        print(f"[{name}] GPU / CPU: {figures[name]['speedup']:.2f}x edges/s in the last epoch, "
-              f"MRR difference {gpu['mrr'] - cpu['mrr']:+.4f}", flush=True)
+        cpu = figures[name]["cpu"]
+        for kind, _ in kinds[:-1]:
+            gpu = figures[name][kind]
+            speedup = gpu["per_epoch"][-1]["edges_per_s"] / cpu["per_epoch"][-1]["edges_per_s"]
+            figures[name][f"{kind}_speedup"] = speedup
+            print(f"[{name}] {kind} / cpu: {speedup:.2f}x edges/s in the last epoch, MRR "
+                  f"difference {gpu['mrr'] - cpu['mrr']:+.4f}", flush=True)
     for name in args.settings if not args.device_step_on_cpu else ():
-        rate = figures[name]["gpu"]["per_epoch"][-1]["edges_per_s"]
+        rate = max(figures[name][kind]["per_epoch"][-1]["edges_per_s"]
+                   for kind in ("gpu", "gpu_graphs") if kind in figures[name])
         met = "met" if rate >= TARGETS[name] else "not met"
-        print(f"target {name} on the GPU >= {TARGETS[name] / 1e6:g}M edges/s (last epoch): "
-              f"{rate / 1e6:.2f}M, {met}")
+        print(f"target {name} on the GPU >= {TARGETS[name] / 1e6:g}M edges/s (last epoch, "
+              f"the faster GPU run): {rate / 1e6:.2f}M, {met}")
     if args.cpu_trainers:
         root = graph(8)
         figures["cpu_trainers"] = {}

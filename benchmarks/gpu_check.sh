@@ -12,8 +12,9 @@
 #                matmul rate, kernel launches and host synchronisations per batch by
 #                torch's profiler), the kernels launched one by one and as CUDA graphs
 #                (ray.cuda_graphs), then on 2 CPU threads (the CPU kernel)
-#   gpu_bench    the engine on the GPU against CPU threads: 1 partition in memory, 8 on
-#                disk; edges/s per epoch, bytes to the device and back per epoch, MRR
+#   gpu_bench    the engine on the GPU (its kernels launched one by one, and as CUDA
+#                graphs) against CPU threads: 1 partition in memory, 8 on disk; edges/s
+#                per epoch, bytes to the device and back per epoch, MRR
 #   cpu_trainers the 8-partition graph on 1, 2, 4 and 8 CPU trainers of 2 threads
 #                (edges/s against cores), if the budget has time left
 #
@@ -55,18 +56,18 @@ nproc
 
 for s in $steps; do
     case $s in
-    tests) step tests 150 python3 -m pytest -q -m gpu tests/model/test_device_step.py \
+    tests) step tests 100 python3 -m pytest -q -m gpu tests/model/test_device_step.py \
         tests/training/test_device_training.py ;;
     kernels)
-        step kernel_cuda 75 python3 benchmarks/kernel_bench.py --device cuda \
+        step kernel_cuda 60 python3 benchmarks/kernel_bench.py --device cuda \
             --skip-torchbiggraph --repeats 2 --edges-a 3000000 --edges-b 600000
-        step kernel_cuda_graphs 75 python3 benchmarks/kernel_bench.py --device cuda \
+        step kernel_cuda_graphs 60 python3 benchmarks/kernel_bench.py --device cuda \
             --cuda-graphs --skip-torchbiggraph --repeats 2 --edges-a 3000000 --edges-b 600000 \
             --profile-batches 320
-        step kernel_cpu 60 python3 benchmarks/kernel_bench.py --device cpu --workers 2 \
+        step kernel_cpu 40 python3 benchmarks/kernel_bench.py --device cpu --workers 2 \
             --skip-torchbiggraph --repeats 1 ;;
-    gpu_bench) step gpu_bench 210 python3 benchmarks/gpu_bench.py --scale "$scale" \
-        --cpu-threads 8 --work-dir /tmp/gpu_bench ;;
+    gpu_bench) step gpu_bench 200 python3 benchmarks/gpu_bench.py --scale "$scale" \
+        --cpu-threads 8 --cuda-graphs --work-dir /tmp/gpu_bench ;;
     cpu_trainers)
         if [ "$(left)" -lt 100 ]; then
             echo "=== cpu_trainers: left out, $(left) s of the budget left"

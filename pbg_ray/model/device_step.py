@@ -5,11 +5,12 @@ From a bucket's start to its end its edges, its partitions' rows and row-Adagrad
 (DeviceTables) and the shared parameters (DeviceParams) live on the device. The edges'
 shuffle, the batch order and every batch's negatives are drawn there, by one generator
 seeded from the bucket's seed. Loss, regularizer and violator counts accumulate in device
-tensors and are read once per bucket; the batch plan is read once more where the host needs
-it (several relations, or a padded batch). Shapes are static within a batch kind (the
-batches of one relation, or all in dynamic mode): a batch short of edges is padded and its
-padding masked, so each step is the same sequence of device operations on tensors of the
-same shapes, with no value read back.
+tensors and are read once per bucket; a bucket of several relations reads its batch plan
+once more. Shapes are static within a batch kind (the batches of one relation, or all in
+dynamic mode): a batch short of edges is padded and its padding masked, so each step is
+the same sequence of device operations on tensors of the same shapes, with no value read
+back, and a group of full batches can be captured as a CUDA graph and replayed
+(_GroupGraph, ray.cuda_graphs).
 
 Layout of a batch. Its n chunks of C edges gather, in one index_select from the bucket's
 table of rows (all its partitions, one after the other, and a spare row), these regions:
@@ -49,7 +50,6 @@ seed.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -58,6 +58,7 @@ import torch
 from torch import Tensor
 
 from pbg_ray.config import ConfigSchema
+from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.comparators import make_comparator
 from pbg_ray.model.losses import LOSS_FUNCTIONS
 from pbg_ray.model.negatives import MASKED_SCORE, Negatives, negative_modes, num_uniform
@@ -742,7 +743,15 @@ class BucketTrainer:
         return out
 
     def train(self, edges: EdgeList, seed: int) -> Tensor:
-        """Train one pass over `edges`: its stats on the device (read_back reads them)."""
+        """Train one pass over `edges`: its stats on the device (read_back reads them). On
+        the CPU on one thread: a batch's small operations slow down on several (each waits
+        for the others), as the CPU kernel's Hogwild workers run one each."""
+        if self.device.type != "cpu":
+            return self._train(edges, seed)
+        with cpu_threads(1):
+            return self._train(edges, seed)
+
+    def _train(self, edges: EdgeList, seed: int) -> Tensor:
         dev = self.device
         self.edge_weights = edges.weight is not None
         generator = torch.Generator(device=dev).manual_seed(seed % 2 ** 64)

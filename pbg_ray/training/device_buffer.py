@@ -117,8 +117,10 @@ class DeviceBuffer:
         import torch
         embs, sums = arrays
         old = self.held.pop(key, None)
-        if old is not None and old.dirty is not None:
-            self._copy_out(old)
+        if old is not None:
+            _settle(old)
+            if old.dirty is not None:
+                self._copy_out(old)
         rows = len(embs) + 1
         if old is not None and old.embeddings.shape == (rows, embs.shape[1]):
             target_e, target_s = old.embeddings, old.sums
@@ -183,6 +185,7 @@ class DeviceBuffer:
             by_need = sorted(self.held, key=lambda k: rank.get(k, len(rank)))
             for key in by_need[capacity:]:
                 held = self.held.pop(key)
+                _settle(held)
                 if held.dirty is not None:
                     self._copy_out(held)
 
@@ -193,6 +196,14 @@ class DeviceBuffer:
         before, self.reported = self.reported, now
         names = ("copies_to_device", "bytes_to_device", "copies_from_device", "bytes_from_device")
         return {n: a - b for n, a, b in zip(names, now, before)}
+
+
+def _settle(held: _Held) -> None:
+    """Wait for a copy to the device still going on into `held` (before its memory is
+    written or given back)."""
+    if held.ready is not None:
+        held.ready.synchronize()
+        held.ready = None
 
 
 def capacity(config: ConfigSchema, device: "torch.device", partition_bytes: int
