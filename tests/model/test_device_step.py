@@ -17,7 +17,6 @@ from pbg_ray.model.device_step import (BucketTrainer, DeviceParams, DeviceTables
 from pbg_ray.model import operators
 from pbg_ray.model.embedder import Batch
 from pbg_ray.model.kernel import train_batch
-from pbg_ray.model.negatives import Negatives
 from pbg_ray.model.params import KnownRows
 from pbg_ray.types import Bucket
 from pbg_ray.model.dispatch import DispatchCount
