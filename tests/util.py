@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_sums
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.edges import write_edges
 from pbg_ray.io.entities import (
@@ -127,6 +128,14 @@ def random_checkpoint(config: ConfigSchema, version: int = 1, seed: int = 0,
     layout = param_layout(config, num_relation_ids(config))
     storage.save_model(version, {k: (v if integer else v + draw(v.shape)) for k, v in layout}, None)
     storage.save_version(version)
+
+
+def commit_random_version(config: ConfigSchema, version: int, best: bool = False) -> None:
+    """A random checkpoint version committed as training commits it: made current, kept in
+    best/ where it is the `best` on validation so far, and the one before it dropped from
+    the checkpoint (its files then live on in best/ alone, where best/ keeps it)."""
+    random_checkpoint(config, version=version, seed=version)
+    CheckpointManager(config.checkpoint_path).commit(version, [], config, best=best)
 
 
 def as_torch(value: Any) -> Any:

@@ -123,28 +123,45 @@ class CheckpointManager:
         """Whether the directory is a v1 checkpoint (it names a current version)."""
         return self.storage.version_file().is_file()
 
+    def best_version(self) -> int:
+        """The version best on validation, kept in best/ (validation.edge_paths); 0 if none."""
+        return CheckpointManager(self.storage.best_path()).version()
+
+    def default_version(self, best: bool = True) -> int:
+        """The version a reader takes when none is asked for: with `best`, the one best/
+        keeps where training kept one, else the newest; 0 if there is none."""
+        return (best and self.best_version()) or self.version()
+
+    def kept(self) -> List["CheckpointManager"]:
+        """This directory, then its epoch_{k}/ snapshots and best/: where a version's files
+        may be."""
+        return ([self] + [CheckpointManager(p) for p in sorted(self.path.glob("epoch_*"))]
+                + [CheckpointManager(self.storage.best_path())])
+
+    def holding(self, version: int) -> "CheckpointManager":
+        """The manager of the directory whose files are those of `version`: this one, an
+        epoch_{k}/ snapshot or best/ (a version superseded here lives on there only); this
+        one where none holds it (its reads then name the missing file)."""
+        return next((c for c in self.kept() if c.has_model(version)), self)
+
     def locate(self, config: ConfigSchema, version: Optional[int], setting: str,
                best: bool = True) -> Tuple["CheckpointManager", int]:
         """(the manager of the directory holding `version`, version): for version None the
-        one best on validation (best/, which a run with validation.edge_paths keeps) with
-        `best`, else the newest (this directory); an older one from an epoch_{k}/ snapshot
-        (checkpoint_preservation_interval) or best/. `setting` names the key that picks the
-        version, for the message."""
-        newest = self.version()
-        kept = [CheckpointManager(p) for p in sorted(self.path.glob("epoch_*"))]
-        best_kept = CheckpointManager(self.storage.best_path())
-        if best_kept.exists():
-            kept.append(best_kept)
-        if newest == 0 and not kept:
+        default_version (with `best`: the one best on validation, in best/, where a run
+        with validation.edge_paths kept one; else the newest, this directory); an older one
+        from an epoch_{k}/ snapshot (checkpoint_preservation_interval) or best/. `setting`
+        names the key that picks the version, for the message."""
+        candidates = [c for c in self.kept() if c.exists()]
+        if not candidates:
             raise PbgRayError(f"{str(self.path)!r} holds no checkpoint. Train first "
                               "(python -m pbg_ray.train) or check checkpoint_path.")
         if version is None:
-            version = best_kept.version() if best and best_kept.exists() else newest
-        for candidate in [self] + kept:
+            version = self.default_version(best)
+        for candidate in candidates:
             if version > 0 and candidate.version() == version:
                 candidate.storage.check_version(version, config)
                 return candidate, version
-        found = sorted({c.version() for c in [self] + kept} - {0})
+        found = sorted({c.version() for c in candidates} - {0})
         raise PbgRayError(f"checkpoint version {version} is not in {str(self.path)!r} "
                           f"(versions there: {found or 'none'}). Set {setting} to one of them.")
 

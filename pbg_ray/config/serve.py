@@ -13,6 +13,7 @@ from pbg_ray.config.options import not_negative, one_of, option, positive, tcp_p
 # and ivfpq where the rest does not fit the memory budget.
 INDEX_KINDS = ("exact", "hnsw", "ivf", "ivfpq", "auto")
 INGRESS_KINDS = ("direct", "proxy")
+FOLLOWED = ("best", "newest")
 
 
 @dataclass
@@ -29,10 +30,16 @@ class ServeConfig:
         "replicas, each takes the next port); proxy: Serve's HTTP proxy on port (on every "
         "node) forwards each request to one of the router replicas.")
     version: Optional[int] = option(None, check=positive, help=
-        "The checkpoint version served; null: the newest, and each newer one as training "
-        "commits it (checked every reload_interval seconds).")
+        "The checkpoint version served (from the checkpoint, an epoch_{k}/ snapshot or "
+        "best/); null: the one `follow` names, and each newer one as training commits it "
+        "(checked every reload_interval seconds).")
+    follow: str = option("best", check=one_of(FOLLOWED), help=
+        "With version null: best: the version best on validation, which training keeps in "
+        "<checkpoint_path>/best/ (validation.edge_paths), and each new best, as eval, "
+        "predict and export read it; the newest where no best/ is kept (yet); newest: the "
+        "newest version and each newer one.")
     reload_interval: float = option(5.0, check=not_negative, help=
-        "Seconds between checks of checkpoint_version.txt for a new version; 0: never.")
+        "Seconds between checks for a new version to take up; 0: never.")
     router_replicas: int = option(1, check=positive, help=
         "Replicas of the HTTP ingress (names, queries, merging the shards' top-k).")
     shard_groups: int = option(1, check=positive, help=

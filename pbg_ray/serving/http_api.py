@@ -2,9 +2,10 @@
 one deployment per shard group (partitions p with p mod serve.shard_groups equal), each
 replica holding its partitions' candidate sets and indexes.
 
-A new checkpoint version (serve.version null) is taken up without dropping requests: the
-router's watcher builds the version's indexes, has the shards load it beside the one they
-serve, then switches; a request names the version it started with, and shards keep the two
+A new checkpoint version (serve.version null: a new best on validation, or with
+serve.follow=newest a newer version) is taken up without dropping requests: the router's
+watcher builds the version's indexes, has the shards load it beside the one they serve
+(from best/ or a snapshot where the checkpoint dropped it), then switches; a request names the version it started with, and shards keep the two
 newest, loading a version on its first request if a replica missed the load."""
 
 # No `from __future__ import annotations`: FastAPI reads the request models from the route
@@ -285,7 +286,7 @@ class Shard:
         self.shard = shard
         self.tables: Dict[int, ShardTables] = {}
         self.lock = threading.Lock()
-        if CheckpointManager(self.config.checkpoint_path).has_model(version):
+        if CheckpointManager(self.config.checkpoint_path).holding(version).has_model(version):
             self.load(version)
         # else: a replica Serve started (after one died) once newer versions replaced the
         # one the application started with; each request's version loads on first use.
@@ -342,16 +343,17 @@ class Router:
         return self.model
 
     async def watch(self) -> None:
-        """Take up each newer checkpoint version: indexes, shards, then the model; a take-up
-        that failed (a version removed under us, say) is tried again at the next check."""
+        """Take up each newer checkpoint version that serve.follow names (the new best, or
+        the newest): indexes, shards, then the model; a take-up that failed (a version
+        removed under us, say) is tried again at the next check."""
         checkpoint = CheckpointManager(self.config.checkpoint_path)
         while True:
             await asyncio.sleep(self.config.serve.reload_interval)
             version = None
             try:
-                version = checkpoint.version()
+                version = checkpoint.default_version(best=self.config.serve.follow == "best")
                 if version > self.model.version:
-                    await build_indexes(self.config, version)
+                    await build_indexes(self.config, version, self.model.version)
                     await asyncio.gather(*(s.load.remote(version) for s in self.shards))
                     self.model = ServingModel(self.config, version, self.model)
                     await self.tell(None)

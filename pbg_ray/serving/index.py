@@ -52,7 +52,7 @@ IP_COMPARATORS = ("dot", "cos")
 
 def version_scorer(config: ConfigSchema, version: int) -> Scorer:
     """The Scorer of checkpoint version `version`'s model."""
-    checkpoint = CheckpointManager(config.checkpoint_path)
+    checkpoint = CheckpointManager(config.checkpoint_path).holding(version)
     arrays = checkpoint.read_model(version)[0]
     return Scorer(config, params_from_checkpoint(config, num_relation_ids(config), arrays, None,
                                                  where=f"version {version}").arrays)
@@ -222,7 +222,7 @@ def build_set_index(config: ConfigSchema, version: int, key: SetKey) -> Dict[str
     import faiss
 
     entity, part, relation = key
-    checkpoint = CheckpointManager(config.checkpoint_path)
+    checkpoint = CheckpointManager(config.checkpoint_path).holding(version)
     rows = checkpoint.read_partition(version, entity, part)[0]
     kind = index_kind(config, len(rows))
     figures = set_figures(key, kind, len(rows))
@@ -263,10 +263,13 @@ def build_index_task(config: Dict[str, Any], version: int, key: List[Any]) -> Di
     return build_set_index(config, version, tuple(key))
 
 
-async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
+async def build_indexes(config: ConfigSchema, version: int, previous: Optional[int] = None
+                        ) -> Dict[str, Any]:
     """Every set's index of `version`, built by parallel Ray tasks (saved ones reused);
-    older versions' saved indexes are removed. Returns the build's figures. A set searched
-    exactly has no index, and no task (a worker's start, for a small graph's every set)."""
+    the saved indexes of versions other than it and `previous` (the one served until now,
+    which the shards may still load) are removed. Returns the build's figures. A set
+    searched exactly has no index, and no task (a worker's start, for a small graph's
+    every set)."""
     start = time.perf_counter()
     task = build_index_task.options(num_cpus=config.serve.index_cpus)
     plain = config.to_dict()
@@ -280,7 +283,7 @@ async def build_indexes(config: ConfigSchema, version: int) -> Dict[str, Any]:
         else:
             built.append(task.remote(plain, version, list(key)))
     figures += await asyncio.gather(*built)
-    drop_old_indexes(config, [version - 1, version])
+    drop_old_indexes(config, [version] if previous is None else [previous, version])
     return {"version": version, "seconds": time.perf_counter() - start,
             "built": [f for f in figures if f["seconds"] > 0],
             "kinds": sorted({f["kind"] for f in figures})}

@@ -102,6 +102,8 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
     deleting) are left out: the caller says what is served where, and so are the notices of
     this process's request router (DriverRouterNotices)."""
     config = config.checked().with_absolute_paths()
+    _, version = CheckpointManager(config.checkpoint_path).locate(
+        config, config.serve.version, "serve.version", best=config.serve.follow == "best")
     serve_logger = logging.getLogger(SERVE_LOGGER_NAME)
     serve_logger.setLevel(logging.WARNING)
     serve_logger.addFilter(DRIVER_ROUTER_NOTICES)
@@ -115,8 +117,6 @@ def start_service(config: ConfigSchema) -> Dict[str, Any]:
             "Ray Serve already runs on this Ray cluster, and serve.ingress=direct needs a Serve "
             "started by pbg_ray (its controller assigns the router's port serve.port when it "
             "starts). Stop the other Serve (`serve shutdown -y`) or set serve.ingress=proxy.")
-    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
-        config, config.serve.version, "serve.version", best=False)
     built = asyncio.run(build_indexes(config, version))
     env = {"env_vars": serve_env(serve_config)}
     serve.start(http_options={"host": serve_config.host, "port": proxy_port(serve_config)},

@@ -103,7 +103,7 @@ class ShardTables:
 
         self.config = config
         self.version = version
-        checkpoint = CheckpointManager(config.checkpoint_path)
+        checkpoint = CheckpointManager(config.checkpoint_path).holding(version)
         self.scorer = version_scorer(config, version)
         self.num_relations = num_relation_ids(config)
         self.tables: Dict[Tuple[str, int], Tensor] = {}

@@ -6,7 +6,7 @@ import pytest
 
 from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.errors import PbgRayError
-from tests.util import random_checkpoint, write_random_graph
+from tests.util import commit_random_version, random_checkpoint, write_random_graph
 
 
 @pytest.fixture
@@ -92,6 +92,23 @@ def test_locate_finds_an_older_version_in_its_epoch_snapshot(config):
     assert version == 1 and older.path == manager.path / "epoch_1"
     with pytest.raises(PbgRayError, match=r"version 5 is not in .*\(versions there: \[1, 2\]\)"):
         manager.locate(config, 5, "eval.version")
+
+
+def test_readers_default_to_the_best_version_whose_files_may_be_in_best_alone(config):
+    """Version 1 best on validation, version 2 not: readers that follow the best take 1,
+    whose files training dropped from the checkpoint when it committed 2."""
+    manager = CheckpointManager(config.checkpoint_path)
+    commit_random_version(config, 1, best=True)
+    commit_random_version(config, 2)
+    assert (manager.version(), manager.best_version()) == (2, 1)
+    assert (manager.default_version(), manager.default_version(best=False)) == (1, 2)
+    assert not manager.has_model(1)
+    assert manager.holding(1).path == manager.path / "best"
+    assert manager.holding(2).path == manager.path
+    located, version = manager.locate(config, None, "eval.version")
+    assert (located.path, version) == (manager.path / "best", 1)
+    commit_random_version(config, 3, best=True)
+    assert manager.default_version() == 3 and not manager.holding(1).has_model(1)
 
 
 def test_session_locks_removes_leftovers_and_stats_of_unfinished_passes(config):

@@ -27,9 +27,10 @@ from hydra import compose, initialize_config_module
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import ConfigSchema, load_pbg_config_file
 from pbg_ray.config.hydra import to_config
+from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.io.entities import save_entity_count, save_entity_names
 from tests.commands.test_cli import assert_one_error_line, command, pbg_module, run, tiny_graph
-from tests.util import random_checkpoint
+from tests.util import commit_random_version, random_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 # Generous bounds on waits that end at an event (a line printed, a process ended); reaching
@@ -206,36 +207,53 @@ def test_serve_behind_its_proxy_answers_quietly_until_ctrl_c_leaves_nothing(tmp_
 
 
 @pytest.mark.slow
-def test_each_new_version_is_one_line_and_sigterm_stops_cleanly(tmp_path):
-    """A version committed while serving is one line on stdout once taken up; a version
-    that cannot be taken up (its model file missing) is one line on stderr, however often
-    it is tried, and serving goes on; the version, complete, is taken up."""
+def test_the_best_version_is_served_and_each_new_best_is_one_line_until_sigterm(tmp_path):
+    """Where validation kept a best version, the service serves it, as eval, predict and
+    export read it, though training dropped its files from the checkpoint (best/ alone
+    holds them): it says so and answers from it. A newer version that is not the best is
+    not taken up; the next best is, with one line on stdout; a best that cannot be taken
+    up (its model file missing) is one line on stderr, however often it is tried, and
+    serving goes on; complete, it is taken up."""
     data = tiny_graph(tmp_path)
     config = ConfigSchema.from_dict(data)
-    random_checkpoint(config)
+    commit_random_version(config, 1, best=True)
+    commit_random_version(config, 2)
     module = pbg_module(tmp_path / "config.py", data)
     port = free_port()
     service = Service([module, f"serve.port={port}", "serve.index=exact",
                        "serve.reload_interval=0.2", "ray.num_cpus=1"], tmp_path)
     try:
         started = service.started()
-        random_checkpoint(config, version=2, seed=2)
-        assert service.line() == (f"serving checkpoint version 2 of {config.checkpoint_path} "
-                                  "(was version 1)")
+        assert started["version"] == 1
+        assert service.printed[0].startswith(
+            f"serving version 1 of {config.checkpoint_path}, the best on validation (kept in "
+            f"best/; serve.follow=newest serves the newest), at {started['url']} ")
+        edge = {"lhs": "user-0-1", "relation": "likes", "rhs": "item-1-2"}
         with httpx.Client(base_url=started["url"], timeout=60) as client:
-            assert client.get("/health").json() == {"status": "ok", "version": 2}
-        checkpoint = Path(config.checkpoint_path)
-        for embeddings in checkpoint.glob("embeddings_*.v2.h5"):
-            shutil.copy(embeddings, checkpoint / embeddings.name.replace(".v2.", ".v3."))
-        CheckpointStorage(checkpoint).save_version(3)  # without model.v3.h5
-        assert re.fullmatch(r"pbg_ray: warning: checkpoint version 3 could not be taken up, "
-                            r"still serving version 2 \(tried again every 0.2 s\): .*model"
-                            r".*v3\.h5.*", service.line("stderr")), service.stderr
+            scored = client.post("/score", json={"edges": [edge]})
+            assert scored.status_code == 200, scored.text
+            assert scored.json()["version"] == 1
+            assert scored.json()["scores"][0] == pytest.approx(
+                Predictor.load(config.checkpoint_path).score(tuple(edge.values())),
+                rel=1e-5, abs=1e-5)
+        commit_random_version(config, 3)
+        commit_random_version(config, 4, best=True)
+        assert service.line() == (f"serving checkpoint version 4 of {config.checkpoint_path}, "
+                                  "the new best on validation (was version 1)")
         with httpx.Client(base_url=started["url"], timeout=60) as client:
-            assert client.get("/health").json() == {"status": "ok", "version": 2}
-        random_checkpoint(config, version=3, seed=3)
-        assert service.line() == (f"serving checkpoint version 3 of {config.checkpoint_path} "
-                                  "(was version 2)")
+            assert client.get("/health").json() == {"status": "ok", "version": 4}
+        best = Path(config.checkpoint_path) / "best"
+        for embeddings in best.glob("embeddings_*.v4.h5"):
+            shutil.copy(embeddings, best / embeddings.name.replace(".v4.", ".v5."))
+        CheckpointStorage(best).save_version(5)  # without model.v5.h5
+        assert re.fullmatch(r"pbg_ray: warning: checkpoint version 5 could not be taken up, "
+                            r"still serving version 4 \(tried again every 0.2 s\): .*model"
+                            r".*v5\.h5.*", service.line("stderr")), service.stderr
+        with httpx.Client(base_url=started["url"], timeout=60) as client:
+            assert client.get("/health").json() == {"status": "ok", "version": 4}
+        random_checkpoint(config, version=5, seed=5)  # version 5 complete in the checkpoint
+        assert service.line() == (f"serving checkpoint version 5 of {config.checkpoint_path}, "
+                                  "the new best on validation (was version 4)")
         assert_stopped_cleanly(service, signal.SIGTERM)
     finally:
         service.end()

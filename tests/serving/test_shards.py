@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 import torch
 
+from pbg_ray.checkpoints.manager import CheckpointManager
 from pbg_ray.serving.index import index_file
 from pbg_ray.serving.shards import ShardTables
 from tests.serving.util import build_all, served_config
+from tests.util import commit_random_version
 
 
 @pytest.mark.parametrize("comparator,kind", [("cos", "hnsw"), ("dot", "hnsw"), ("l2", "hnsw"),
@@ -42,3 +44,20 @@ def test_shard_search_approximate_hits_carry_exact_scores(tmp_path, comparator, 
     assert np.isneginf(skipped[0][skip_ids[0] == -1]).all()
 
 
+
+
+def test_a_version_kept_in_best_alone_is_indexed_and_searched(tmp_path):
+    """Version 1, best on validation, superseded by version 2: its files are in best/ alone,
+    and a shard builds its indexes and answers from them as from the checkpoint's own."""
+    config = served_config(tmp_path)
+    commit_random_version(config, 1, best=True)
+    commit_random_version(config, 2)
+    assert not CheckpointManager(config.checkpoint_path).has_model(1)
+    assert all(f["kind"] == "hnsw" for f in build_all(config, 1))
+    shard = ShardTables(config, 1, 0)
+    best = CheckpointManager(config.checkpoint_path).holding(1)
+    np.testing.assert_array_equal(shard.rows("user", 0, np.arange(3)),
+                                  best.read_partition(1, "user", 0)[0][:3])
+    queries = np.random.default_rng(0).normal(size=(2, config.dimension)).astype(np.float32)
+    np.testing.assert_array_equal(shard.search(("user", 0, None), queries, 3)[1],
+                                  shard.search(("user", 0, None), queries, 3, True)[1])
