@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Dict, Sequence
 
-from pbg_ray.checkpoints.exporter import export_checkpoint, print_sizes
+from pbg_ray.checkpoints.exporter import export_checkpoint, print_sizes, with_trained_model
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.entities import load_entity_counts
@@ -69,7 +69,7 @@ def check_export_fits(config: ConfigSchema) -> None:
 
 
 def run(config: ConfigSchema) -> None:
-    config = config.checked()
+    config = with_trained_model(config.checked())
     check_export_fits(config)
     result = export_checkpoint(config, partition_map(config))
     if result["format"] == "bundle":

@@ -71,6 +71,17 @@ def export_output(config: ConfigSchema, checkpoint: CheckpointManager) -> Storag
     return storage_path(settings.output) if settings.output else checkpoint.path / "export"
 
 
+def with_trained_model(config: ConfigSchema) -> ConfigSchema:
+    """`config` with the model that the (newest) version its export reads was trained with
+    (CheckpointManager.with_trained_model)."""
+    settings = config.export
+    wanted = (max(settings.versions) if settings.format == "bundle" and settings.versions
+              else settings.version)
+    checkpoint, version = CheckpointManager(config.checkpoint_path).locate(
+        config, wanted, "export.versions" if wanted != settings.version else "export.version")
+    return checkpoint.with_trained_model(config, version)
+
+
 def export_bundle(config: ConfigSchema, run: MapPartitions = in_process) -> Dict[str, Any]:
     """Write `config.export.versions` of config's checkpoint as a model bundle."""
     settings = config.export
@@ -94,8 +105,9 @@ def export_bundle(config: ConfigSchema, run: MapPartitions = in_process) -> Dict
 def export_checkpoint(config: ConfigSchema, run: MapPartitions = in_process) -> Dict[str, Any]:
     """Export `config.export.version` of config's checkpoint, one job per entity partition
     run by `run`; returns what was written. The output's _SUCCESS is written last; a
-    failed export leaves none, and none of this export's files."""
-    config = config.checked()
+    failed export leaves none, and none of this export's files. The model's keys are the
+    checkpoint's (with_trained_model)."""
+    config = with_trained_model(config.checked())
     settings = config.export
     if settings.format == "bundle":
         return export_bundle(config, run)

@@ -8,9 +8,10 @@ speaks in versions:
   never became current dropped), `commit` (stats appended, the new version made current,
   preserved every k epochs, the superseded one dropped), `rollback` (an unfinished
   version's files removed), `read_stats`;
-- readers (eval, predict, export, incremental growth, plot): `locate` a version (here, in
-  an epoch_{k}/ snapshot, or the best on validation in best/), `read_config`, `read_model`,
-  `read_partition`;
+- readers (eval, predict, export, serve, incremental growth, plot): `locate` a version
+  (here, in an epoch_{k}/ snapshot, or the best on validation in best/; `holding` finds
+  the directory of a version's files), `with_trained_model` (the reader's config with the
+  model that version was trained with), `read_config`, `read_model`, `read_partition`;
 - writers of single files (partition stores, the parameter server, migrate, bundles):
   `write_partition`, `write_model`, `write_config`, `switch_to`, and the swap files of
   disk placement.
@@ -21,6 +22,8 @@ Every write is atomic and a version becomes current only when all its files exis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -34,9 +37,32 @@ from pbg_ray.types import EntityName, Partition
 
 # Keys that must match between a run and the checkpoint it resumes.
 RESUME_KEYS = ("entities", "relations", "dimension", "global_emb", "dynamic_relations", "bias")
+# Keys of the model a version was trained with, besides each entity type's dimension and
+# each relation's operator: its readers (eval, export, serve) take them from the config.json
+# beside it, so that a config of the graph reads a checkpoint of any model of it (a Ray Tune
+# trial's, say, whose dimension was sampled).
+MODEL_KEYS = ("dimension", "max_norm", "global_emb", "comparator", "bias")
 EVAL_STATS_FILE = "eval_stats.json"  # JSON lines, one per python -m pbg_ray.eval
 
 Arrays = Tuple[np.ndarray, Optional[Dict[str, Any]]]
+logger = logging.getLogger("pbg_ray")
+
+
+def graph_of(config: ConfigSchema) -> Dict[str, Any]:
+    """The graph a config describes, by key: what the readers of a checkpoint share with
+    the run that trained it."""
+    return {"entity types": {name: {"num_partitions": e.num_partitions,
+                                    "featurized": e.featurized}
+                             for name, e in sorted(config.entities.items())},
+            "relations": [{"name": r.name, "lhs": r.lhs, "rhs": r.rhs} for r in config.relations],
+            "dynamic_relations": config.dynamic_relations}
+
+
+def model_keys(config: ConfigSchema) -> Dict[str, Any]:
+    """The model's keys of a config (with_trained_model), as on the command line."""
+    return {**{key: getattr(config, key) for key in MODEL_KEYS},
+            **{f"entities.{name}.dimension": e.dimension for name, e in config.entities.items()},
+            **{f"relations.{i}.operator": r.operator for i, r in enumerate(config.relations)}}
 
 
 class CheckpointManager:
@@ -150,7 +176,8 @@ class CheckpointManager:
         default_version (with `best`: the one best on validation, in best/, where a run
         with validation.edge_paths kept one; else the newest, this directory); an older one
         from an epoch_{k}/ snapshot (checkpoint_preservation_interval) or best/. `setting`
-        names the key that picks the version, for the message."""
+        names the key that picks the version, for the message. Refused where the version's
+        files are not all there, or its config.json describes another graph (trained_on)."""
         candidates = [c for c in self.kept() if c.exists()]
         if not candidates:
             raise PbgRayError(f"{str(self.path)!r} holds no checkpoint. Train first "
@@ -159,6 +186,8 @@ class CheckpointManager:
             version = self.default_version(best)
         for candidate in candidates:
             if version > 0 and candidate.version() == version:
+                if candidate.storage.config_file().is_file():
+                    candidate.trained_on(config)
                 candidate.storage.check_version(version, config)
                 return candidate, version
         found = sorted({c.version() for c in candidates} - {0})
@@ -167,6 +196,41 @@ class CheckpointManager:
 
     def read_config(self) -> ConfigSchema:
         return self.storage.load_config()
+
+    def trained_on(self, config: ConfigSchema) -> ConfigSchema:
+        """The config this directory's run was trained with (its config.json), refused in
+        one line where it describes another graph than `config` (entity types, their
+        partitions, relations and their sides)."""
+        trained = self.read_config()
+        for key, there in graph_of(trained).items():
+            here = graph_of(config)[key]
+            if there != here:
+                raise PbgRayError(
+                    f"{str(self.path)!r} holds a model of another graph: its {key} differ from "
+                    f"this config's ({there!r} there, {here!r} here). Point checkpoint_path at "
+                    "a checkpoint of this config's graph, or use the config it was trained "
+                    "with.")
+        return trained
+
+    def with_trained_model(self, config: ConfigSchema, version: int) -> ConfigSchema:
+        """`config` with the model that version `version` of this directory was trained
+        with (MODEL_KEYS, each entity type's dimension and each relation's operator, from
+        its config.json), a warning naming the keys that differed. Refused in one line
+        where the config describes another graph (entity types, their partitions,
+        relations and their sides)."""
+        trained = self.trained_on(config)
+        model = dataclasses.replace(
+            config, **{key: getattr(trained, key) for key in MODEL_KEYS},
+            entities={name: dataclasses.replace(e, dimension=trained.entities[name].dimension)
+                      for name, e in config.entities.items()},
+            relations=[dataclasses.replace(r, operator=t.operator)
+                       for r, t in zip(config.relations, trained.relations)])
+        differ = [f"{key}={value} (this config: {model_keys(config)[key]})"
+                  for key, value in model_keys(model).items() if value != model_keys(config)[key]]
+        if differ:
+            logger.warning("version %d of %r was trained with %s: the model's keys are taken "
+                           "from its config.json.", version, str(self.path), ", ".join(differ))
+        return model
 
     def read_model(self, version: int) -> Tuple[Dict[str, np.ndarray], Optional[Dict[str, Any]]]:
         """The relation and global parameters by public name, and the optimizer state."""

@@ -363,12 +363,14 @@ def _unique(paths: Sequence[str]) -> List[str]:
 
 
 def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
-    """Evaluate `config.eval` (see EvalConfig) on its checkpoint version; returns the report
-    (also appended to <checkpoint_path>/eval_stats.json) with metric means."""
+    """Evaluate `config.eval` (see EvalConfig) on its checkpoint version, with the model it
+    was trained with (CheckpointManager.with_trained_model); returns the report (also
+    appended to <checkpoint_path>/eval_stats.json) with metric means."""
     config = config.checked()
     settings = config.eval
     checkpoints = CheckpointManager(config.checkpoint_path)
     located, version = checkpoints.locate(config, settings.version, "eval.version")
+    config = located.with_trained_model(config, version)
     edge_paths = _unique(settings.edge_paths or config.eval_edge_paths or config.edge_paths)
     trained = [path for path in edge_paths if path in config.edge_paths]
     if trained:

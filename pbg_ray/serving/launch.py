@@ -97,13 +97,16 @@ DRIVER_ROUTER_NOTICES = DriverRouterNotices()
 
 def start_service(config: ConfigSchema) -> Dict[str, Any]:
     """Connect to Ray, build the served version's indexes and start the application on
-    serve.host:serve.port. Returns the URL, the version and the index build's figures.
+    serve.host:serve.port, with the model that version was trained with
+    (CheckpointManager.with_trained_model). Returns the URL, the version and the index
+    build's figures.
     Serve's INFO lines in this process (started, deploying, ready at its proxy's port,
     deleting) are left out: the caller says what is served where, and so are the notices of
     this process's request router (DriverRouterNotices)."""
     config = config.checked().with_absolute_paths()
-    _, version = CheckpointManager(config.checkpoint_path).locate(
+    located, version = CheckpointManager(config.checkpoint_path).locate(
         config, config.serve.version, "serve.version", best=config.serve.follow == "best")
+    config = located.with_trained_model(config, version)
     serve_logger = logging.getLogger(SERVE_LOGGER_NAME)
     serve_logger.setLevel(logging.WARNING)
     serve_logger.addFilter(DRIVER_ROUTER_NOTICES)

@@ -1,5 +1,6 @@
 """python -m pbg_ray.export: the same TSV as torchbiggraph_export_to_tsv, and Parquet."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -48,6 +49,20 @@ def test_dynamic_relations_tsv_matches_torchbiggraph(make_config):
     ours = exported_tsv(config)
     assert ours == torchbiggraph_tsv(config)
     assert ours[1].count("\n") == 2 * 2 * 3  # sides x (real, imag) x relations
+
+
+def test_the_model_exported_is_the_one_the_checkpoint_was_trained_with(make_config, caplog):
+    """A config of the graph exports a checkpoint of another model of it (a Ray Tune trial's
+    sampled dimension, another operator) as the config it was trained with does."""
+    config = make_config()
+    write_random_graph(config)
+    trained = dataclasses.replace(config, dimension=12, relations=[
+        dataclasses.replace(config.relations[0], operator="diagonal"), *config.relations[1:]])
+    random_checkpoint(trained)
+    with caplog.at_level("WARNING", logger="pbg_ray"):
+        exported = exported_tsv(config)
+    assert "trained with dimension=12 (this config: 8), relations.0.operator=diagonal" in caplog.text
+    assert exported == exported_tsv(trained)
 
 
 def test_parquet_and_older_versions(make_config, tmp_path):

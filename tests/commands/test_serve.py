@@ -213,18 +213,23 @@ def test_the_best_version_is_served_and_each_new_best_is_one_line_until_sigterm(
     holds them): it says so and answers from it. A newer version that is not the best is
     not taken up; the next best is, with one line on stdout; a best that cannot be taken
     up (its model file missing) is one line on stderr, however often it is tried, and
-    serving goes on; complete, it is taken up."""
+    serving goes on; complete, it is taken up. The checkpoint's model is another than the
+    config file says (a Ray Tune trial's sampled dimension): the service takes it from the
+    checkpoint, with a line naming the key."""
     data = tiny_graph(tmp_path)
-    config = ConfigSchema.from_dict(data)
+    config = ConfigSchema.from_dict(dict(data, dimension=6))  # the trained model's
     commit_random_version(config, 1, best=True)
     commit_random_version(config, 2)
-    module = pbg_module(tmp_path / "config.py", data)
+    module = pbg_module(tmp_path / "config.py", data)  # dimension=4
     port = free_port()
     service = Service([module, f"serve.port={port}", "serve.index=exact",
                        "serve.reload_interval=0.2", "ray.num_cpus=1"], tmp_path)
     try:
         started = service.started()
         assert started["version"] == 1
+        assert service.line("stderr") == (
+            f"pbg_ray: warning: version 1 of '{config.checkpoint_path}/best' was trained with "
+            "dimension=6 (this config: 4): the model's keys are taken from its config.json.")
         assert service.printed[0].startswith(
             f"serving version 1 of {config.checkpoint_path}, the best on validation (kept in "
             f"best/; serve.follow=newest serves the newest), at {started['url']} ")

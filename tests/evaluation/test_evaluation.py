@@ -296,6 +296,33 @@ def test_the_report_names_the_edge_paths_and_warns_of_training_edges(ray_session
     assert "trained on" not in caplog.text
 
 
+def test_the_model_is_the_checkpoints_and_another_graph_is_refused(ray_session, tmp_path,
+                                                                    caplog):
+    """A checkpoint of another model of the config's graph (a Ray Tune trial's sampled
+    dimension, say) is evaluated with the model it was trained with, each key that differs
+    from the config's named; a checkpoint of another graph is refused in one line."""
+    config = make(tmp_path)
+    write_random_graph(config, num_edges=50)
+    write_test_edges(config)
+    trained = dataclasses.replace(config, dimension=12, comparator="dot", relations=[
+        dataclasses.replace(config.relations[0], operator="diagonal"), *config.relations[1:]])
+    random_checkpoint(trained)
+    with caplog.at_level("WARNING", logger="pbg_ray"):
+        report = evaluate_checkpoint(config)
+    assert report["metrics"] == evaluate_checkpoint(trained)["metrics"]
+    assert (f"version 1 of {config.checkpoint_path!r} was trained with dimension=12 (this "
+            "config: 8), comparator=dot (this config: cos), relations.0.operator=diagonal "
+            "(this config: translation): the model's keys are taken from its config.json"
+            ) in caplog.text
+    regrouped = dataclasses.replace(config, entities={
+        **config.entities, "tag": dataclasses.replace(config.entities["tag"], num_partitions=2)})
+    with pytest.raises(PbgRayError, match=r"holds a model of another graph: its entity types "
+                                          r"differ from this config's \(.*'tag': "
+                                          r"\{'num_partitions': 1.* there, .*'tag': "
+                                          r"\{'num_partitions': 2.* here\)"):
+        evaluate_checkpoint(regrouped)
+
+
 def test_user_mistakes_get_one_clear_error(ray_session, tmp_path):
     config = make(tmp_path)
     write_random_graph(config)
