@@ -95,15 +95,32 @@ class CommandFormatter(logging.Formatter):
         return f"pbg_ray: {record.levelname.lower()}: {record.getMessage()}"
 
 
+@contextlib.contextmanager
+def command_logging() -> Iterator[None]:
+    """While a command runs, pbg_ray's own log lines go to stderr in its style (not in the
+    format of the handler Hydra gives the root logger, nor bare, as Python prints a record
+    no handler takes), WARNING and above unless setup_logging says otherwise; after it,
+    the logger is as it was (a command called in a process that goes on)."""
+    if any(isinstance(h.formatter, CommandFormatter) for h in logger.handlers):
+        yield  # a command inside a command (Hydra's main inside its wrapper)
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(CommandFormatter())
+    before = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before[0])
+        logger.propagate = before[1]
+
+
 def setup_logging(config: ConfigSchema) -> None:
-    """pbg_ray's own log lines to stderr in its style (not in the format of the handler
-    Hydra gives the root logger), INFO with `verbose`, WARNING otherwise."""
+    """pbg_ray's log lines at INFO with `verbose`, WARNING otherwise."""
     logger.setLevel(logging.INFO if config.verbose else logging.WARNING)
-    if not any(isinstance(h.formatter, CommandFormatter) for h in logger.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(CommandFormatter())
-        logger.addHandler(handler)
-        logger.propagate = False
 
 
 def per_job_paths(config: ConfigSchema) -> ConfigSchema:
@@ -131,12 +148,14 @@ def user_error(err: BaseException) -> Optional[PbgRayError]:
 def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:
     """Print a PbgRayError as one line and exit with status 2, Ctrl-C as one line (what
     the command says about it, if anything) with status 130, and SIGTERM (after
-    stop_on_sigterm) as one line with status 143: no traceback."""
+    stop_on_sigterm) as one line with status 143: no traceback; pbg_ray's log lines in
+    the same style meanwhile (command_logging)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
-            return func(*args, **kwargs)
+            with command_logging():
+                return func(*args, **kwargs)
         except KeyboardInterrupt as err:
             if SIGTERM_RECEIVED.is_set():
                 print("pbg_ray: terminated", file=sys.stderr)

@@ -306,7 +306,7 @@ class CheckpointStorage:
                               "directory.") from None
         except ValueError as err:
             raise PbgRayError(f"{str(path)!r} is not valid JSON: {err}") from None
-        return ConfigSchema.from_dict(data, source=str(path))
+        return ConfigSchema.from_dict(data, source=str(path), warn=False)
 
     def append_stats(self, stats: List[Dict[str, Any]]) -> None:
         try:

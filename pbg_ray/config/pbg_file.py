@@ -35,13 +35,15 @@ IGNORED_KEYS = {
 _warned: Set[str] = set()  # keys warned about in this process
 
 
-def drop_pbg_only_keys(data: Dict[str, Any], source: str) -> Dict[str, Any]:
-    """A copy of a PBG config dict without the keys Ray makes meaningless. Each such key,
-    and each of IGNORED_KEYS set, is warned about once a process."""
+def drop_pbg_only_keys(data: Dict[str, Any], source: str, warn: bool = True) -> Dict[str, Any]:
+    """A copy of a PBG config dict without the keys Ray makes meaningless. With `warn`, each
+    such key, and each of IGNORED_KEYS set, is warned about once a process (a checkpoint's
+    config.json is read without: its keys describe the run that wrote it, torchbiggraph's
+    say, and its readers have nothing to change)."""
     ignored = {k: PBG_ONLY_KEYS[k] for k in PBG_ONLY_KEYS.keys() & data.keys()}
     ignored.update((k, instead) for k, (default, instead) in IGNORED_KEYS.items()
                    if data.get(k, default) != default)
-    for key in sorted(ignored.keys() - _warned):
+    for key in sorted(ignored.keys() - _warned if warn else ()):
         _warned.add(key)
         logger.warning("%s: PBG key %r is ignored: %s", source, key, ignored[key])
     return {k: v for k, v in data.items() if k not in PBG_ONLY_KEYS}

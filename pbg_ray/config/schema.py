@@ -222,15 +222,16 @@ class ConfigSchema:
         validate_config(self, source)
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "config") -> "ConfigSchema":
+    def from_dict(cls, data: Any, source: str = "config", warn: bool = True) -> "ConfigSchema":
         """Build and validate a config from plain dicts/lists (PBG's layout).
 
-        `source` names where the dict came from, for error messages.
+        `source` names where the dict came from, for error messages; `warn`: whether the
+        PBG keys pbg_ray ignores are warned about (pbg_file.drop_pbg_only_keys).
         """
         if not isinstance(data, dict):
             raise PbgRayError(
                 f"{source}: expected a mapping of config keys, got {type(data).__name__}")
-        return cls(**field_values(drop_pbg_only_keys(data, source), cls, "", source),
+        return cls(**field_values(drop_pbg_only_keys(data, source, warn), cls, "", source),
                    source=source)
 
     def checked(self, source: str = "config") -> "ConfigSchema":

@@ -21,7 +21,7 @@ from pbg_ray.cli import SIGTERM_RECEIVED, report_errors, stop_requests
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import name_sweep_jobs
 from pbg_ray.importer.demo import demo_checkpoint_path
-from tests.util import config_dict, joining_the_session, write_random_graph
+from tests.util import config_dict, joining_the_session, random_checkpoint, write_random_graph
 
 
 def tiny_graph(root: Path, **overrides) -> dict:
@@ -364,3 +364,23 @@ def test_sweep_jobs_are_named_by_their_swept_values_alone():
     assert name_sweep_jobs(argv, argv[1:]) == [
         "hydra.job.config.override_dirname.exclude_keys=['ray.num_cpus']"]
     assert name_sweep_jobs(argv[1:], argv[1:]) == []  # a single run
+
+
+def test_pbg_keys_are_warned_about_in_a_users_file_not_in_a_checkpoints_config(tmp_path,
+                                                                              workdir):
+    """A torchbiggraph checkpoint's config.json carries PBG's keys for distributing work:
+    reading it warns of none (they describe the run that wrote it). The user's own config
+    file is warned about, once, in the project's voice, by predict too."""
+    data = tiny_graph(tmp_path)
+    random_checkpoint(ConfigSchema.from_dict(data))
+    written = Path(data["checkpoint_path"]) / "config.json"  # as torchbiggraph writes it
+    written.write_text(json.dumps(dict(
+        json.loads(written.read_text()), background_io=False, num_machines=1,
+        num_partition_servers=-1, distributed_init_method=None,
+        distributed_tree_init_order=True)))
+    module = pbg_module(tmp_path / "config.py", dict(data, num_machines=1))
+    code, out, err = run("predict", [module, "neighbors", "user-0-1", "-k", "2"], workdir)
+    assert code == 0, err[-2000:]
+    assert err.splitlines() == [f"pbg_ray: warning: {module}: PBG key 'num_machines' is "
+                                "ignored: the Ray cluster decides the machines (ray.address)"]
+    assert len(json.loads(out)["neighbors"]) == 2
