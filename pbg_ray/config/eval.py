@@ -23,7 +23,9 @@ class EvalConfig:
     sampled: bool = option(True, help=
         "PBG's sampled metrics, as torchbiggraph_eval computes them: each edge ranked "
         "against num_batch_negs batch and num_uniform_negs uniform negatives (held-out edges "
-        "during training use eval_num_batch_negs / eval_num_uniform_negs, as PBG's trainer).")
+        "during training use eval_num_batch_negs / eval_num_uniform_negs, as PBG's trainer); "
+        "a relation with all_negs against every entity of the partition. Eval's report and "
+        "train's lines name the negatives used.")
     filtered: bool = option(True, help=
         "Full ranking against every entity of the type, on both sides.")
     per_relation: bool = option(True, help="Metrics of each relation besides the overall ones.")

@@ -436,7 +436,7 @@ def print_report(report: Mapping[str, Any]) -> None:
     negatives = report["sampled_negatives"]
     if negatives is not None:
         print("s. = PBG's sampled metrics, as torchbiggraph_eval's: each edge against "
-              f"{SampledNegatives(**negatives).describe()} (num_batch_negs, num_uniform_negs)")
+              f"{SampledNegatives.of_report(negatives).describe()}")
     print("f. = filtered full ranking against every entity of the type")
     print(format_table(report["metrics"]))
     print(json.dumps(report))

@@ -17,7 +17,7 @@ are taken once at the end (stats_mean).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,26 +31,56 @@ Stats = Dict[str, Any]
 @dataclasses.dataclass(frozen=True)
 class SampledNegatives:
     """The negatives each positive of PBG's sampled metrics is ranked against: `batch`
-    from the other edges of its chunk and `uniform` drawn from its partition (a relation
-    with all_negs ranks against every entity of the partition instead)."""
+    from the other edges of its chunk and `uniform` drawn from its partition (`keys`: the
+    config keys that set them), except on the relations with all_negs (`all_negs`, by
+    name), ranked against every entity of the partition instead. `describe` names them
+    for every figure that reports them."""
 
     batch: int
     uniform: int
+    keys: Tuple[str, str] = ("num_batch_negs", "num_uniform_negs")
+    all_negs: Tuple[str, ...] = ()
+    every_relation_all_negs: bool = False
 
     @classmethod
     def of_edge_paths(cls, config: ConfigSchema) -> "SampledNegatives":
         """Those of an edge path's evaluation (python -m pbg_ray.eval), as
         torchbiggraph_eval scores them: num_batch_negs and num_uniform_negs."""
-        return cls(config.num_batch_negs, config.num_uniform_negs)
+        return cls(config.num_batch_negs, config.num_uniform_negs,
+                   ("num_batch_negs", "num_uniform_negs"), *all_negs_relations(config))
 
     @classmethod
     def of_held_out(cls, config: ConfigSchema) -> "SampledNegatives":
         """Those of held-out edges during training, as PBG's trainer scores them:
         eval_num_batch_negs and eval_num_uniform_negs."""
-        return cls(config.eval_num_batch_negs, config.eval_num_uniform_negs)
+        return cls(config.eval_num_batch_negs, config.eval_num_uniform_negs,
+                   ("eval_num_batch_negs", "eval_num_uniform_negs"), *all_negs_relations(config))
+
+    @classmethod
+    def of_report(cls, report: Mapping[str, Any]) -> "SampledNegatives":
+        """The negatives a report's JSON names (dataclasses.asdict's, lists for tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in report.items()})
 
     def describe(self) -> str:
-        return f"{self.batch} batch + {self.uniform} uniform negatives"
+        """What the figures were ranked against: "50 batch + 100 uniform negatives
+        (num_batch_negs, num_uniform_negs)", the all_negs relations' said apart, or "every
+        entity of the partition (all_negs)" where every relation has all_negs."""
+        every = "every entity of the partition (all_negs)"
+        if self.every_relation_all_negs:
+            return every
+        sampled = (f"{self.batch} batch + {self.uniform} uniform negatives "
+                   f"({', '.join(self.keys)})")
+        if not self.all_negs:
+            return sampled
+        return f"{sampled}; relations {', '.join(self.all_negs)}: {every}"
+
+
+def all_negs_relations(config: ConfigSchema) -> Tuple[Tuple[str, ...], bool]:
+    """(the names of the relations with all_negs, whether that is every relation)."""
+    names = tuple(r.name for r in config.relations if r.all_negs)
+    return names, len(names) == len(config.relations)
+
+
 SAMPLED_METRICS = ("pos_rank", "mrr", "r1", "r10", "r50", "auc")
 ALL = "all"  # the key of the overall metrics, next to relation names
 

@@ -262,8 +262,9 @@ def test_sampled_metrics_equal_torchbiggraph_eval(ray_session, tmp_path, monkeyp
     Trainer(config).run()  # a real checkpoint, trained by the engine
     config.eval.filtered = False
     report = evaluate_checkpoint(config)
-    assert report["sampled_negatives"] == {"batch": config.num_batch_negs,
-                                           "uniform": config.num_uniform_negs}
+    assert SampledNegatives.of_report(report["sampled_negatives"]).describe() == (
+        "every entity of the partition (all_negs)" if all_negs else
+        "5 batch + 0 uniform negatives (num_batch_negs, num_uniform_negs)")
     ours = report["metrics"]["all"]["sampled"]
     from tests.oracle import torchbiggraph_eval_metrics
 
@@ -321,6 +322,30 @@ def test_the_model_is_the_checkpoints_and_another_graph_is_refused(ray_session, 
                                           r"\{'num_partitions': 1.* there, .*'tag': "
                                           r"\{'num_partitions': 2.* here\)"):
         evaluate_checkpoint(regrouped)
+
+
+def test_the_negatives_of_sampled_figures_are_named_as_they_were_drawn(ray_session, tmp_path,
+                                                                       capsys):
+    """The same label for the same negatives, in eval's report and train's held-out lines:
+    the counts and the keys that set them, except for the relations with all_negs, which
+    rank against every entity of the partition whatever the counts say."""
+    config = make(tmp_path, relations=[dict(r, all_negs=True) for r in config_dict(
+        tmp_path)["relations"]], eval={"filtered": False})
+    write_random_graph(config, num_edges=50)
+    write_test_edges(config)
+    random_checkpoint(config)
+    every = "every entity of the partition (all_negs)"
+    print_report(evaluate_checkpoint(config))
+    assert f"s. = PBG's sampled metrics, as torchbiggraph_eval's: each edge against {every}\n" \
+        in capsys.readouterr().out
+    assert SampledNegatives.of_held_out(config).describe() == every
+    mixed = dataclasses.replace(config, relations=[
+        dataclasses.replace(r, all_negs=r.name == "likes") for r in config.relations])
+    assert SampledNegatives.of_edge_paths(mixed).describe() == (
+        f"5 batch + 5 uniform negatives (num_batch_negs, num_uniform_negs); relations likes: "
+        f"{every}")
+    assert SampledNegatives.of_held_out(mixed).describe().startswith(
+        "10 batch + 10 uniform negatives (eval_num_batch_negs, eval_num_uniform_negs); ")
 
 
 def test_user_mistakes_get_one_clear_error(ray_session, tmp_path):
