@@ -32,15 +32,20 @@ class RayConfig:
         "Train tasks running at once (null: as many as the CPUs allow, and no more than the "
         "partition count: an unpartitioned graph trains one bucket a pass, so one task). Each "
         "runs in a worker process of its own, which loads torch: on a small machine, one "
-        "task of all its CPUs (num_trainers=1, cpus_per_trainer=the CPUs) holds less memory "
+        "task of all its CPUs (num_trainers=1, cpus_per_trainer null) holds less memory "
         "(docs/benchmarks.md, the fixed footprint).")
-    cpus_per_trainer: float = option(1.0, check=positive.with_fix(
-        "Ask for at least a fraction of a CPU per train task."), help=
+    cpus_per_trainer: Optional[float] = option(None, check=positive.with_fix(
+        "Ask for at least a fraction of a CPU per train task, or null for the CPUs the "
+        "partitions leave."), help=
         "CPUs each train task asks Ray for; it trains on int(cpus_per_trainer) Hogwild "
-        "threads. When the partitions allow fewer tasks than the CPUs would, training says "
-        "so with the value that uses the rest (an unpartitioned graph: the machine's CPUs). "
-        "More than any node has is refused on a local Ray that pbg_ray starts (nothing "
-        "would add a larger node) and a warning on a cluster, whose autoscaler may.")
+        "threads. null: the CPUs there are, shared by the train tasks the partitions let run "
+        "at once (an unpartitioned graph, one bucket at a time: all of a node's CPUs; as "
+        "many partitions as CPUs: 1 each; 1 for GPU training and in a Ray Tune trial), "
+        "stated in the run's first lines; eval, predict and export tasks take 1. A value set "
+        "is taken as it is (1 with ray.num_trainers=1: a reproducible run), with a warning "
+        "where the partitions leave CPUs idle. More than any node has is refused on a local "
+        "Ray that pbg_ray starts (nothing would add a larger node) and a warning on a "
+        "cluster, whose autoscaler may.")
     gpus_per_trainer: float = option(0.0, check=not_negative.with_fix(
         "Use 0 for CPU training."), help=
         "GPUs each train task asks Ray for (0: CPU training). A task on a GPU trains its "
@@ -78,3 +83,8 @@ class RayConfig:
         "bucket_order=beta orders buckets for this buffer, with the fewest reads.")
     num_partition_stores: Optional[int] = option(None, check=positive, help=
         "Partition-store actors (null: one per node, at most one per partition).")
+
+    def task_cpus(self) -> float:
+        """CPUs of a task of the train tasks' kind: cpus_per_trainer, 1 where it is null (a
+        training run sets it before its first task: Trainer.cpus_per_trainer)."""
+        return self.cpus_per_trainer or 1.0

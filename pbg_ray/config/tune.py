@@ -52,9 +52,9 @@ IDLE_KEYS: Dict[str, Tuple[Tuple[str, ...], Callable[["ConfigSchema"], Optional[
         r.all_negs for r in c.relations) else "every relation has all_negs=true"),
     "max_edges_per_chunk": (("num_edge_chunks",), lambda c: None if c.num_edge_chunks is None
                             else f"num_edge_chunks={c.num_edge_chunks} sets the chunks"),
-    "hogwild_delay": ((), lambda c: None if int(c.ray.cpus_per_trainer) >= 2 else
-                      f"ray.cpus_per_trainer={c.ray.cpus_per_trainer:g}: one Hogwild thread "
-                      "a task, so no warm-up"),
+    "hogwild_delay": ((), lambda c: None if int(c.ray.task_cpus()) >= 2 else
+                      f"ray.cpus_per_trainer={c.ray.task_cpus():g} in a trial: one Hogwild "
+                      "thread a task, so no warm-up"),
     "dimension": (("entities",), lambda c: None if any(
         e.dimension is None for e in c.entities.values()) else
         "every entity type sets its own dimension"),

@@ -186,7 +186,7 @@ class Evaluator:
         return [(b, n) for b in buckets for n in [count_edges(edge_path, b)] if n]
 
     def _options(self) -> Dict[str, Any]:
-        return {"num_cpus": self.config.ray.cpus_per_trainer}
+        return {"num_cpus": self.config.ray.task_cpus()}
 
     def sampled(self, edge_path: str, negatives: SampledNegatives, per_relation: bool,
                 seed: int = 0) -> Dict[Any, Dict]:
@@ -217,7 +217,7 @@ class Evaluator:
             return np.empty(0, np.int64), {side: np.empty(0, np.int64) for side in SIDES}
         gathered = self._gather(edge_path, [b for b, _ in buckets])
         cand_parts = range(config.num_partitions())
-        cpus = ray.cluster_resources().get("CPU", 1) / config.ray.cpus_per_trainer
+        cpus = ray.cluster_resources().get("CPU", 1) / config.ray.task_cpus()
         groups = max(1, math.ceil(cpus / len(cand_parts)))
         per_bucket = max(1, math.ceil(groups / len(buckets)))
         chunks = {b: max(1, min(per_bucket, n // QUERY_BLOCK)) for b, n in buckets}
@@ -341,7 +341,7 @@ def check_evaluation_fits(config: ConfigSchema, edge_paths: Sequence[str],
         fits = lambda placement, n: evaluation_plan(  # noqa: E731
             dataclasses.replace(config, ray=dataclasses.replace(config.ray, placement=placement)),
             counts, filter_edges, query_edges, n).total <= budget.bytes
-        one_task = f"ray.num_cpus={config.ray.cpus_per_trainer:g} (one task at a time)"
+        one_task = f"ray.num_cpus={config.ray.task_cpus():g} (one task at a time)"
         ways = []
         if config.ray.placement == "memory" and fits("disk", tasks):
             ways.append("set ray.placement=disk (each task reads the partitions it ranks from "

@@ -78,7 +78,7 @@ def starts_local_ray(ray_config: RayConfig) -> bool:
 def local_task_slots(ray_config: RayConfig) -> int:
     """Tasks of ray.cpus_per_trainer CPUs each that the local Ray runs at once."""
     cpus = ray_config.num_cpus or os.cpu_count() or 1
-    return max(1, int(cpus // ray_config.cpus_per_trainer))
+    return max(1, int(cpus // ray_config.task_cpus()))
 
 
 def check_plan_fits(ray_config: RayConfig, plan: MemoryPlan,
@@ -156,4 +156,4 @@ def check_task_fits(key: str, resource: str, amount: float) -> None:
 def check_cpus_per_trainer(ray_config: RayConfig) -> None:
     """check_task_fits for the tasks that ask for ray.cpus_per_trainer CPUs (training,
     evaluation, predict and export)."""
-    check_task_fits("ray.cpus_per_trainer", "CPU", ray_config.cpus_per_trainer)
+    check_task_fits("ray.cpus_per_trainer", "CPU", ray_config.task_cpus())

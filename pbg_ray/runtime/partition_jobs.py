@@ -64,7 +64,7 @@ def partition_map(config: ConfigSchema, cpus: Optional[float] = None) -> MapPart
     in flight (one running, one result waiting to be consumed)."""
     connect_ray(config.ray)
     check_cpus_per_trainer(config.ray)
-    cpus = config.ray.cpus_per_trainer if cpus is None else cpus
+    cpus = config.ray.task_cpus() if cpus is None else cpus
     slots = ray.cluster_resources().get("CPU", 1) / cpus
     return RayPartitionMap({"num_cpus": cpus, "runtime_env": TASK_RUNTIME_ENV},
                            2 * max(1, math.floor(slots)))
@@ -80,4 +80,4 @@ def predictor_map(config: ConfigSchema) -> MapPartitions:
     connect_ray(config.ray)
     partitions = max((e.num_partitions for e in config.entities.values()), default=1)
     spread = max(1, math.floor(ray.cluster_resources().get("CPU", 1) / partitions))
-    return partition_map(config, min(config.ray.cpus_per_trainer, spread))
+    return partition_map(config, min(config.ray.task_cpus(), spread))

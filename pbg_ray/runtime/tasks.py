@@ -34,7 +34,7 @@ ACTOR_DEATH_POLL_S = 0.002
 
 def task_threads(config: ConfigSchema) -> int:
     """The torch and BLAS threads of a task that asks for ray.cpus_per_trainer CPUs."""
-    return max(1, int(config.ray.cpus_per_trainer))
+    return max(1, int(config.ray.task_cpus()))
 
 
 def on_task_threads(task: Callable[..., Any]) -> Callable[..., Any]:

@@ -121,7 +121,7 @@ def _fix(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int, stor
         ways.append("set ray.placement=disk (partitions stay on disk; each trainer holds "
                     "a few)")
     if trainers > 1 and memory_plan(config, counts, 1, stores, 2).total <= budget.bytes:
-        cpus = trainers * config.ray.cpus_per_trainer
+        cpus = trainers * config.ray.task_cpus()
         ways.append(f"run one train task of all its CPUs (ray.num_trainers=1 "
                     f"ray.cpus_per_trainer={cpus:g})")
     ways.append("split the entities into more partitions (entities.<type>.num_partitions, "

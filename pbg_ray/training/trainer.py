@@ -198,7 +198,7 @@ class Trainer:
         if self.config.ray.num_trainers:
             return self.config.ray.num_trainers
         resources = ray.cluster_resources()
-        limit = int(resources.get("CPU", 1) // self.config.ray.cpus_per_trainer)
+        limit = int(resources.get("CPU", 1) // self.config.ray.task_cpus())
         gpus = gpus_per_trainer(self.config)
         if gpus > 0:
             limit = min(limit, int(resources.get("GPU", 0) // gpus))
@@ -208,6 +208,32 @@ class Trainer:
                                   "ray.gpus_per_trainer=0 to train on CPUs.")
         return max(1, min(limit, self.config.num_partitions()))
 
+    def cpus_each(self) -> int:
+        """The CPUs each train task can have: the cluster's shared by the tasks that run at
+        once (max_trainers), at most a node's, at least 1."""
+        cpus = ray.cluster_resources().get("CPU", 1)
+        node_cpus = largest_node("CPU") or cpus
+        return max(1, int(min(node_cpus, cpus // self.max_trainers())))
+
+    def take_cpus(self) -> None:
+        """ray.cpus_per_trainer where the config leaves it null: the CPUs each train task
+        can have (cpus_each; 1 for GPU training), said in a line where that is more than one;
+        where the config sets it, a warning when the partitions leave CPUs idle."""
+        ray_config = self.config.ray
+        if ray_config.cpus_per_trainer is not None:
+            self._warn_idle_cpus()
+            return
+        cpus = 1 if gpus_per_trainer(self.config) > 0 else self.cpus_each()
+        self.config = dataclasses.replace(self.config, ray=dataclasses.replace(
+            ray_config, cpus_per_trainer=float(cpus)))
+        if cpus > 1:
+            trainers = self.max_trainers()
+            bound = (f"ray.num_trainers={trainers}" if ray_config.num_trainers else
+                     f"{self.config.num_partitions()} partition(s)")
+            self._say(f"training {trainers} bucket(s) at a time ({bound}), each on {cpus} CPUs "
+                      f"({cpus} Hogwild threads): ray.cpus_per_trainer=null shares out the "
+                      f"{ray.cluster_resources().get('CPU', 1):g} CPUs there are")
+
     def _warn_idle_cpus(self) -> None:
         """Say so when the partitions, not the CPUs, bound the train tasks and CPUs stay
         idle: each task trains on int(ray.cpus_per_trainer) Hogwild threads, and the key
@@ -215,17 +241,14 @@ class Trainer:
         ray_config = self.config.ray
         if ray_config.num_trainers or gpus_per_trainer(self.config) > 0:
             return
-        trainers = self.max_trainers()
-        cpus = ray.cluster_resources().get("CPU", 1)
-        node_cpus = largest_node("CPU") or cpus
-        per_trainer = int(min(node_cpus, cpus // trainers))
+        trainers, per_trainer = self.max_trainers(), self.cpus_each()
         if per_trainer > ray_config.cpus_per_trainer:
             logger.warning(
                 "%d partition(s) allow %d train task(s) at once; with ray.cpus_per_trainer=%g "
-                "they use %g of the %g CPUs. Set ray.cpus_per_trainer=%d to train each bucket "
-                "on that many Hogwild threads.", self.config.num_partitions(), trainers,
-                ray_config.cpus_per_trainer, trainers * ray_config.cpus_per_trainer, cpus,
-                per_trainer)
+                "they use %g of the %g CPUs. Set ray.cpus_per_trainer=%d (or null) to train "
+                "each bucket on that many Hogwild threads.", self.config.num_partitions(),
+                trainers, ray_config.cpus_per_trainer, trainers * ray_config.cpus_per_trainer,
+                ray.cluster_resources().get("CPU", 1), per_trainer)
 
     # --- the pass loop ------------------------------------------------------
 
@@ -242,7 +265,7 @@ class Trainer:
                         self.checkpoints.path, self.version)
             return TrainResult(str(self.checkpoints.path), self.version, [],
                                best=self.selection.best)
-        self._warn_idle_cpus()
+        self.take_cpus()
         # Stats lines of passes that never became current (an interrupted run's) go; the
         # session also removes, whatever ends the run, its unfinished version and swap files.
         completed = lambda line: start.of_stats_line(line).iteration < self.version  # noqa: E731

@@ -74,7 +74,7 @@ def starting_point(config: ConfigSchema) -> Dict[str, Any]:
 
 def trial_resources(config: ConfigSchema) -> tune.PlacementGroupFactory:
     """One trial's placement group: its driver, then one bundle per train task."""
-    trainer = {"CPU": config.ray.cpus_per_trainer, "GPU": gpus_per_trainer(config)}
+    trainer = {"CPU": config.ray.task_cpus(), "GPU": gpus_per_trainer(config)}
     return tune.PlacementGroupFactory(
         [{"CPU": config.tune.driver_cpus}] + [trainer] * (config.ray.num_trainers or 1))
 
@@ -236,7 +236,9 @@ def run_tune(config: ConfigSchema) -> Dict[str, Any]:
             "eval_edge_paths=[<held-out edges>], or tune on tune.metric=loss tune.mode=min.")
     check_cpus_per_trainer(config.ray)
     base = config.to_dict()
-    base["ray"]["num_trainers"] = config.ray.num_trainers or 1  # what the placement group fits
+    # What the placement group fits (trial_resources).
+    base["ray"]["num_trainers"] = config.ray.num_trainers or 1
+    base["ray"]["cpus_per_trainer"] = config.ray.task_cpus()
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=base),
                                     trial_resources(config))
     storage_path = settings.storage_path or sibling(config.checkpoint_path, "tune")

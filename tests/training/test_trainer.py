@@ -69,12 +69,14 @@ def test_resume_refuses_a_different_graph(ray_session, tmp_path):
 
 
 def test_disk_placement_trains_what_memory_placement_trains(ray_session, tmp_path):
-    """One trainer makes a run deterministic, so a swap that lost or reordered an
-    update shows as a difference from the run that kept everything in memory."""
-    config = small_config(tmp_path, ray={"placement": "disk", "num_trainers": 1})
+    """One trainer of one thread makes a run deterministic, so a swap that lost or
+    reordered an update shows as a difference from the run that kept everything in
+    memory."""
+    config = small_config(tmp_path, ray={"placement": "disk", "num_trainers": 1,
+                                         "cpus_per_trainer": 1})
     write_random_graph(config, num_edges=1000)
     memory = small_config(tmp_path, checkpoint_path=str(tmp_path / "memory"),
-                          ray={"placement": "memory", "num_trainers": 1})
+                          ray={"placement": "memory", "num_trainers": 1, "cpus_per_trainer": 1})
     on_disk, in_memory = Trainer(config), Trainer(memory)
     assert on_disk.run().version == 2
     in_memory.run()
@@ -136,7 +138,8 @@ def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
         tmp_path, entities={"user": {"num_partitions": 4}},
         relations=[{"name": "follows", "lhs": "user", "rhs": "user", "operator": "translation"}],
         bucket_order="beta", eval_fraction=0.0,
-        ray={"placement": "disk", "num_trainers": 1, "partition_buffer": 3})
+        ray={"placement": "disk", "num_trainers": 1, "cpus_per_trainer": 1,
+             "partition_buffer": 3})
     write_random_graph(config, num_edges=800, counts={"user": 40})
     result = Trainer(config).run()
     assert result.version == 2
@@ -197,30 +200,39 @@ def test_bad_edges_stop_the_run_with_the_file_named(ray_session, tmp_path):
     assert not (tmp_path / "checkpoints" / "config.json").exists()
 
 
-def test_train_tasks_at_once_are_bounded_by_the_partitions(ray_session, tmp_path, caplog):
+def test_train_tasks_at_once_are_bounded_by_the_partitions_and_take_the_cpus(
+        ray_session, tmp_path, caplog, capsys):
     """An unpartitioned graph trains one bucket a pass: one train task (and one worker
-    started for it), however many CPUs; the CPUs it leaves idle are pointed out with the
-    key and value that would use them."""
+    started for it), however many CPUs. With ray.cpus_per_trainer null (the default) it
+    takes them all, and says so first; set to fewer, the CPUs it leaves idle are pointed
+    out with the key and value that would use them."""
     one = {"user": {"num_partitions": 1}, "item": {"num_partitions": 1},
            "tag": {"num_partitions": 1}}
-    unpartitioned = small_config(tmp_path, entities=one)
+    unpartitioned = small_config(tmp_path, entities=one, num_epochs=1)
     write_random_graph(unpartitioned, num_edges=100)
     cpus = int(ray.cluster_resources()["CPU"])
     assert cpus >= 2  # the session's local Ray
     trainer = Trainer(unpartitioned)
     assert trainer.max_trainers() == 1
+    capsys.readouterr()
     with caplog.at_level("WARNING", logger="pbg_ray"):
-        trainer._warn_idle_cpus()
-    assert f"ray.cpus_per_trainer={cpus} " in caplog.text
-    caplog.clear()
-    wide = small_config(tmp_path, entities=one, ray={"cpus_per_trainer": float(cpus)})
+        assert trainer.run().version == 1
+    assert caplog.text == "" and trainer.config.ray.cpus_per_trainer == cpus
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"training 1 bucket(s) at a time (1 partition(s)), each on {cpus} CPUs ({cpus} "
+        f"Hogwild threads): ray.cpus_per_trainer=null shares out the {cpus} CPUs there are")
+    narrow = Trainer(small_config(tmp_path, entities=one, ray={"cpus_per_trainer": 1.0}))
     with caplog.at_level("WARNING", logger="pbg_ray"):
-        Trainer(wide)._warn_idle_cpus()
-    assert caplog.text == ""
-    # Partitioned: the CPUs bound them; ray.num_trainers is taken as it is.
+        narrow.take_cpus()
+    assert f"ray.cpus_per_trainer={cpus} (or null) " in caplog.text
+    assert narrow.config.ray.cpus_per_trainer == 1
+    # Partitioned: the CPUs bound them (a CPU each here); ray.num_trainers is taken as it is.
     partitioned = small_config(tmp_path / "partitioned")
     write_random_graph(partitioned, num_edges=100)
-    assert Trainer(partitioned).max_trainers() == min(cpus, 2)
+    spread = Trainer(partitioned)
+    assert spread.max_trainers() == min(cpus, 2)
+    spread.take_cpus()
+    assert spread.config.ray.cpus_per_trainer == cpus // min(cpus, 2)
     assert Trainer(small_config(tmp_path, entities=one, ray={"num_trainers": 2})).max_trainers() == 2
 
 
@@ -230,13 +242,13 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path, monkeypatch
     """A train task's worker SIGKILLed mid-bucket (having read its partitions; or in disk
     placement having trained, or while writing a swap file behind its task, which may
     have returned: then the pass is trained again): the bucket is trained again, and the
-    checkpoint equals an undisturbed run's bit for bit (one trainer at a time makes a
-    run deterministic; disk placement trains what memory placement trains), so no update
+    checkpoint equals an undisturbed run's bit for bit (one trainer of one thread at a
+    time makes a run deterministic; disk placement trains what memory placement trains), so no update
     was lost or applied twice. The death is handled: Ray logs none of its returns as an
     unhandled error."""
     settings = dict(num_epochs=2, eval_fraction=0.0)
     undisturbed = small_config(tmp_path, checkpoint_path=str(tmp_path / "undisturbed"),
-                               ray={"num_trainers": 1}, **settings)
+                               ray={"num_trainers": 1, "cpus_per_trainer": 1}, **settings)
     write_random_graph(undisturbed, num_edges=3000)
     Trainer(undisturbed).run()
     expected = checkpoint_arrays(undisturbed)
@@ -247,7 +259,8 @@ def test_a_killed_trainer_is_handed_out_again(ray_session, tmp_path, monkeypatch
                                    ("train_task.before_return", 6, "disk"),
                                    ("train_task.write_behind", 6, "disk")):
         config = small_config(tmp_path, checkpoint_path=str(tmp_path / point),
-                              ray={"num_trainers": 1, "placement": placement}, **settings)
+                              ray={"num_trainers": 1, "cpus_per_trainer": 1,
+                                   "placement": placement}, **settings)
         with armed(point, hits) as fired:
             result = Trainer(config).run()
         assert fired(), point
