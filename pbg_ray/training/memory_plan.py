@@ -19,7 +19,7 @@ from typing import Dict, List
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.runtime.budget import (
-    ACTOR, CUDA_RUNTIME, DRIVER, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan,
+    ACTOR, CUDA_RUNTIME, DRIVER, GIB, RAY_PROCESSES, TASK_WORKER, MemoryBudget, MemoryPlan,
     memory_budget)
 from pbg_ray.runtime.connect import local_task_slots, starts_local_ray
 from pbg_ray.training.bucket_task import gpus_per_trainer
@@ -34,6 +34,9 @@ BUCKET_COPIES = 2.2
 DISK_EXTRA_PARTITIONS = 4
 # The smallest buffer: a bucket's two partitions.
 MIN_BUFFER = 2
+# Plans within this factor of the smallest need about as much: a refusal names the one of
+# the fewest settings among them.
+NEAR = 1.05
 
 
 def partition_bytes(config: ConfigSchema, counts: Dict[str, List[int]], entity: str) -> int:
@@ -113,18 +116,36 @@ def fit_local_run(config: ConfigSchema, counts: Dict[str, List[int]]) -> ConfigS
 
 def _fix(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int, stores: int,
          budget: MemoryBudget) -> str:
-    """What would fit: disk placement, fewer trainers, more partitions, a larger budget."""
+    """What would fit: disk placement, one train task; where neither does, more partitions
+    or more memory, with the smallest limit the run works in as it is partitioned (and the
+    fewest settings that need at most NEAR times the least); where one train task's
+    processes alone exceed the budget, that floor: no partitioning or placement helps."""
+    one_task = "ray.num_trainers=1" + (" ray.cpus_per_trainer=null"
+                                       if config.ray.cpus_per_trainer else "")
     disk = dataclasses.replace(config, ray=dataclasses.replace(config.ray, placement="disk"))
-    ways = []
-    if config.ray.placement == "memory" and memory_plan(
-            disk, counts, trainers, stores, 2).total <= budget.bytes:
-        ways.append("set ray.placement=disk (partitions stay on disk; each trainer holds "
-                    "a few)")
-    if trainers > 1 and memory_plan(config, counts, 1, stores, 2).total <= budget.bytes:
-        cpus = trainers * config.ray.task_cpus()
-        ways.append(f"run one train task of all its CPUs (ray.num_trainers=1 "
-                    f"ray.cpus_per_trainer={cpus:g})")
-    ways.append("split the entities into more partitions (entities.<type>.num_partitions, "
-                "importing again), or give the run more memory (ray.memory_budget states it "
-                "in bytes where the detected limit is wrong)")
-    return "; or ".join(ways)
+    options = {"": memory_plan(config, counts, trainers, stores, MIN_BUFFER)}
+    if trainers > 1:
+        options[one_task] = memory_plan(config, counts, 1, stores, MIN_BUFFER)
+    if config.ray.placement == "memory":
+        options["ray.placement=disk"] = memory_plan(disk, counts, trainers, stores, MIN_BUFFER)
+        if trainers > 1:
+            options[f"ray.placement=disk {one_task}"] = memory_plan(
+                disk, counts, 1, stores, MIN_BUFFER)
+    fits = [way for way in options if way and options[way].total <= budget.bytes]
+    fits = [way for way in fits if not any(set(o.split()) < set(way.split()) for o in fits)]
+    if fits:
+        return "; or ".join(f"set {way}" for way in fits)
+    lowest = min(plan.total for plan in options.values())
+    least = min(options, key=lambda way: (options[way].total > NEAR * lowest, len(way.split()),
+                                          options[way].total))
+    smallest = (f"the smallest limit it runs in is {options[least].total / GIB:.2f} GiB"
+                f"{f' with {least}' if least else ''}: give it that (a larger container or "
+                "cgroup, or ray.memory_budget where the detected limit is wrong)")
+    floor = options[one_task if trainers > 1 else ""].processes
+    if floor > budget.bytes:
+        return (f"nothing but more memory: Ray's processes, the driver, the actors and one "
+                f"train worker alone need {floor / GIB:.2f} GiB, so neither more partitions "
+                f"nor ray.placement=disk can fit it; {smallest}")
+    on_disk = " with ray.placement=disk" if config.ray.placement == "memory" else ""
+    return (f"split the entities into more partitions (entities.<type>.num_partitions, "
+            f"importing again){on_disk}; or {smallest}")

@@ -7,6 +7,7 @@ buffer fitted."""
 import dataclasses
 import logging
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -109,6 +110,29 @@ def test_a_memory_placement_run_that_cannot_fit_is_refused_with_the_figures_and_
     assert fit_to_budget(config, counts, 2, 1, roomy) is config
 
 
+def test_a_run_whose_processes_alone_exceed_the_budget_is_told_the_floor_and_the_least(
+        tmp_path):
+    """The demo's size (a table of 0.02 GiB) in 1 GiB: the processes of a run of one train
+    task need more, so neither partitions nor disk placement are named, but that floor and
+    the smallest limit the run works in, with the setting that gets it there, which fits."""
+    config, counts = sized_config(tmp_path, "memory", 4, 60_000, dimension=64)
+    with pytest.raises(PbgRayError) as refused:
+        fit_to_budget(config, counts, 2, 1, MemoryBudget(GIB, "ray.memory_budget"))
+    one_task = memory_plan(config, counts, 1, 1, 2)
+    fix = str(refused.value).split(" To fit: ")[1]
+    assert fix == (
+        f"nothing but more memory: Ray's processes, the driver, the actors and one train worker "
+        f"alone need {one_task.processes / GIB:.2f} GiB, so neither more partitions nor "
+        f"ray.placement=disk can fit it; the smallest limit it runs in is "
+        f"{one_task.total / GIB:.2f} GiB with ray.num_trainers=1: give it that (a larger "
+        "container or cgroup, or ray.memory_budget where the detected limit is wrong).")
+    assert one_task.processes > GIB
+    at_least = MemoryBudget(one_task.total, "ray.memory_budget")
+    assert fit_to_budget(config, counts, 1, 1, at_least) is config
+    with pytest.raises(PbgRayError, match=r"To fit: set ray.num_trainers=1\.$"):
+        fit_to_budget(config, counts, 2, 1, at_least)
+
+
 def test_disk_placement_keeps_the_largest_buffer_that_fits(tmp_path, caplog):
     config, counts = sized_config(tmp_path, "disk", 16, 16_000_000, buffer=8)
     at = lambda buffer: memory_plan(config, counts, 1, 1, buffer).total  # noqa: E731
@@ -188,7 +212,9 @@ def test_the_demo_in_a_container_too_small_for_it_is_refused_in_one_line(tmp_pat
                                                                           memory_cgroup):
     """`python -m pbg_ray.train num_epochs=2` in a cgroup of 1.2 GiB (where it used to stall
     at the limit for minutes) reads the cgroup's limit and stops before Ray starts, in one
-    line (after the demo's notice) naming the limit and a fix that fits."""
+    line (after the demo's notice) naming the limit and a fix that fits: one train task. In
+    1 GiB none fits, its processes alone need more: the line says so, and names the
+    smallest limit that works, with that setting."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PBG_RAY_CACHE": str(tmp_path / "cache")}
     subprocess.run([sys.executable, "-c", "from pbg_ray.importer.demo import demo_graph_path; "
                     "demo_graph_path()"], check=True, timeout=300, cwd=tmp_path, env=env)
@@ -200,7 +226,15 @@ def test_the_demo_in_a_container_too_small_for_it_is_refused_in_one_line(tmp_pat
     assert demo.startswith("pbg_ray: no config file given")
     assert line.startswith("pbg_ray: error: this run in memory placement needs about ")
     assert f"may use 1.20 GiB (the limit of this process's cgroup, {memory_cgroup}" in line
-    assert "ray.num_trainers=1 ray.cpus_per_trainer=2" in line
+    assert line.endswith(" To fit: set ray.num_trainers=1.")
+    out = run_in(memory_cgroup, 1024 * MIB, [sys.executable, "-m", "pbg_ray.train"], tmp_path,
+                 env)
+    assert out.returncode == 2, out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert re.search(r" To fit: nothing but more memory: Ray's processes, the driver, the "
+                     r"actors and one train worker alone need 1\.\d\d GiB, so neither more "
+                     r"partitions nor ray\.placement=disk can fit it; the smallest limit it runs "
+                     r"in is 1\.\d\d GiB with ray\.num_trainers=1: give it that", line), line
     budget = run_in(memory_cgroup, limit, [
         sys.executable, "-c", "from pbg_ray.config import RayConfig; from pbg_ray.runtime."
         "budget import memory_budget; print(memory_budget(RayConfig()).bytes)"], tmp_path, env)
