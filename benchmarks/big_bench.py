@@ -478,9 +478,9 @@ def serve_phase(bench: Bench, config: Path, community: np.ndarray, questions: Li
         import httpx
 
         answers = httpx.post(f"{url}/top_rhs", json={"queries": questions, "k": 10},
-                             timeout=600).json()["results"]
+                             timeout=600).json()["answers"]
         figures.quality["planted_share_top10"] = float(np.mean([
-            in_community(community, q["lhs"], [a["name"] for a in found])
+            in_community(community, q["lhs"], [hit["name"] for hit in found["hits"]])
             for q, found in zip(questions, answers)]))
         for concurrency in levels:
             asyncio.run(load(url, "/top_rhs", questions, False, concurrency, 2 * concurrency, 10))

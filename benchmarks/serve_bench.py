@@ -148,7 +148,7 @@ async def recall_at_10(url: str, endpoint: str, queries: List[Dict[str, str]]) -
                 body = {"queries": queries[i:i + 50], "k": 10, "exact": exact}
                 response = await http.post(endpoint, json=body)
                 response.raise_for_status()
-                found += [{a["name"] for a in r} for r in response.json()["results"]]
+                found += [{hit["name"] for hit in a["hits"]} for a in response.json()["answers"]]
             answers[exact] = found
     return float(np.mean([len(a & e) / 10 for a, e in zip(answers[False], answers[True])]))
 

@@ -9,7 +9,7 @@ evaluated, exported and queried from Python, with the same config as the command
     api.evaluate(config)             # sampled and filtered metrics of a checkpoint
     api.export_checkpoint(config)    # TSV, Parquet or a model bundle
     model = api.Predictor.load("model")
-    model.top_rhs("alice", "likes", k=10)
+    model.top_rhs("alice", "likes", k=10)  # [Hit(name, score), ...], best first
 
 Every function checks its config first (a config changed after it was built included) and
 raises PbgRayError, naming the key and the fix, before anything starts.
@@ -23,12 +23,14 @@ from pbg_ray.config import ConfigSchema, load_pbg_config_file
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.distributed import evaluate_checkpoint as evaluate
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.evaluation.questions import Hit, answer_json
 from pbg_ray.importer.ray_data import import_graph
 from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.training.trainer import Trainer, TrainResult
 
-__all__ = ["ConfigSchema", "PbgRayError", "Predictor", "TrainResult", "evaluate",
-           "export_checkpoint", "import_graph", "load_pbg_config_file", "migrate_run", "train"]
+__all__ = ["ConfigSchema", "Hit", "PbgRayError", "Predictor", "TrainResult", "answer_json",
+           "evaluate", "export_checkpoint", "import_graph", "load_pbg_config_file", "migrate_run",
+           "train"]
 
 
 def train(config: ConfigSchema) -> TrainResult:

@@ -1,14 +1,16 @@
 """python -m pbg_ray.predict [CHECKPOINT_PATH] {score,top-rhs,top-lhs,neighbors} ...
 
 Answers one question about a trained checkpoint (or a model bundle's tag) by entity and
-relation names and prints the answer as one JSON line. CHECKPOINT_PATH is a checkpoint
-directory, a bundle, or a PBG config file (its checkpoint_path and entity_path); without
-it: the demo's (python -m pbg_ray.train with no arguments trains it). One candidate
-partition is in memory at a time.
+relation names and prints the answer as one JSON line: the question's fields and
+{"score": s} for an edge, {"hits": [{"name": n, "score": s}, ...]} (best first) for the k
+best or nearest entities, as the service answers (docs/formats.md, "Answers").
+CHECKPOINT_PATH is a checkpoint directory, a bundle, or a PBG config file (its
+checkpoint_path and entity_path); without it: the demo's (python -m pbg_ray.train with no
+arguments trains it). One candidate partition is in memory at a time.
 
 Batch mode: --queries FILE (a local path or URI) holds one question per line, its
 arguments tab-separated as on the command line (score: lhs, relation, rhs; top-rhs: lhs,
-relation; top-lhs: relation, rhs; neighbors: name); the answers, one JSON line per
+relation; top-lhs: relation, rhs; neighbors: entity); the answers, one JSON line per
 question in the file's order with its line number and fields, go to --output (a local
 path or URI, written whole when complete; default: standard output). A line that is no
 question, or names an entity or relation the model lacks, gets an "error" instead, is
@@ -32,7 +34,7 @@ from pbg_ray.config import load_pbg_config_file
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.entity_names import names_bytes
 from pbg_ray.evaluation.predictor import Predictor
-from pbg_ray.evaluation.questions import NeighborQuery
+from pbg_ray.evaluation.questions import NeighborQuery, answer_json
 from pbg_ray.importer.demo import demo_checkpoint_path
 from pbg_ray.io.entities import load_entity_counts
 from pbg_ray.io.files import write_text_atomic
@@ -50,13 +52,13 @@ EXAMPLES = (
 )
 # Per command: its arguments, as the queries file's tab-separated fields.
 FIELDS = {"score": ("lhs", "relation", "rhs"), "top-rhs": ("lhs", "relation"),
-          "top-lhs": ("relation", "rhs"), "neighbors": ("name",)}
+          "top-lhs": ("relation", "rhs"), "neighbors": ("entity",)}
 # Batch mode keeps every partition's names where they take at most this share of the memory
 # budget: each names file is then read once (to find the questions' names), not again to
 # name the answers.
 NAMES_SHARE = 0.25
 FIELD_HELP = {"lhs": "the lhs entity's name", "relation": "the relation's name",
-              "rhs": "the rhs entity's name", "name": "an entity's name"}
+              "rhs": "the rhs entity's name", "entity": "an entity's name"}
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -145,21 +147,22 @@ def read_queries(path: str, command: str) -> Tuple[List[Question], Dict[int, str
 
 def answer(model: Predictor, args: argparse.Namespace, questions: Sequence[Question]
            ) -> Dict[int, Dict[str, Any]]:
-    """Each question's answer with its fields, or its error (a name or relation the model
-    lacks), by line."""
+    """Each question's fields and its answer (questions.answer_json: its score, its hits,
+    or the error of a question naming what the model lacks), by line."""
     asked = [q.fields for q in questions]
     if args.command == "score":
-        key, found = "score", model.score_each(asked)
+        found = model.score_each(asked)
     elif args.command == "neighbors":
-        key, found = "neighbors", model.neighbors_each(
+        found = model.neighbors_each(
             [NeighborQuery(q[0], args.entity_type) for q in asked], args.k)
     else:
-        key = args.command[4:]  # the ranked side; its queries are (other entity, relation)
-        found = model.top_k_each(key, [q if key == "rhs" else (q[1], q[0]) for q in asked],
+        side = args.command[4:]  # the ranked side; its queries are (other entity, relation)
+        found = model.top_k_each(side, [q if side == "rhs" else (q[1], q[0]) for q in asked],
                                  args.k, args.exclude)
     fields = FIELDS[args.command]
-    return {q.line: {"error": str(a)} if isinstance(a, PbgRayError) else
-            {**dict(zip(fields, q.fields)), key: a} for q, a in zip(questions, found)}
+    typed = {"entity_type": args.entity_type} if getattr(args, "entity_type", None) else {}
+    return {q.line: {**dict(zip(fields, q.fields)), **typed, **answer_json(a)}
+            for q, a in zip(questions, found)}
 
 
 def answer_batch(model: Predictor, args: argparse.Namespace) -> None:
@@ -175,7 +178,7 @@ def answer_batch(model: Predictor, args: argparse.Namespace) -> None:
     answers = answer(model, args, questions) if questions else {}
     errors.update((line, a["error"]) for line, a in answers.items() if "error" in a)
     for line, error in errors.items():
-        answers[line] = {"error": error}
+        answers.setdefault(line, {"error": error})
     text = "".join(json.dumps({"line": line, **answers[line]}) + "\n" for line in sorted(answers))
     if args.output is None:
         sys.stdout.write(text)
@@ -223,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     result = answer(model, args, [question])[0]
     if "error" in result:
         raise PbgRayError(result["error"])
-    print(json.dumps({k: v for k, v in result.items() if k not in FIELDS[args.command]}))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -229,8 +229,8 @@ class Predictor(ModelByNames):
         return answers
 
     def top_rhs(self, lhs: str, relation: str, k: int = 10, exclude: Sequence[str] = ()) -> Ranked:
-        """The k best rhs entities for (lhs, relation); exclude: edge paths whose edges
-        (lhs, relation, x) remove x from the answer."""
+        """The k best rhs entities for (lhs, relation), as Hit(name, score), best first;
+        exclude: edge paths whose edges (lhs, relation, x) remove x from the answer."""
         return self.top_k("rhs", [(lhs, relation)], k, exclude)[0]
 
     def top_lhs(self, relation: str, rhs: str, k: int = 10, exclude: Sequence[str] = ()) -> Ranked:
@@ -264,15 +264,17 @@ class Predictor(ModelByNames):
                 answers[i] = ranked
         return answers
 
-    def neighbors(self, name: str, entity_type: Optional[str] = None, k: int = 10) -> Ranked:
-        """The k entities of the same type nearest to `name` by the comparator (itself left
-        out); entity_type is needed only when the name exists in several types."""
-        return self.neighbors_of([name], entity_type, k)[0]
+    def neighbors(self, entity: str, entity_type: Optional[str] = None, k: int = 10) -> Ranked:
+        """The k entities of the same type nearest to `entity` (a name) by the comparator
+        (itself left out), as Hit(name, score), best first; entity_type is needed only when
+        the name exists in several types."""
+        return self.neighbors_of([entity], entity_type, k)[0]
 
-    def neighbors_of(self, names: Sequence[str], entity_type: Optional[str] = None,
+    def neighbors_of(self, entities: Sequence[str], entity_type: Optional[str] = None,
                      k: int = 10) -> List[Ranked]:
-        """neighbors of each of `names`."""
-        return first_error(self.neighbors_each([NeighborQuery(n, entity_type) for n in names], k))
+        """neighbors of each of `entities` (names)."""
+        return first_error(self.neighbors_each([NeighborQuery(e, entity_type)
+                                                for e in entities], k))
 
     def neighbors_each(self, queries: Sequence[NeighborQuery], k: int = 10) -> List[Answer]:
         """The k entities nearest to each query's entity (itself left out) or vector, or the

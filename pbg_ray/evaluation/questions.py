@@ -12,7 +12,8 @@ these functions score."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (
+    Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, TypeVar, Union)
 
 import numpy as np
 import torch
@@ -27,11 +28,30 @@ from pbg_ray.io.entities import num_relation_ids
 from pbg_ray.model.params import params_from_checkpoint
 from pbg_ray.types import Bucket
 
-Ranked = List[Tuple[str, float]]  # (entity name, score), best first
+class Hit(NamedTuple):
+    """An entity of a ranked answer (top-k, neighbours): its name and the model's score."""
+
+    name: str
+    score: float
+
+
+Ranked = List[Hit]  # best first
 Triple = Tuple[str, str, str]  # (lhs name, relation name, rhs name)
 # One question's answer in a batch, or the error that question alone has (an unknown name).
 Answer = Union[Ranked, float, PbgRayError]
 Q = TypeVar("Q")
+
+
+def answer_json(answer: Answer) -> Dict[str, Any]:
+    """A question's answer as every interface writes it in JSON (the predict command's
+    lines, the service's "answers"): {"score": s} for an edge, {"hits": [{"name": n,
+    "score": s}, ...]} (best first) for the k best entities or the nearest ones, and
+    {"error": message} for a question the model cannot answer (an unknown name)."""
+    if isinstance(answer, PbgRayError):
+        return {"error": str(answer)}
+    if isinstance(answer, float):
+        return {"score": answer}
+    return {"hits": [hit._asdict() for hit in answer]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +80,7 @@ class NeighborQuery:
     """A neighbours query as asked: an entity by name (entity_type needed only where the name
     is in several types) or an entity vector of entity_type."""
 
-    name: Optional[str] = None
+    entity: Optional[str] = None
     entity_type: Optional[str] = None
     vector: Optional[Sequence[float]] = None
 
@@ -153,16 +173,16 @@ class Questions:
                   ) -> List[Union[NeighborQuestion, PbgRayError]]:
         """Neighbours queries resolved: by name (the type looked up where not given) or by
         vector (its type given, the type's dimension, finite)."""
-        untyped = [q.name for q in queries if q.entity_type is None and q.name is not None]
+        untyped = [q.entity for q in queries if q.entity_type is None and q.entity is not None]
         types = self.names.type_of(untyped) if untyped else {}
         asked: List[Union[List[Asked], PbgRayError]] = []
         for query in queries:
-            entity = query.entity_type or types.get(query.name)
+            entity = query.entity_type or types.get(query.entity)
             asked.append(entity if isinstance(entity, PbgRayError) else
                          self._check_neighbor_query(query, entity) or
-                         ([(entity, query.name)] if query.name is not None else []))
+                         ([(entity, query.entity)] if query.entity is not None else []))
         return [found if isinstance(found, PbgRayError) else
-                NeighborQuestion(query.entity_type or types[query.name],
+                NeighborQuestion(query.entity_type or types[query.entity],
                                  found[0] if found else None,
                                  None if query.vector is None else tuple(query.vector))
                 for query, found in zip(queries, self._rows(asked))]
@@ -173,7 +193,7 @@ class Questions:
         if query.entity_type is not None and query.entity_type not in self.config.entities:
             return PbgRayError(f"unknown entity type {query.entity_type!r}"
                                f"{did_you_mean(query.entity_type, self.config.entities)}.")
-        if (query.vector is None) == (query.name is None):
+        if (query.vector is None) == (query.entity is None):
             return PbgRayError("a neighbours query gives either entity (a name) or vector.")
         if query.vector is None:
             return None
@@ -325,13 +345,13 @@ class Best:
                     np.take_along_axis(offsets, order, 1))
 
     def ranked(self, names: EntityNames, entity: str) -> List[Ranked]:
-        """Each query's hits as (name, score), without the -inf ones; each partition's names
+        """Each query's hits (name, score), without the -inf ones; each partition's names
         read once."""
         kept = self.scores > -np.inf
         named = np.empty(self.scores.shape, object)
         for part in np.unique(self.parts[kept]):
             pick = kept & (self.parts == part)
             named[pick] = names.partition(entity, int(part)).take(self.offsets[pick])
-        return [[(str(n), float(v)) for n, v in zip(named[row][kept[row]],
-                                                    self.scores[row][kept[row]])]
+        return [[Hit(str(n), float(v)) for n, v in zip(named[row][kept[row]],
+                                                       self.scores[row][kept[row]])]
                 for row in range(len(self.scores))]

@@ -59,7 +59,7 @@ class Edge(Strict):
 
 
 class ScoreRequest(Strict):
-    edges: List[Edge] = Field(description="(lhs, relation, rhs) triples by names")
+    queries: List[Edge] = Field(description="(lhs, relation, rhs) triples by names")
 
 
 class TopRhsQuery(Strict):
@@ -100,10 +100,19 @@ class NeighborsRequest(Strict):
     exact: bool = False
 
 
-# The responses, for the OpenAPI page only (routes return plain dicts, never validated).
+# The responses, for the OpenAPI page only (routes return plain dicts, never validated):
+# each query's answer as questions.answer_json writes it, as the predict command does.
 class Hit(BaseModel):
     name: str
     score: float
+
+
+class ScoreAnswer(BaseModel):
+    score: float = Field(description="the model's score of the edge")
+
+
+class HitsAnswer(BaseModel):
+    hits: List[Hit] = Field(description="the k best entities, best first")
 
 
 class QueryError(BaseModel):
@@ -118,13 +127,13 @@ class Answered(BaseModel):
 
 
 class ScoreResponse(Answered):
-    scores: List[Union[float, QueryError]] = Field(
-        description="per edge, in the request's order: its score, or its error")
+    answers: List[Union[ScoreAnswer, QueryError]] = Field(
+        description="per query, in the request's order: its score, or its error")
 
 
 class RankedResponse(Answered):
-    results: List[Union[List[Hit], QueryError]] = Field(
-        description="per query, in the request's order: the k best, best first, or its error")
+    answers: List[Union[HitsAnswer, QueryError]] = Field(
+        description="per query, in the request's order: its hits, or its error")
 
 
 class RequestError(BaseModel):
@@ -140,9 +149,12 @@ ANSWERED = {400: {"model": RequestError, "description": "k out of range, no or t
 app = FastAPI(title="pbg_ray", description=(
     "Link scores, top-k heads and tails, and nearest neighbours of a pbg_ray checkpoint, by "
     "names. Scores are the model's own (relation operator and comparator). Bodies are read "
-    "as JSON whatever their Content-Type says (`curl -d` sends a form's). A batch is "
-    "answered per query: a query naming an unknown entity or relation gets `{\"error\": "
-    "...}` in its answer's place, `errors` counts those, and the other queries are "
+    "as JSON whatever their Content-Type says (`curl -d` sends a form's). Every route takes "
+    "`queries` and answers `answers`, one per query in its order: `{\"score\": s}` for an "
+    "edge, `{\"hits\": [{\"name\": n, \"score\": s}, ...]}` for the k best or nearest "
+    "entities (as the predict command's lines and the Python API's Hit(name, score)). A "
+    "batch is answered per query: a query naming an unknown entity or relation gets "
+    "`{\"error\": ...}` as its answer, `errors` counts those, and the other queries are "
     "answered; a request wrong as a whole gets a 4xx with `{\"error\": ...}`."))
 
 
@@ -163,13 +175,10 @@ def jsonable(errors: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in errors]
 
 
-def response_of(key: str, version: int, answers: List[questions.Answer]) -> Dict[str, Any]:
-    """A batch's response: under `key` each query's answer (a score, or the k best as
-    name and score) or {"error": ...}; "errors" counts the latter."""
-    out = [{"error": str(a)} if isinstance(a, PbgRayError) else
-           a if isinstance(a, float) else [{"name": name, "score": score} for name, score in a]
-           for a in answers]
-    return {"version": version, key: out,
+def response_of(version: int, answers: List[questions.Answer]) -> Dict[str, Any]:
+    """A batch's response: each query's answer (questions.answer_json: its score, its
+    hits, or its error), and how many are errors."""
+    return {"version": version, "answers": [questions.answer_json(a) for a in answers],
             "errors": sum(isinstance(a, PbgRayError) for a in answers)}
 
 
@@ -408,8 +417,8 @@ class Router:
         gets {"error": ...} instead."""
         model = self.current()
         rows, _ = self.access(model)
-        scores = await model.score(rows, [(e.lhs, e.relation, e.rhs) for e in request.edges])
-        return response_of("scores", model.version, scores)
+        scores = await model.score(rows, [(e.lhs, e.relation, e.rhs) for e in request.queries])
+        return response_of(model.version, scores)
 
     @app.post("/top_rhs", response_model=None, responses={200: {"model": RankedResponse},
                                                            **ANSWERED})
@@ -429,7 +438,7 @@ class Router:
         model = self.current()
         answers = await model.top(*self.access(model), side, queries, request.k,
                                   request.exclude, request.exact)
-        return response_of("results", model.version, answers)
+        return response_of(model.version, answers)
 
     @app.post("/neighbors", response_model=None, responses={200: {"model": RankedResponse},
                                                              **ANSWERED})
@@ -441,4 +450,4 @@ class Router:
         asked = [questions.NeighborQuery(q.entity, q.entity_type, q.vector)
                  for q in request.queries]
         answers = await model.neighbors(*self.access(model), asked, request.k, request.exact)
-        return response_of("results", model.version, answers)
+        return response_of(model.version, answers)

@@ -383,4 +383,4 @@ def test_pbg_keys_are_warned_about_in_a_users_file_not_in_a_checkpoints_config(t
     assert code == 0, err[-2000:]
     assert err.splitlines() == [f"pbg_ray: warning: {module}: PBG key 'num_machines' is "
                                 "ignored: the Ray cluster decides the machines (ray.address)"]
-    assert len(json.loads(out)["neighbors"]) == 2
+    assert len(json.loads(out)["hits"]) == 2

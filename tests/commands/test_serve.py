@@ -180,7 +180,7 @@ def assert_answers_quietly(started: dict, port: int, lhs: str, relation: str,
     with httpx.Client(base_url=started["url"], timeout=60) as client:
         assert client.get("/health").json() == {"status": "ok", "version": 1}
         top = client.post("/top_rhs", json=query)
-        assert top.status_code == 200 and len(top.json()["results"][0]) == 3
+        assert top.status_code == 200 and len(top.json()["answers"][0]["hits"]) == 3
     if shutil.which("curl"):
         out = subprocess.run(["curl", "-s", f"{started['url']}/top_rhs", "-d",
                               json.dumps(query)], capture_output=True, text=True,
@@ -235,10 +235,10 @@ def test_the_best_version_is_served_and_each_new_best_is_one_line_until_sigterm(
             f"best/; serve.follow=newest serves the newest), at {started['url']} ")
         edge = {"lhs": "user-0-1", "relation": "likes", "rhs": "item-1-2"}
         with httpx.Client(base_url=started["url"], timeout=60) as client:
-            scored = client.post("/score", json={"edges": [edge]})
+            scored = client.post("/score", json={"queries": [edge]})
             assert scored.status_code == 200, scored.text
             assert scored.json()["version"] == 1
-            assert scored.json()["scores"][0] == pytest.approx(
+            assert scored.json()["answers"][0]["score"] == pytest.approx(
                 Predictor.load(config.checkpoint_path).score(tuple(edge.values())),
                 rel=1e-5, abs=1e-5)
         commit_random_version(config, 3)
@@ -319,7 +319,7 @@ def test_the_help_examples_work_as_printed(tmp_path, monkeypatch):
                 assert service.line("stderr").startswith(
                     "pbg_ray: no config file given: pbg_ray.serve uses the built-in demo graph")
                 answer = run_curl(curl, port)
-                assert answer["errors"] == 0 and len(answer["results"][0]) == 5, answer
+                assert answer["errors"] == 0 and len(answer["answers"][0]["hits"]) == 5, answer
             else:
                 metadata = httpx.get(f"{started['url']}/metadata", timeout=60).json()
                 assert (metadata["index"], metadata["shard_groups"]) == ("hnsw", 2)
@@ -343,13 +343,14 @@ def own_graph(root: Path, monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_the_readmes_serve_example_works_as_printed_and_stops_cleanly(tmp_path, monkeypatch):
-    """The README's serve command (on a free port instead of 8000) and its curl line, as
-    printed, on the README's own graph: the router replica answers HTTP itself (direct
-    ingress, the default), quietly, until Ctrl-C leaves nothing running."""
+    """The README's serve command (on a free port instead of 8000) and its curl lines, as
+    printed, on the README's own graph, answered in the shape the README shows: the router
+    replica answers HTTP itself (direct ingress, the default), quietly, until Ctrl-C leaves
+    nothing running."""
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Serve your embeddings\n")[1].split("\n## ")[0]
     serve_line = re.search(r"`(python -m pbg_ray\.serve [^`]*)`", section).group(1)
-    curl = re.search(r"```bash\n(curl .*?)\n```", section, flags=re.S).group(1)
+    top, score = re.search(r"```bash\n(curl .*?)\n```", section, flags=re.S).group(1).splitlines()
     own_graph(tmp_path, monkeypatch)
     args = shlex.split(serve_line)
     assert args[:3] == ["python", "-m", "pbg_ray.serve"]
@@ -357,9 +358,14 @@ def test_the_readmes_serve_example_works_as_printed_and_stops_cleanly(tmp_path, 
     service = Service(args[3:] + [f"serve.port={port}"], tmp_path)
     try:
         started = service.started()
-        answer = run_curl(curl, port)
-        assert answer["errors"] == 0 and answer["results"][0], answer
-        assert {hit["name"] for hit in answer["results"][0]} <= {"book_17", "book_3", "book_9"}
+        answer = run_curl(top, port)
+        assert answer.keys() == {"version", "answers", "errors"} and answer["errors"] == 0
+        (hits,) = answer["answers"]
+        assert [list(h) for h in hits["hits"]] == [["name", "score"]] * 3, answer
+        assert {hit["name"] for hit in hits["hits"]} == {"book_17", "book_3", "book_9"}
+        scored = run_curl(score, port)
+        assert scored["answers"] == [{"score": pytest.approx(next(
+            h["score"] for h in hits["hits"] if h["name"] == "book_17"), rel=1e-5)}], scored
         assert_answers_quietly(started, port, "alice", "likes", "ServeReplica:pbg_ray:Router")
         assert_stopped_cleanly(service, signal.SIGINT)
     finally:

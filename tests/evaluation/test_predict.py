@@ -64,7 +64,8 @@ def test_unknown_names_suggest_the_nearest(model):
 def test_cli_prints_one_json_line(model, capsys):
     main([model.config.checkpoint_path, "top-rhs", "user-0-1", "likes", "-k", "2"])
     answer = json.loads(capsys.readouterr().out)
-    assert [n for n, _ in answer["rhs"]] == [n for n, _ in model.top_rhs("user-0-1", "likes", k=2)]
+    assert answer == {"lhs": "user-0-1", "relation": "likes", "hits": [
+        {"name": hit.name, "score": hit.score} for hit in model.top_rhs("user-0-1", "likes", k=2)]}
     with pytest.raises(SystemExit) as exit_info:
         main([model.config.checkpoint_path, "--version", "3", "score", "a", "b", "c"])
     assert exit_info.value.code == 2
@@ -86,7 +87,7 @@ def test_cli_takes_a_config_file_and_refuses_any_other_file(model, tmp_path, cap
                            f"{model.config.to_dict()!r}\n")
     main([str(config_file), "top-rhs", "user-0-1", "likes", "-k", "2"])
     answer = json.loads(capsys.readouterr().out)
-    assert answer["rhs"] == [list(pair) for pair in model.top_rhs("user-0-1", "likes", k=2)]
+    assert answer["hits"] == [hit._asdict() for hit in model.top_rhs("user-0-1", "likes", k=2)]
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "checkpoints" / "config.json"), "top-rhs", "user-0-1", "likes"])
     assert exit_info.value.code == 2

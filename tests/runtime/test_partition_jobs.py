@@ -151,14 +151,15 @@ def test_predict_batch_writes_the_single_queries_answers(ray_session, checkpoint
     answers = [json.loads(line) for line in storage_path(output).read_text().splitlines()]
     assert [(a["lhs"], a["relation"]) for a in answers] == [(n, "to") for n in names]
     for answer, name in zip(answers, names):
-        same_ranking(answer["rhs"], model.top_rhs(name, "to", k=5, exclude=checkpoint.edge_paths))
+        same_ranking(answer["hits"], model.top_rhs(name, "to", k=5, exclude=checkpoint.edge_paths))
 
 
 def same_ranking(ours, theirs):
-    """The same entities in the same order, scores equal up to rounding (a batch of
-    queries is scored by one matrix product, a single query by its own)."""
-    assert [n for n, _ in ours] == [n for n, _ in theirs]
-    np.testing.assert_allclose([s for _, s in ours], [s for _, s in theirs], rtol=1e-5)
+    """The same entities in the same order (`ours` a line's hits, `theirs` the API's),
+    scores equal up to rounding (a batch of queries is scored by one matrix product, a
+    single query by its own)."""
+    assert [h["name"] for h in ours] == [h.name for h in theirs]
+    np.testing.assert_allclose([h["score"] for h in ours], [h.score for h in theirs], rtol=1e-5)
 
 
 def test_predict_batch_of_each_command_to_stdout(ray_session, checkpoint, tmp_path, capsys):
@@ -172,11 +173,11 @@ def test_predict_batch_of_each_command_to_stdout(ray_session, checkpoint, tmp_pa
                   write_queries(tmp_path / "n", [("node-1-4",), ("node-3-0",)]), "-k", "3"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     for line, name in zip(lines, ("node-1-4", "node-3-0")):
-        same_ranking(line["neighbors"], model.neighbors(name, k=3))
+        same_ranking(line["hits"], model.neighbors(name, k=3))
     predict_main([checkpoint.checkpoint_path, "top-lhs", "--queries",
                   write_queries(tmp_path / "l", [("to", "node-2-2")]), "-k", "4"])
     (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    same_ranking(line["lhs"], model.top_lhs("to", "node-2-2", k=4))
+    same_ranking(line["hits"], model.top_lhs("to", "node-2-2", k=4))
 
 
 def test_predict_batch_reads_each_names_file_once(ray_session, checkpoint, tmp_path, capsys,
@@ -194,7 +195,7 @@ def test_predict_batch_reads_each_names_file_once(ray_session, checkpoint, tmp_p
     queries = write_queries(tmp_path / "q", [(f"node-{p}-3", "to") for p in range(4)])
     predict_main([checkpoint.checkpoint_path, "top-rhs", "--queries", queries, "-k", "20"])
     answers = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    named = {int(name.split("-")[1]) for a in answers for name, _ in a["rhs"]}
+    named = {int(hit["name"].split("-")[1]) for a in answers for hit in a["hits"]}
     assert named == {0, 1, 2, 3}
     assert reads == {0: 1, 1: 1, 2: 1, 3: 1}
 
@@ -214,7 +215,7 @@ def test_predict_batch_answers_the_good_lines_and_names_the_bad_ones(ray_session
     answers = [json.loads(line) for line in out.splitlines()]
     assert [a["line"] for a in answers] == [1, 2, 3, 4, 5]
     for answer, (name, relation) in ((answers[0], lines[0]), (answers[4], lines[4])):
-        same_ranking(answer["rhs"], model.top_rhs(name, relation, k=3))
+        same_ranking(answer["hits"], model.top_rhs(name, relation, k=3))
     assert "1 tab-separated field(s), top-rhs needs 2" in answers[1]["error"]
     assert answers[2]["error"].startswith("unknown node entity 'node-9-9'")
     assert "unknown relation 'too' (did you mean 'to'?)" in answers[3]["error"]

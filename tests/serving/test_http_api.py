@@ -27,6 +27,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.filtered import rank_counts
 from pbg_ray.evaluation.predictor import Predictor
+from pbg_ray.evaluation.questions import answer_json
 from pbg_ray.io.edges import read_edges
 from pbg_ray.serving.http_api import JsonErrors, unwrapped
 from pbg_ray.serving.index import INDEX_DIRECTORY
@@ -111,10 +112,11 @@ def test_scores_are_the_predictors(served, predictor):
     users, items = everyone(predictor, "user"), everyone(predictor, "item")
     triples = [(u, "likes", i) for u in users[::7] for i in items[::3]] + \
               [(u, "follows", v) for u in users[::5] for v in users[::4]]
-    got = post(client, "/score", {"edges": [dict(zip(("lhs", "relation", "rhs"), t))
-                                            for t in triples]})
+    got = post(client, "/score", {"queries": [dict(zip(("lhs", "relation", "rhs"), t))
+                                              for t in triples]})
     assert got["version"] == predictor.embedding_source.version
-    np.testing.assert_allclose(got["scores"], predictor.score(triples), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose([a["score"] for a in got["answers"]], predictor.score(triples),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -129,7 +131,8 @@ def test_top_k_is_the_predictors(served, predictor, side, relation, exact):
     given = everyone(predictor, rconf.lhs if side == "rhs" else rconf.rhs)[::9]
     queries = [{"lhs": n, "relation": relation} if side == "rhs" else
                {"relation": relation, "rhs": n} for n in given]
-    got = post(client, f"/top_{side}", {"queries": queries, "k": 6, "exact": exact})["results"]
+    got = [a["hits"] for a in post(client, f"/top_{side}", {"queries": queries, "k": 6,
+                                                            "exact": exact})["answers"]]
     for name, answer in zip(given, got):
         want = (predictor.top_rhs(name, relation, k=6) if side == "rhs"
                 else predictor.top_lhs(relation, name, k=6))
@@ -139,8 +142,8 @@ def test_top_k_is_the_predictors(served, predictor, side, relation, exact):
 
 
 def predict_batch(config, version, command, lines, options, tmp_path):
-    """`python -m pbg_ray.predict` in batch mode (its Ray tasks): each line's answer, or
-    its error, in the file's order."""
+    """`python -m pbg_ray.predict` in batch mode (its Ray tasks): each line's answer, in the
+    file's order, its line number and the question's fields (which it carries) left out."""
     queries, output = tmp_path / f"{command}.tsv", tmp_path / f"{command}.jsonl"
     queries.write_text("".join("\t".join(line) + "\n" for line in lines))
     with pytest.raises(SystemExit) as ended:  # a line names what the model lacks
@@ -148,14 +151,17 @@ def predict_batch(config, version, command, lines, options, tmp_path):
                       "--queries", str(queries), "--output", str(output), *options])
     assert ended.value.code == 1
     answers = [json.loads(line) for line in output.read_text().splitlines()]
-    key = {"score": "score", "top-rhs": "rhs", "top-lhs": "lhs"}.get(command, command)
-    return [a["error"] if "error" in a else a[key] for a in answers]
+    fields = predict.FIELDS[command]
+    assert [tuple(a[f] for f in fields) for a in answers] == [tuple(line) for line in lines]
+    return [{k: v for k, v in a.items() if k not in ("line", *fields)} for a in answers]
 
 
 def test_the_api_the_predict_command_and_the_service_answer_alike(served, predictor, tmp_path):
-    """One scoring core: on one checkpoint version, Predictor, the predict command and the
-    service give the same scores, top-k (known edges excluded) and neighbours, and the
-    same error for a name the model lacks."""
+    """One scoring core and one vocabulary: on one checkpoint version, the Python API (its
+    answers as api.answer_json writes them), the predict command's lines and the service's
+    answers are the same objects, {"score"}, {"hits": [{"name", "score"}]} or {"error"}:
+    the same scores, top-k (known edges excluded) and neighbours, and the same error for a
+    name the model lacks."""
     config, client = served
     version = predictor.embedding_source.version
     users, items = everyone(predictor, "user")[::13], everyone(predictor, "item")[::7]
@@ -166,34 +172,33 @@ def test_the_api_the_predict_command_and_the_service_answer_alike(served, predic
 
     def api(call):
         try:
-            return call()
+            return answer_json(call())
         except PbgRayError as err:
-            return str(err)
+            return answer_json(err)
 
     def http(route, body):
         got = post(client, route, body)
         assert got["version"] == version
-        answers = got["scores" if route == "/score" else "results"]
-        return [a["error"] if isinstance(a, dict) else
-                a if isinstance(a, float) else [[h["name"], h["score"]] for h in a]
-                for a in answers]
+        return got["answers"]
 
     def same(*answers):
         for got in answers[1:]:
             assert len(got) == len(answers[0])
             for a, b in zip(got, answers[0]):
-                if isinstance(b, str) or isinstance(a, str):
-                    assert a == b
-                elif isinstance(b, float):
-                    assert a == pytest.approx(b, rel=1e-5, abs=1e-5)
-                else:
-                    assert [n for n, _ in a] == [n for n, _ in b]
-                    np.testing.assert_allclose([v for _, v in a], [v for _, v in b],
+                assert a.keys() == b.keys() and len(a) == 1, (a, b)
+                if "score" in b:
+                    assert a["score"] == pytest.approx(b["score"], rel=1e-5, abs=1e-5)
+                elif "hits" in b:
+                    assert [h["name"] for h in a["hits"]] == [h["name"] for h in b["hits"]]
+                    np.testing.assert_allclose([h["score"] for h in a["hits"]],
+                                               [h["score"] for h in b["hits"]],
                                                rtol=1e-5, atol=1e-5)
+                else:
+                    assert a == b
 
     same([api(lambda: predictor.score(e)) for e in edges],
          predict_batch(config, version, "score", edges, [], tmp_path),
-         http("/score", {"edges": [dict(zip(("lhs", "relation", "rhs"), e)) for e in edges]}))
+         http("/score", {"queries": [dict(zip(("lhs", "relation", "rhs"), e)) for e in edges]}))
     same([api(lambda: predictor.top_rhs(*q, k=5, exclude=path)) for q in tops],
          predict_batch(config, version, "top-rhs", tops, ["-k", "5", "--exclude", path],
                        tmp_path),
@@ -211,7 +216,7 @@ def test_exclusion_of_known_edges_is_the_predictors(served, predictor):
     for name in everyone(predictor, "user")[::11]:
         for by in (path, "edges"):  # by path or by the path's last name
             got = post(client, "/top_rhs", {"queries": [{"lhs": name, "relation": "likes"}],
-                                            "k": 100, "exclude": [by]})["results"][0]
+                                            "k": 100, "exclude": [by]})["answers"][0]["hits"]
             want = predictor.top_rhs(name, "likes", k=100, exclude=[path])
             assert [a["name"] for a in got] == [n for n, _ in want]
 
@@ -229,7 +234,8 @@ def test_ranks_agree_with_eval(served, predictor):
                  for part in range(2))
     users, items = predictor.names("user"), predictor.names("item")
     queries = [{"lhs": users[1][lhs], "relation": "likes"} for lhs in edges.lhs]
-    got = post(client, "/top_rhs", {"queries": queries, "k": 100, "exact": True})["results"]
+    got = [a["hits"] for a in post(client, "/top_rhs", {"queries": queries, "k": 100,
+                                                         "exact": True})["answers"]]
     for answer, rhs, count in zip(got, edges.rhs, counts):
         scores = {a["name"]: a["score"] for a in answer}
         true = scores.pop(items[0][rhs])
@@ -239,7 +245,7 @@ def test_ranks_agree_with_eval(served, predictor):
 def test_neighbors_of_an_entity_and_of_a_vector(served, predictor):
     config, client = served
     name = everyone(predictor, "item")[5]
-    got = post(client, "/neighbors", {"queries": [{"entity": name}], "k": 5})["results"][0]
+    got = post(client, "/neighbors", {"queries": [{"entity": name}], "k": 5})["answers"][0]["hits"]
     want = predictor.neighbors(name, k=5)
     assert [a["name"] for a in got] == [n for n, _ in want]
     np.testing.assert_allclose([a["score"] for a in got], [s for _, s in want], rtol=1e-5)
@@ -248,7 +254,7 @@ def test_neighbors_of_an_entity_and_of_a_vector(served, predictor):
     vector = predictor.scorer.entity_vectors("item", torch.from_numpy(row))
     by_vector = post(client, "/neighbors", {"queries": [{"vector": vector[0].tolist(),
                                                          "entity_type": "item"}],
-                                            "k": 6, "exact": True})["results"][0]
+                                            "k": 6, "exact": True})["answers"][0]["hits"]
     assert by_vector[0]["name"] == name  # itself first, then the same neighbours
     assert [a["name"] for a in by_vector[1:]] == [n for n, _ in want]
 
@@ -264,8 +270,8 @@ def test_a_batch_answers_as_single_requests(served, predictor):
     config, client = served
     queries = [{"lhs": n, "relation": r} for n in everyone(predictor, "user")[:4]
                for r in ("likes", "follows")]
-    batch = post(client, "/top_rhs", {"queries": queries, "k": 3})["results"]
-    single = [post(client, "/top_rhs", {"queries": [q], "k": 3})["results"][0] for q in queries]
+    batch = post(client, "/top_rhs", {"queries": queries, "k": 3})["answers"]
+    single = [post(client, "/top_rhs", {"queries": [q], "k": 3})["answers"][0] for q in queries]
     assert batch == single
 
 
@@ -302,15 +308,15 @@ BAD_REQUESTS = [  # wrong as a whole: a 4xx
     ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}], "k": "ten"}, 422,
      r"malformed request: k: "),
     ("/top_rhs", {"queries": []}, 400, r"0 queries in one request"),
-    ("/score", {"edges": [{"lhs": "user-0-1", "relation": "likes", "rhs": "item-0-1"}] * 1025},
+    ("/score", {"queries": [{"lhs": "user-0-1", "relation": "likes", "rhs": "item-0-1"}] * 1025},
      400, r"1025 queries in one request: send 1 to 1024 \(serve.max_batch\)"),
     ("/top_rhs", {"queries": [{"lhs": "user-0-1", "relation": "likes"}],
                   "exclude": ["edgez"]}, 400,
      r"'edgez' is not an edge path of the served config \(did you mean 'edges'\?\)"),
     ("/top_rhs", {"query": [{"lhs": "user-0-1", "relation": "likes"}]}, 422,
      r"queries: Field required; query: Extra inputs are not permitted"),
-    ("/score", {"edges": [{"lhs": "user-0-1", "rhs": "item-0-1"}]}, 422,
-     r"edges\.0\.relation: Field required"),
+    ("/score", {"queries": [{"lhs": "user-0-1", "rhs": "item-0-1"}]}, 422,
+     r"queries\.0\.relation: Field required"),
 ]
 
 @pytest.mark.parametrize("path,body,status,message", BAD_REQUESTS)
@@ -353,10 +359,9 @@ QUERY_ERRORS = [
 def test_a_bad_query_gets_its_error_and_the_others_their_answers(served, path, good, bad,
                                                                  message):
     client = served[1]
-    key, answers = ("edges", "scores") if path == "/score" else ("queries", "results")
-    alone = post(client, path, {key: [good], "k": 3} if key == "queries" else {key: [good]})
-    k = ', "k": 3' if key == "queries" else ""
-    body = f'{{"{key}": [{json.dumps(good)}, {bad}, {json.dumps(good)}]{k}}}'
+    answers = "answers"
+    alone = post(client, path, {"queries": [good]})
+    body = f'{{"queries": [{json.dumps(good)}, {bad}, {json.dumps(good)}]}}'
     response = client.post(path, content=body, headers={"content-type": "application/json"})
     assert response.status_code == 200, response.text
     got = response.json()
@@ -426,7 +431,7 @@ def test_a_new_version_is_taken_up_while_requests_succeed(served):
     got = post(client, "/top_rhs", {"queries": [{"lhs": u, "relation": "likes"} for u in users],
                                     "k": 5})
     assert got["version"] == new
-    for user, answer in zip(users, got["results"]):
+    for user, answer in zip(users, [a["hits"] for a in got["answers"]]):
         want = newer.top_rhs(user, "likes", k=5)
         assert [a["name"] for a in answer] == [n for n, _ in want]
         np.testing.assert_allclose([a["score"] for a in answer], [s for _, s in want],
@@ -528,4 +533,4 @@ def test_an_unexpected_error_in_a_shard_is_a_json_500_and_serving_goes_on(served
     assert response.json()["error"].startswith(
         "internal error answering /neighbors: FaultInjected: fault injected at "
         "serve.shard_search"), response.json()["error"]
-    assert post(client, "/neighbors", NEIGHBOURS)["results"][0]
+    assert post(client, "/neighbors", NEIGHBOURS)["answers"][0]["hits"]
