@@ -24,6 +24,8 @@ from pbg_ray.tuning.tuner import run_tune
 
 EXAMPLES = (
     "python -m pbg_ray.tune config.py 'validation.edge_paths=[data/valid]'   # the default search",
+    "python -m pbg_ray.tune config.py +training=quality tune=quality \\\n"
+    "      'validation.edge_paths=[data/valid]'          # around the quality recipe",
     "python -m pbg_ray.tune config.py 'eval_edge_paths=[data/valid]' tune.num_samples=16 \\\n"
     "      '+tune.search_space.batch_size={choice:[500,1000]}' '~tune.search_space.margin'",
     "python -m pbg_ray.tune --config-dir my_conf tune=my_space    # my_conf/tune/my_space.yaml",

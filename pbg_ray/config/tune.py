@@ -114,6 +114,15 @@ def check_spec(where: str, spec: Dict[str, Any], fail: Fail) -> None:
         fail(where, f"{sampler} needs positive bounds, got {args!r}", "Use bounds above 0.")
 
 
+def in_space(spec: Dict[str, Any], value: Any) -> bool:
+    """Whether a sampling spec (is_spec) draws from around `value`: one of a choice's or a
+    grid's values, within a range's bounds."""
+    (sampler, args), = spec.items()
+    if SAMPLERS[sampler] is None:
+        return value in args
+    return isinstance(value, (int, float)) and args[0] <= value <= args[1]
+
+
 at_least_one = Bounds("must be at least 1", "Set {key} to 1 or more.", low=1)
 
 

@@ -29,8 +29,8 @@ from ray.tune.search.sample import Domain
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import (
-    TRIAL_METRICS, VALIDATION_REPORTS, flat_search_space, grace_period, idle_keys, is_spec,
-    search_metric)
+    TRIAL_METRICS, VALIDATION_REPORTS, flat_search_space, grace_period, idle_keys, in_space,
+    is_spec, search_metric)
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import stats_mean
 from pbg_ray.io.storage import join, sibling
@@ -152,6 +152,14 @@ class ResultLines(tune.Callback):
         if start:
             print("the first trial trains the config's own values: " + " ".join(
                 f"{k}={v}" for k, v in start.items()) + " (tune.config_first)", flush=True)
+        space = flat_search_space(settings.search_space)
+        for key, value in start.items():
+            if not in_space(space[key], value):
+                (sampler, args), = space[key].items()
+                print(f"{key}={value} is outside its search space {{{sampler}: {args}}}: "
+                      "the first trial alone trains it, the others nothing near it; a space "
+                      "around it searches what the config sets (conf/tune/quality.yaml: "
+                      "around the quality recipe)", flush=True)
         for key, why in idle.items():
             print(f"{key} is left out of the search: it changes nothing here ({why})",
                   flush=True)

@@ -246,7 +246,8 @@ def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tm
 def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpoint(
         tmp_path, workdir, ray_session):
     """The default space's keys that act on the config are sampled (margin doesn't with
-    softmax: a line says so), and the output is a line per trial result, the metric first,
+    softmax: a line says so; nor is the config's own dimension, 4, among the space's: a
+    line says that too), and the output is a line per trial result, the metric first,
     then how the trials ended and by which rule the best is picked, then the best."""
     data = tiny_graph(tmp_path, eval_fraction=0.0, eval_num_batch_negs=10, loss_fn="softmax",
                       eval_num_uniform_negs=10, eval_edge_paths=[str(tmp_path / "valid")])
@@ -259,16 +260,19 @@ def test_tune_on_a_pbg_config_file_searches_the_default_space_beside_its_checkpo
     lines = out.splitlines()
     given = ConfigSchema.from_dict(data)  # the first trial's lr and dimension (config_first)
     own = f"lr={given.lr:.4g} dimension={given.dimension}"
-    assert lines[:3] == [
+    assert lines[:4] == [
         "2 trials of lr, dimension: each reports mrr (on eval_edge_paths) after each of its 2 "
         "epochs; ASHA stops the poor ones early (from epoch 1 on)",
         f"the first trial trains the config's own values: lr={given.lr} "
         f"dimension={given.dimension} (tune.config_first)",
+        f"dimension={given.dimension} is outside its search space {{choice: [50, 100, 200]}}: "
+        "the first trial alone trains it, the others nothing near it; a space around it "
+        "searches what the config sets (conf/tune/quality.yaml: around the quality recipe)",
         "margin is left out of the search: it changes nothing here (the ranking loss's margin, "
         "and loss_fn=softmax)"], out
     results = [re.fullmatch(r"trial (\w+) epoch (\d)/2: mrr=(\S+)  loss=\S+  \| "
                             r"(lr=\S+ dimension=\d+)( \(stopped early by ASHA\))?",
-                            line) for line in lines[3:-5]]
+                            line) for line in lines[4:-5]]
     assert all(results), out
     first = min(r[1] for r in results)
     assert all((r[4] == own) == (r[1] == first) for r in results), out

@@ -1,18 +1,26 @@
 """The README: at most 200 lines, links only files a clone has, its test command is what CI
-runs, bound by constraints.txt, and its "Your own graph" shows the very files of
-examples/own_graph/, which import and train as it says."""
+runs, bound by constraints.txt, its "Your own graph" shows the very files of
+examples/own_graph/, which import and train as it says, and its Tune search starts from
+the quality recipe."""
 
+import functools
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
+import yaml
 from hydra import compose, initialize_config_module
 
 from pbg_ray import api
 from pbg_ray.checkpoints.directory import CheckpointStorage
 from pbg_ray.config import load_pbg_config_file
 from pbg_ray.config.hydra import to_config
+from pbg_ray.config.tune import flat_search_space, in_space
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
@@ -82,3 +90,36 @@ def test_the_example_config_file_and_yaml_graph_import_and_train(ray_session, tm
     assert from_yaml.entity_path == config.entity_path
     assert from_yaml.eval_edge_paths == [str(tmp_path / "data" / "test")]
     assert api.train(from_yaml).version == 1
+
+
+def test_the_readmes_tune_search_starts_from_the_quality_recipe_and_searches_around_it(
+        tmp_path):
+    """The README's `python -m pbg_ray.tune` command, on its own graph's config file,
+    composes the quality recipe (every key conf/training/quality.yaml sets) and a search
+    space that draws from around each of the recipe's values it samples: the first trial
+    (the recipe) is one of the space's, and no trial leaves what the recipe sets."""
+    section = README.split("## Sweeps and Ray Tune\n")[1].split("\n## ")[0]
+    command = next(line for line in section.replace("\\\n", " ").splitlines()
+                   if line.startswith("python -m pbg_ray.tune "))
+    args = shlex.split(command)[3:]
+    assert args[0] == "config.py"
+    shutil.copy(CONFIG_FILE, tmp_path / "config.py")
+    out = subprocess.run([sys.executable, "-m", "pbg_ray.tune", *args, "--cfg", "job"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    composed = yaml.safe_load(out.stdout)
+    value = lambda key: functools.reduce(lambda node, name: node[name], key.split("."),  # noqa: E731
+                                         composed)
+    recipe = yaml.safe_load((REPO / "conf" / "training" / "quality.yaml").read_text())
+    assert {key: value(key) for key in flat(recipe)} == flat(recipe)
+    space = flat_search_space(composed["tune"]["search_space"])
+    assert {"lr", "dimension"} <= space.keys()
+    for key, spec in space.items():
+        assert in_space(spec, value(key)), (key, spec, value(key))
+
+
+def flat(tree, prefix=""):
+    """{dotted key: value} of a nested mapping."""
+    return {k: v for key, node in tree.items() for k, v in (
+        flat(node, f"{prefix}{key}.") if isinstance(node, dict) else {f"{prefix}{key}": node}
+    ).items()}

@@ -10,7 +10,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.config.tune import grace_period, idle_keys
 from pbg_ray.errors import PbgRayError
 from pbg_ray.tuning.tuner import (
-    run_tune, search_space, starting_point, trial_config, trial_resources)
+    ResultLines, run_tune, search_space, starting_point, trial_config, trial_resources)
 from tests.fault_injection import armed, edges_lost_or_doubled
 from tests.util import assert_valid_checkpoint, config_dict, write_random_graph
 
@@ -115,6 +115,23 @@ def test_the_first_sample_is_the_config_itself_unless_told(tmp_path):
     assert starting_point(ConfigSchema.from_dict(off)) == {}
     grid_only = tune_config(tmp_path)  # lr: grid_search
     assert starting_point(grid_only) == {}
+
+
+def test_a_first_trial_outside_the_space_is_said_before_the_search(tmp_path, capsys):
+    """The config's own value of a sampled key that its space cannot draw (the quality
+    recipe's batch_size 100 in {choice: [500, 1000]}): the first trial alone trains it,
+    which the search says in a line of its own, naming the space that searches around it."""
+    config = tune_config(tmp_path, num_samples=3, search_space={
+        "lr": {"loguniform": [0.01, 0.5]}, "batch_size": {"choice": [500, 1000]}})
+    config = ConfigSchema.from_dict(dict(config.to_dict(), batch_size=100))
+    ResultLines(config).setup(total_num_samples=3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"the first trial trains the config's own values: lr={config.lr} "
+                        "batch_size=100 (tune.config_first)")
+    assert lines[2:] == [
+        "batch_size=100 is outside its search space {choice: [500, 1000]}: the first trial "
+        "alone trains it, the others nothing near it; a space around it searches what the "
+        "config sets (conf/tune/quality.yaml: around the quality recipe)"]
 
 
 @pytest.mark.parametrize("tune, message", [
