@@ -40,7 +40,7 @@ from pbg_ray.runtime.connect import check_cpus_per_trainer, check_task_fits, lar
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import discard, get_results, stop_actors
 from pbg_ray.training.bucket_sources import InitSource, ModelSource, RandomSource, WriterDied
-from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker
+from pbg_ray.training.bucket_task import gpus_per_trainer, start_trainer_worker, uses_device_step
 from pbg_ray.training.failures import FailurePolicy
 from pbg_ray.training.memory_plan import fit_local_run
 from pbg_ray.training.model_selection import (
@@ -217,13 +217,14 @@ class Trainer:
 
     def take_cpus(self) -> None:
         """ray.cpus_per_trainer where the config leaves it null: the CPUs each train task
-        can have (cpus_each; 1 for GPU training), said in a line where that is more than one;
-        where the config sets it, a warning when the partitions leave CPUs idle."""
+        can have (cpus_each; 1 where the device step trains, on one thread), said in a line
+        where that is more than one; where the config sets it, a warning when the partitions
+        leave CPUs idle."""
         ray_config = self.config.ray
         if ray_config.cpus_per_trainer is not None:
             self._warn_idle_cpus()
             return
-        cpus = 1 if gpus_per_trainer(self.config) > 0 else self.cpus_each()
+        cpus = 1 if uses_device_step(self.config) else self.cpus_each()
         self.config = dataclasses.replace(self.config, ray=dataclasses.replace(
             ray_config, cpus_per_trainer=float(cpus)))
         if cpus > 1:
