@@ -421,7 +421,7 @@ def evaluate_checkpoint(config: ConfigSchema) -> Dict[str, Any]:
         metrics[ALL if key == ALL else names[key]] = row
     report = {"checkpoint_path": str(located.path), "version": version, "edge_paths": edge_paths,
               "training_edge_paths": trained,
-              "sampled_negatives": (dataclasses.asdict(negatives) if settings.sampled else None),
+              "sampled_negatives": negatives.to_report() if settings.sampled else None,
               "filter_paths": filter_paths if settings.filtered else None,
               "metrics": metrics, "time_s": round(time.perf_counter() - start, 3)}
     checkpoints.append_eval_stats(json.dumps(report) + "\n")

@@ -58,8 +58,14 @@ class SampledNegatives:
 
     @classmethod
     def of_report(cls, report: Mapping[str, Any]) -> "SampledNegatives":
-        """The negatives a report's JSON names (dataclasses.asdict's, lists for tuples)."""
+        """The negatives a report names (to_report's)."""
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in report.items()})
+
+    def to_report(self) -> Dict[str, Any]:
+        """The fields as a report's JSON holds them (lists for tuples), so that a report
+        returned equals the line eval_stats.json keeps of it."""
+        return {k: list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(self).items()}
 
     def describe(self) -> str:
         """What the figures were ranked against: "50 batch + 100 uniform negatives
