@@ -11,16 +11,17 @@
  * gradients' sums over the rows add in double precision, in row order.
  *
  * Arguments are addresses of contiguous float32 tensors (checked by the Python caller) and
- * sizes; the loops run without the GIL, so Hogwild threads overlap here too.
+ * sizes; the loops run without the GIL, so Hogwild threads overlap here too. They are built
+ * for each vector unit as _simd.h says (the double-precision steps double the vector work,
+ * which AVX2 and AVX-512 builds take wider).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-/* The loops in AVX-512 and AVX2 builds besides the baseline one, picked at load time by
- * the CPU's features: the double-precision steps double the vector work. */
-#define WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
+#include "_simd.h"
+
 
 /* a * b + c rounded once, as a fused multiply-add: the product of two floats is exact in
  * double precision. */
@@ -30,13 +31,14 @@ static inline float fused(float a, float b, float c) {
 
 /* out = x * [real, real] + swap(x) * [-imag, imag] for the n rows of x [n, d]; swap
  * exchanges the halves. */
-WIDE static void forward_rows(const float *restrict x, int64_t n, int64_t d,
+CLONED static void forward_rows(const float *restrict x, int64_t n, int64_t d,
                               const float *restrict re, const float *restrict im,
                               float *restrict out) {
     const int64_t h = d / 2;
     for (int64_t r = 0; r < n; r++) {
         const float *restrict a = x + r * d, *restrict b = a + h; /* the row's halves */
         float *restrict ya = out + r * d, *restrict yb = ya + h;
+#pragma omp simd
         for (int64_t j = 0; j < h; j++) {
             ya[j] = fused(a[j], re[j], b[j] * -im[j]);
             yb[j] = fused(b[j], re[j], a[j] * im[j]);
@@ -47,7 +49,7 @@ WIDE static void forward_rows(const float *restrict x, int64_t n, int64_t d,
 /* The gradients of forward_rows given dy [n, d]: dx = dy * [real, real] + swap(dy) *
  * [imag, -imag] [n, d]; and per column of x the sums over rows of dy * x (t) and of
  * swap(dy) * x (s), [d] each, as torch's path forms them before adding the halves. */
-WIDE static void backward_rows(const float *restrict x, const float *restrict dy, int64_t n,
+CLONED static void backward_rows(const float *restrict x, const float *restrict dy, int64_t n,
                                int64_t d, const float *restrict re, const float *restrict im,
                                float *restrict dx, double *restrict t, double *restrict s) {
     const int64_t h = d / 2;
@@ -55,6 +57,7 @@ WIDE static void backward_rows(const float *restrict x, const float *restrict dy
         const float *restrict a = x + r * d, *restrict b = a + h;
         const float *restrict ga = dy + r * d, *restrict gb = ga + h;
         float *restrict da = dx + r * d, *restrict db = da + h;
+#pragma omp simd
         for (int64_t j = 0; j < h; j++) {
             t[j] += ga[j] * a[j];
             t[h + j] += gb[j] * b[j];

@@ -10,13 +10,16 @@
  * operation, except the order of the squared-gradient sum.
  *
  * Arguments are addresses of contiguous tensors (checked by the Python caller) and
- * sizes; the loops run without the GIL, so Hogwild threads overlap here too.
+ * sizes; the loops run without the GIL, so Hogwild threads overlap here too. The RowAdagrad
+ * step is built for each vector unit as _simd.h says.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "_simd.h"
 
 #define PREFETCH 8
 #define EPS 1e-10f /* torch.optim.Adagrad's default eps, as in optim.py */
@@ -83,6 +86,47 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The RowAdagrad step of row_adagrad below, on ids checked to be in range. */
+CLONED static void row_adagrad_rows(float *table, float *sums, int64_t d, const int64_t *ids,
+                                    float *grads, int64_t n, int64_t *owner, float lr,
+                                    int64_t known, float known_scale) {
+    for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n)
+            __builtin_prefetch(owner + ids[i + PREFETCH], 1, 0);
+        owner[ids[i]] = i;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (i + PREFETCH < n) {
+            int64_t ahead = ids[i + PREFETCH];
+            prefetch_row(table + ahead * d, d, 1);
+            __builtin_prefetch(sums + ahead, 1, 0);
+            __builtin_prefetch(owner + ahead, 0, 0);
+        }
+        int64_t id = ids[i];
+        float scale = id < known ? known_scale : 1.f;
+        if (scale == 0.f)
+            continue; /* frozen: row and accumulator untouched */
+        float *g = grads + i * d;
+        int64_t rep = owner[id];
+        if (rep != i) { /* fold into the last occurrence, which comes later */
+            float *restrict g_rep = grads + rep * d;
+#pragma omp simd
+            for (int64_t j = 0; j < d; j++)
+                g_rep[j] += g[j];
+            continue;
+        }
+        float sum = sums[id] + sum_of_squares(g, d) / (float)d;
+        sums[id] = sum;
+        float step = 1.f / (sqrtf(sum) + EPS) * -lr;
+        if (scale != 1.f)
+            step *= scale;
+        float *restrict row = table + id * d;
+#pragma omp simd
+        for (int64_t j = 0; j < d; j++)
+            row[j] += g[j] * step;
+    }
+}
+
 /* row_adagrad(table, sums, n_rows, d, ids, grads, n, owner, lr, known, known_scale):
  * see pbg_ray.model.optim.row_adagrad_. Duplicates of a row fold into its last
  * occurrence (in order), which then takes the step; rows below `known` step at
@@ -94,47 +138,13 @@ static PyObject *row_adagrad(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "KKLLKKLKfLf", &table_p, &sums_p, &n_rows, &d, &ids_p,
                           &grads_p, &n, &owner_p, &lr, &known, &known_scale))
         return NULL;
-    float *table = (float *)table_p, *sums = (float *)sums_p, *grads = (float *)grads_p;
     const int64_t *ids = (const int64_t *)ids_p;
-    int64_t *owner = (int64_t *)owner_p;
     int64_t bad;
     Py_BEGIN_ALLOW_THREADS
     bad = first_bad_id(ids, n, n_rows);
-    if (bad < 0) {
-        for (int64_t i = 0; i < n; i++) {
-            if (i + PREFETCH < n)
-                __builtin_prefetch(owner + ids[i + PREFETCH], 1, 0);
-            owner[ids[i]] = i;
-        }
-        for (int64_t i = 0; i < n; i++) {
-            if (i + PREFETCH < n) {
-                int64_t ahead = ids[i + PREFETCH];
-                prefetch_row(table + ahead * d, d, 1);
-                __builtin_prefetch(sums + ahead, 1, 0);
-                __builtin_prefetch(owner + ahead, 0, 0);
-            }
-            int64_t id = ids[i];
-            float scale = id < known ? known_scale : 1.f;
-            if (scale == 0.f)
-                continue; /* frozen: row and accumulator untouched */
-            float *g = grads + i * d;
-            int64_t rep = owner[id];
-            if (rep != i) { /* fold into the last occurrence, which comes later */
-                float *g_rep = grads + rep * d;
-                for (int64_t j = 0; j < d; j++)
-                    g_rep[j] += g[j];
-                continue;
-            }
-            float sum = sums[id] + sum_of_squares(g, d) / (float)d;
-            sums[id] = sum;
-            float step = 1.f / (sqrtf(sum) + EPS) * -lr;
-            if (scale != 1.f)
-                step *= scale;
-            float *row = table + id * d;
-            for (int64_t j = 0; j < d; j++)
-                row[j] += g[j] * step;
-        }
-    }
+    if (bad < 0)
+        row_adagrad_rows((float *)table_p, (float *)sums_p, d, ids, (float *)grads_p, n,
+                         (int64_t *)owner_p, lr, known, known_scale);
     Py_END_ALLOW_THREADS
     if (bad >= 0)
         return index_error(ids, bad, n_rows);

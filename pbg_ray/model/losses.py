@@ -29,15 +29,13 @@ from torch import Tensor
 from pbg_ray.model.native import extension
 from pbg_ray.model.registry import Registry
 
-_c_loss = extension("_loss")
-# Its softmax and violators are AVX-512 code; its at_least runs on any x86-64 CPU.
-_loss = _c_loss if _c_loss is not None and _c_loss.supported() else None
+_loss = extension("_loss")
 
 Result = Tuple[Tensor, Tensor, List[Tensor]]
 
 
 def _native_blocks(pos: Tensor, blocks: List[Tensor], *more: Tensor) -> bool:
-    """Whether _loss.c can take these: built and on an AVX-512 CPU, all float32 on the CPU,
+    """Whether _loss.c can take these: built, all float32 on the CPU,
     pos contiguous, each block contiguous along its columns or its rows."""
     return (_loss is not None and len(blocks) <= 4
             and all(t.device.type == "cpu" and t.dtype == torch.float32
@@ -72,11 +70,11 @@ def count_at_least(scores: Tensor, pos: Tensor, counts: Tensor) -> bool:
     """counts [B] (int64) += per row of scores [B, N] the entries at or above the row's
     positive pos [B], in one C pass (_loss.c); False, and nothing counted, where that
     cannot serve (not built, or not float32 rows contiguous on the CPU)."""
-    if not (_c_loss is not None and scores.device.type == pos.device.type == "cpu"
+    if not (_loss is not None and scores.device.type == pos.device.type == "cpu"
             and scores.dtype == pos.dtype == torch.float32 and scores.stride(1) == 1
             and pos.is_contiguous() and counts.dtype == torch.int64 and counts.is_contiguous()):
         return False
-    _c_loss.at_least(scores.data_ptr(), scores.stride(0), scores.shape[0], scores.shape[1],
+    _loss.at_least(scores.data_ptr(), scores.stride(0), scores.shape[0], scores.shape[1],
                      pos.data_ptr(), counts.data_ptr())
     return True
 
@@ -183,7 +181,7 @@ class LogisticLoss(Loss):
 @LOSS_FUNCTIONS.register("softmax")
 class SoftmaxLoss(Loss):
     """-log softmax of the positive among [pos_i, neg_i*] (PBG: cross-entropy of
-    [pos, logsumexp(neg)]). On an AVX-512 CPU one C call (_loss.c) where it is built."""
+    [pos, logsumexp(neg)]). On the CPU one C call (_loss.c) where it is built."""
 
     def forward_backward(self, pos, blocks, weight, num_neg, out):
         if num_neg == 0:

@@ -14,6 +14,7 @@ import functools
 import importlib
 import os
 import threading
+import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -29,13 +30,24 @@ KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": 
 
 
 def extension(name: str) -> Optional[ModuleType]:
-    """The C extension pbg_ray.model.<name>, or None: turned off, or not built."""
+    """The C extension pbg_ray.model.<name>, or None: turned off, or not built (then one
+    warning per process says so, whichever extensions are missing)."""
     if os.environ.get(C_KERNELS_ENV, "1") == "0":
         return None
     try:
         return importlib.import_module(f"pbg_ray.model.{name}")
     except ImportError:  # the optional extension was not built
+        _warn_not_built()
         return None
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_not_built() -> None:
+    warnings.warn(
+        "pbg_ray's C loops (pbg_ray/model/_*.c) are not built, as where pbg_ray was installed "
+        "without a C compiler: the CPU kernel runs torch ops instead (the same results, "
+        "slower). Install a C compiler (gcc) and reinstall pbg_ray to build them.",
+        RuntimeWarning, stacklevel=3)
 
 
 def c_ready(floats: Sequence["Tensor"], longs: Sequence["Tensor"] = ()) -> bool:

@@ -21,10 +21,6 @@ def test_the_extension_is_built():
     importlib.import_module("pbg_ray.model._loss")
 
 
-needs_avx512 = pytest.mark.skipif(losses._loss is None, reason="no AVX-512 on this CPU: the "
-                                  "kernel keeps torch's ops for the softmax loss")
-
-
 def side(columns, transposed_first: bool, chunks: int = 3, rows: int = 5):
     """pos [chunks, rows], blocks [chunks, rows, N] (the first one transposed in memory, as
     the lhs side's share of the batch block is), weights with the last chunk's two last
@@ -49,7 +45,6 @@ def forward_backward(monkeypatch, c_code: bool, pos, blocks, weight):
                                         blocks)
 
 
-@needs_avx512
 @pytest.mark.parametrize("columns", [[5, 17], [16], [1, 33, 40], [0, 7]])
 @pytest.mark.parametrize("transposed_first", [False, True])
 def test_softmax_matches_the_torch_ops(monkeypatch, columns, transposed_first):
@@ -63,7 +58,6 @@ def test_softmax_matches_the_torch_ops(monkeypatch, columns, transposed_first):
     assert not c_dpos[-1, -2:].any() and not c_grads[-1][-1, -2:].any()  # padding rows
 
 
-@needs_avx512
 def test_softmax_of_far_apart_scores_stays_finite_and_a_nan_score_makes_the_loss_nan(monkeypatch):
     pos, blocks, weight = side([20], False)
     blocks[0][0, 0, :10] = -1e4  # e^(x - max) underflows to 0
@@ -91,7 +85,6 @@ def embedder_violators(monkeypatch, c_code: bool, pos, blocks, num_pos: int) -> 
         return embedder._violators(batch, "lhs", pos, blocks, [b.clone() for b in blocks])
 
 
-@needs_avx512
 @pytest.mark.parametrize("columns", [[5, 17], [16], [1, 33, 40], [0, 7]])
 @pytest.mark.parametrize("transposed_first", [False, True])
 @pytest.mark.parametrize("rows", [5, 21])  # under and past a 16-lane block
