@@ -8,11 +8,14 @@
  * block while they are in the cache: max, exp and sum, scale. The exponential is Cephes'
  * expf polynomial (relative error ~2e-7), written as plain C on one float.
  *
- * Why plain C: one source for every CPU. The compiler vectorizes each loop (tests/model/
- * test_vectorized.py reads its vectorization report, for x86-64 and for aarch64), and
- * _simd.h builds the functions that hold them for AVX-512, AVX2 and the baseline, the
- * best picked when the module loads (NEON or SVE on ARM). The AVX-512 intrinsics this
- * replaced ran only where AVX-512 is, and as fast as this code's AVX-512 build.
+ * Why plain C: one source for every CPU, where the AVX-512 intrinsics it replaced left
+ * every other CPU to torch's ops (over twice its time on an AVX2 CPU: docs/benchmarks.md,
+ * "The CPU kernel"). The compiler vectorizes each loop (tests/model/test_c_build.py reads
+ * its vectorization report, for x86-64 and for aarch64), and _simd.h builds the functions
+ * that hold them for AVX-512, AVX2 and the baseline, the best picked when the module
+ * loads (NEON or SVE on ARM). A per-ISA layer of intrinsics would be one source per
+ * instruction set to keep equal; torch.compile's CPU backend (not measured) would need a
+ * C++ compiler in every worker at run time and a compilation per batch shape.
  *
  * A block is [chunks, C, N] with strides whose innermost is 1 along N (row order) or
  * along C (a transposed block, the lhs side's share of the batch negatives): both orders

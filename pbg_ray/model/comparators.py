@@ -33,6 +33,10 @@ _MAX_CLAMPED_SCORE = -1.0000001e-15  # l2 scores at or above this were clamped
 class Comparator:
     name: str
     needs_scores = False
+    # Whether pos(q, k) is matrix's entry for the pair, with the gradient matrix_backward
+    # gives that entry: then a kernel whose matrix scores each positive pair (on a
+    # diagonal) reads the positives there and adds their gradients there.
+    pos_in_matrix = False
     # The batched product, and whether the comparator may read values on the host to skip
     # work (the CPU kernel) or must never (the device step: make_comparator(for_device=True)).
     bmm = staticmethod(bmm)
@@ -66,6 +70,8 @@ COMPARATORS: Registry[Comparator] = Registry("comparator")
 
 @COMPARATORS.register("dot")
 class DotComparator(Comparator):
+    pos_in_matrix = True
+
     def pos(self, q, k):
         return (q * k).sum(-1)
 

@@ -286,12 +286,17 @@ class Embedder:
             v, ctx_v = cmp.prepare(op.forward(b, p))
             self._zero_padding(batch, u, v)
             u_pos, v_pos = u[:, :C], v[:, :C]
-            pos = cmp.pos(u_pos, v_pos)
             need_batch = lhs.has_batch or rhs.has_batch
+            # The batch block scores each positive pair on its diagonal: read them there
+            # (before the mask), their gradients added there in the backward.
+            pos_in_block = need_batch and cmp.pos_in_matrix
+            pos = None if pos_in_block else cmp.pos(u_pos, v_pos)
             m_r = None
             if rhs.mode is not Negatives.NONE or need_batch:
                 k_r = v if need_batch else v[:, C:]
                 m_r = cmp.matrix(u_pos, k_r, self.workspace.scores("rhs", u_pos, k_r))
+                if pos_in_block:
+                    pos = m_r[:, :, :C].diagonal(dim1=1, dim2=2).clone()
                 if need_batch:
                     mask_batch_block(m_r[:, :, :C], batch.last_chunk_size)
                 if rhs.mode is Negatives.ALL:
@@ -311,7 +316,7 @@ class Embedder:
                     mask_own_ids(m_lu, lhs.ids)
                 blocks["lhs"].append(m_lu)
             saved.update(p=p, u=u, v=v, ctx_u=ctx_u, ctx_v=ctx_v, m_r=m_r, m_lu=m_lu,
-                         need_batch=need_batch)
+                         need_batch=need_batch, pos_in_block=pos_in_block)
             return Scores({"lhs": pos, "rhs": pos}, blocks, saved)
 
         rel = batch.rel_ids.new_zeros(n * C)
@@ -374,7 +379,10 @@ class Embedder:
         a, b = sv["a"], sv["b"]
         # Gradients w.r.t. the side buffers; for plain sides they are views of the per-table
         # gradient rows handed to the optimizer (same layout as the gather).
-        row_grads = {key: (flat, self.workspace.get(("row_grads", key), rows).zero_())
+        # (zeroed first where the relation's backward adds into them)
+        written = not self.dynamic and sv["ctx_u"] is None and \
+            self._writes_lhs(sv, batch.chunk_size)
+        row_grads = {key: (flat, self._row_grads(key, rows, written))
                      for key, flat, rows in sv["groups"]}
         da, db = (self._side_grad(batch, sv, row_grads, name, x)
                   for name, x in (("lhs", a), ("rhs", b)))
@@ -390,26 +398,45 @@ class Embedder:
         self._featurized_row_grads(batch, sv, row_grads, da, db)
         return Gradients(float(loss), reg, violators, row_grads, param_grads)
 
+    def _row_grads(self, key: PartitionKey, rows: Tensor, written: bool) -> Tensor:
+        """The buffer of a table's row gradients, zeroed unless the backward writes all
+        of it."""
+        grads = self.workspace.get(("row_grads", key), rows)
+        return grads if written else grads.zero_()
+
+    @staticmethod
+    def _writes_lhs(sv: Dict[str, Any], C: int) -> bool:
+        """Whether _static_backward writes every row of the lhs gradient, rather than
+        adding into it (it always writes the rhs gradient): the positives' from the
+        batch block, the uniform negatives' from their own (or there are none)."""
+        return sv["m_r"] is not None and (sv["m_lu"] is not None or sv["u"].shape[1] == C)
+
     def _static_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],
                          dblocks: Dict[str, List[Tensor]], da: Tensor, db: Tensor,
                          param_grads: Dict[str, Tensor]) -> None:
-        """backward's comparator and operator part for one relation per batch: adds into
-        the side gradients `da`, `db` and the operator's `param_grads`."""
+        """backward's comparator and operator part for one relation per batch: writes the
+        side gradient `db`, and `da` where _writes_lhs (else adds into it), and the
+        operator's `param_grads`."""
         cmp, C = self.comparator, batch.chunk_size
         b = sv["b"]
         u, v, m_r, m_lu = sv["u"], sv["v"], sv["m_r"], sv["m_lu"]
-        # Gradients w.r.t. u and v; du accumulates straight into the row gradients
-        # when prepare is the identity.
+        # Gradients w.r.t. u and v; du goes straight into the row gradients when prepare
+        # is the identity: written there region by region where _writes_lhs.
         du = da if sv["ctx_u"] is None else torch.zeros_like(u)
+        write = du is da and self._writes_lhs(sv, C)
         dv = None
         if m_r is not None:
             g_r = dblocks["rhs"][0] if dblocks["rhs"] else torch.zeros_like(m_r)
             if batch.lhs.has_batch:
                 # The lhs batch block is the rhs one transposed: add its gradient in.
                 g_r[:, :, :C] += dblocks["lhs"][0].transpose(1, 2)
-            dq, dk = cmp.matrix_backward(u[:, :C], v if sv["need_batch"] else v[:, C:],
-                                         m_r, g_r)
-            du[:, :C] += dq
+            if sv["pos_in_block"]:  # (the masked diagonal's own gradient is 0)
+                g_r[:, :, :C].diagonal(dim1=1, dim2=2).add_(dpos["lhs"]).add_(dpos["rhs"])
+            k_r = v if sv["need_batch"] else v[:, C:]
+            out = (du[:, :C], self.workspace.get(("dk", "rhs"), k_r)) if write else None
+            dq, dk = cmp.matrix_backward(u[:, :C], k_r, m_r, g_r, out)
+            if not write:
+                du[:, :C] += dq
             if sv["need_batch"]:
                 dv = dk
             else:
@@ -418,18 +445,21 @@ class Embedder:
         if dv is None:
             dv = torch.zeros_like(v)
         if m_lu is not None:
-            dq, dk = cmp.matrix_backward(v[:, :C], u[:, C:], m_lu, dblocks["lhs"][-1])
+            u_neg = u[:, C:]
+            out = (self.workspace.get(("dq", "lhs"), dv[:, :C]), du[:, C:]) if write else None
+            dq, dk = cmp.matrix_backward(v[:, :C], u_neg, m_lu, dblocks["lhs"][-1], out)
             dv[:, :C] += dq
-            du[:, C:] += dk
-        dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], dpos["lhs"] + dpos["rhs"])
-        du[:, :C] += dq
-        dv[:, :C] += dk
+            if not write:
+                du[:, C:] += dk
+        if not sv["pos_in_block"]:
+            dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], dpos["lhs"] + dpos["rhs"])
+            du[:, :C] += dq
+            dv[:, :C] += dk
         self._zero_padding(batch, du, dv)
         if du is not da:
             da += cmp.prepare_backward(sv["ctx_u"], du)
         op = self.operators[batch.relation]
-        db_op, dp = op.backward(b, sv["p"], cmp.prepare_backward(sv["ctx_v"], dv))
-        db += db_op
+        _, dp = op.backward(b, sv["p"], cmp.prepare_backward(sv["ctx_v"], dv), dx_out=db)
         self._add_op_grads(param_grads, batch, "rhs", dp, None)
 
     def _dynamic_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],

@@ -99,12 +99,15 @@ class Operator:
         rows = x.reshape(-1, x.shape[-1])
         return self.apply(rows, theta).view(x.shape)
 
-    def backward(self, x: Tensor, p: Params, dy: Tensor) -> Tuple[Tensor, Params]:
+    def backward(self, x: Tensor, p: Params, dy: Tensor,
+                 dx_out: Optional[Tensor] = None) -> Tuple[Tensor, Params]:
+        """(dx, the parameters' gradients); dx written into dx_out (contiguous) if given."""
         if not self.param_names:
-            return dy, {}
+            return (dy if dx_out is None else dx_out.copy_(dy)), {}
         theta = self.pack(p)
+        rows = None if dx_out is None else dx_out.view(-1, x.shape[-1])
         dx, dtheta = self.apply_backward(x.reshape(-1, x.shape[-1]), theta,
-                                         dy.reshape(-1, dy.shape[-1]))
+                                         dy.reshape(-1, dy.shape[-1]), dx_out=rows)
         return dx.view(x.shape), self.unpack(dtheta)
 
 
