@@ -4,8 +4,8 @@
  * (losses.count_at_least, for filtered ranking): for the CPU kernel on any CPU.
  *
  * torch runs the softmax as ~12 passes over the score blocks (max, subtract, exp, sum,
- * scale, ...), each a separate op. Here each chunk's rows go through three passes per
- * block while they are in the cache: max, exp and sum, scale. The exponential is Cephes'
+ * scale, ...), each a separate op. Here each chunk's rows go through max, exp (and their
+ * sum), scale, block by block while they are in the cache. The exponential is Cephes'
  * expf polynomial (relative error ~2e-7), written as plain C on one float.
  *
  * Why plain C: one source for every CPU, where the AVX-512 intrinsics it replaced left
