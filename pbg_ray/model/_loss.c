@@ -9,8 +9,9 @@
  * expf polynomial (relative error ~2e-7), written as plain C on one float.
  *
  * Why plain C: one source for every CPU, where the AVX-512 intrinsics it replaced left
- * every other CPU to torch's ops (over twice its time on an AVX2 CPU: docs/benchmarks.md,
- * "The CPU kernel"). The compiler vectorizes each loop (tests/model/test_c_build.py reads
+ * every other CPU to torch's ops (on an AVX2 CPU torch's ops took 1.15-1.24x the C loop's
+ * CPU time for a batch of kernel_bench's setting A: docs/benchmarks.md, "The CPU
+ * kernel"). The compiler vectorizes each loop (tests/model/test_c_build.py reads
  * its vectorization report, for x86-64 and for aarch64), and _simd.h builds the functions
  * that hold them for AVX-512, AVX2 and the baseline, the best picked when the module
  * loads (NEON or SVE on ARM). A per-ISA layer of intrinsics would be one source per

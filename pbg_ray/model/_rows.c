@@ -4,9 +4,10 @@
  * On a table far larger than the cache nearly every row is a miss, and torch's
  * index_select / index_add_ wait for one row at a time. These loops prefetch the row
  * PREFETCH positions ahead, so several misses are in flight and less time is spent
- * waiting on memory; the RowAdagrad step also folds duplicates, accumulators and the row
- * update into one pass where torch makes several over the rows. The arithmetic is that
- * of pbg_ray.model.optim.row_adagrad_, operation for
+ * waiting on memory (the RowAdagrad step fetches its rows' accumulators further ahead);
+ * the RowAdagrad step also folds duplicates, accumulators and the row update into one
+ * pass where torch makes several over the rows, the squared gradient summed in vector
+ * lanes. The arithmetic is that of pbg_ray.model.optim.row_adagrad_, operation for
  * operation, except the order of the squared-gradient sum.
  *
  * Arguments are addresses of contiguous tensors (checked by the Python caller) and
@@ -46,22 +47,6 @@ static PyObject *index_error(const int64_t *ids, int64_t i, int64_t n_rows) {
                         (long long)ids[i], (long long)n_rows);
 }
 
-/* Sum of squares with 16 independent partial sums: a single running sum is a chain of
- * dependent adds that the compiler may not reorder, each waiting for the one before. */
-static float sum_of_squares(const float *x, int64_t d) {
-    float acc[16] = {0};
-    int64_t j = 0;
-    for (; j + 16 <= d; j += 16)
-        for (int k = 0; k < 16; k++)
-            acc[k] += x[j + k] * x[j + k];
-    for (; j < d; j++)
-        acc[j & 15] += x[j] * x[j];
-    float s = 0.f;
-    for (int k = 0; k < 16; k++)
-        s += acc[k];
-    return s;
-}
-
 /* gather(table, n_rows, d, ids, n, out): out[i] = table[ids[i]]. */
 static PyObject *gather(PyObject *self, PyObject *args) {
     unsigned long long table_p, ids_p, out_p;
@@ -96,12 +81,14 @@ CLONED static void row_adagrad_rows(float *table, float *sums, int64_t d, const 
         owner[ids[i]] = i;
     }
     for (int64_t i = 0; i < n; i++) {
-        if (i + PREFETCH < n) {
-            int64_t ahead = ids[i + PREFETCH];
-            prefetch_row(table + ahead * d, d, 1);
+        if (i + 4 * PREFETCH < n) { /* a row's accumulator and owner: one line each, so
+                                      * fetched further ahead than its row's lines */
+            int64_t ahead = ids[i + 4 * PREFETCH];
             __builtin_prefetch(sums + ahead, 1, 0);
             __builtin_prefetch(owner + ahead, 0, 0);
         }
+        if (i + PREFETCH < n)
+            prefetch_row(table + ids[i + PREFETCH] * d, d, 1);
         int64_t id = ids[i];
         float scale = id < known ? known_scale : 1.f;
         if (scale == 0.f)
@@ -115,7 +102,11 @@ CLONED static void row_adagrad_rows(float *table, float *sums, int64_t d, const 
                 g_rep[j] += g[j];
             continue;
         }
-        float sum = sums[id] + sum_of_squares(g, d) / (float)d;
+        float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t j = 0; j < d; j++)
+            squares += g[j] * g[j];
+        float sum = sums[id] + squares / (float)d;
         sums[id] = sum;
         float step = 1.f / (sqrtf(sum) + EPS) * -lr;
         if (scale != 1.f)
