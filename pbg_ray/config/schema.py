@@ -161,6 +161,16 @@ class ConfigSchema:
         "Negatives per positive edge taken from the other edges of its batch.")
     num_uniform_negs: int = option(50, check=not_negative, help=
         "Negatives per positive edge drawn uniformly from the partition.")
+    beyond_bucket_negs: int = option(0, check=not_negative, help=
+        "Negatives from beyond the bucket (docs/quality.md): for each bucket, this many rows "
+        "drawn uniformly over every partition of each partitioned entity type, copied from "
+        "the values their stores hold (disk placement: those last written); each side of "
+        "the bucket's edges scores the rows of the partitions other than its own besides its "
+        "own negatives, and with loss_fn=softmax those scores get log(rows of those "
+        "partitions / rows of them drawn) added, so that the softmax estimates the one over "
+        "every entity of the type. The rows are read-only copies: their gradients are "
+        "dropped. 0: off (PBG's negatives, from the bucket's partitions only). CPU training "
+        "only.")
     disable_lhs_negs: bool = option(False, help="Draw no negatives on the left-hand side.")
     disable_rhs_negs: bool = option(False, help="Draw no negatives on the right-hand side.")
     lr: float = option(1e-2, check=not_negative, help=

@@ -100,6 +100,10 @@ def _device_step_features(config: "ConfigSchema", fail: Fail) -> None:
             fail(f"entities.{name}.featurized",
                  f"featurized entities train on CPUs only, and {key} asks for the device step",
                  f"Train on CPUs ({key}={off}) or make {name!r} a plain entity type.")
+    if config.beyond_bucket_negs:
+        fail("beyond_bucket_negs", f"negatives from beyond the bucket are drawn by the CPU "
+             f"kernel only, and {key} asks for the device step",
+             f"Set beyond_bucket_negs=0, or train on CPUs ({key}={off}).")
     dims = {name: config.entity_dimension(name) for name in config.entities}
     if len(set(dims.values())) > 1:
         name = min(dims, key=lambda n: (dims[n] == config.dimension, n))

@@ -27,7 +27,7 @@ from torch import Tensor
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.comparators import make_comparator
 from pbg_ray.model.losses import LOSS_FUNCTIONS, count_violators
-from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
+from pbg_ray.model.negatives import BeyondRows, Negatives, mask_batch_block, mask_own_ids
 from pbg_ray.model.operators import OPERATORS, Operator
 from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
 from pbg_ray.model.regularizers import REGULARIZERS
@@ -71,7 +71,9 @@ class _Workspace(threading.local):
 @dataclasses.dataclass
 class SideBatch:
     """One side of a batch. ids [B] entity ids, or for featurized types `features` =
-    (offsets [B + 1], data [F]); neg_ids [chunks, K] uniform ids ([1, N] under ALL)."""
+    (offsets [B + 1], data [F]); neg_ids [chunks, K] uniform ids ([1, N] under ALL);
+    `beyond`: negatives from beyond the bucket (model.negatives.BeyondBucket), scored
+    against every edge of the batch, their gradients dropped."""
 
     table: PartitionKey
     entity: str
@@ -79,6 +81,7 @@ class SideBatch:
     ids: Optional[Tensor] = None
     features: Optional[Tuple[Tensor, Tensor]] = None
     neg_ids: Optional[Tensor] = None
+    beyond: Optional[BeyondRows] = None
 
     @property
     def has_batch(self) -> bool:
@@ -317,6 +320,9 @@ class Embedder:
                 blocks["lhs"].append(m_lu)
             saved.update(p=p, u=u, v=v, ctx_u=ctx_u, ctx_v=ctx_v, m_r=m_r, m_lu=m_lu,
                          need_batch=need_batch, pos_in_block=pos_in_block)
+            # Beyond the bucket: the rhs side's rows through the operator, as its own are.
+            self._beyond(batch, saved, blocks, {"lhs": v_pos, "rhs": u_pos},
+                         {"rhs": lambda x: op.forward(x, p)})
             return Scores({"lhs": pos, "rhs": pos}, blocks, saved)
 
         rel = batch.rel_ids.new_zeros(n * C)
@@ -345,7 +351,58 @@ class Embedder:
             blocks[name].append(m)
         saved.update(rel=rel, a_pos=a_pos, b_pos=b_pos, p_l=p_l, p_r=p_r, u=u, v=v, q_l=q_l,
                      q_r=q_r, ctx_u=ctx_u, ctx_v=ctx_v, ctx_ql=ctx_ql, ctx_qr=ctx_qr, mats=mats)
+        self._beyond(batch, saved, blocks, {"lhs": q_l, "rhs": q_r}, {})
         return Scores(pos, blocks, saved)
+
+    def _beyond(self, batch: Batch, saved: Dict[str, Any], blocks: Dict[str, List[Tensor]],
+                queries: Dict[str, Tensor], ops: Dict[str, Any]) -> None:
+        """Score each side's negatives from beyond the bucket against its queries [n, C, D]
+        (ops: what a side's rows pass through before the comparator, as its own negatives
+        do), a block appended to the side's blocks (the softmax's correction added), and
+        saved["beyond"][side] = what the queries' gradient needs."""
+        cmp, n = self.comparator, batch.num_chunks
+        saved["beyond"] = {}
+        for name in SIDES:
+            s = batch.side(name)
+            if s.beyond is None or s.mode is Negatives.NONE:
+                continue
+            raw = s.beyond.rows
+            if self.config.global_emb:
+                raw = raw + self.params[global_emb_key(s.entity)]
+            x = ops[name](raw) if name in ops else raw
+            k, ctx = cmp.prepare(x)
+            k = k.unsqueeze(0) if n == 1 else k.unsqueeze(0).expand(n, *k.shape).contiguous()
+            q = queries[name]
+            m = cmp.matrix(q, k, self.workspace.scores(("beyond", name), q, k))
+            block = m
+            if self.config.loss_fn == "softmax":
+                block = m + s.beyond.log_weight if cmp.needs_scores else \
+                    m.add_(s.beyond.log_weight)
+            saved["beyond"][name] = (q, k, m, raw, ctx, len(blocks[name]))
+            blocks[name].append(block)
+
+    def _beyond_backward(self, batch: Batch, sv: Dict[str, Any],
+                         dblocks: Dict[str, List[Tensor]], param_grads: Dict[str, Tensor]
+                         ) -> Dict[str, Tensor]:
+        """The queries' gradients [n, C, D] from the blocks of negatives from beyond the
+        bucket (taken out of dblocks), and the shared parameters' from their rows (the
+        rhs operator's in per-relation mode, the global embeddings'); the rows' own
+        gradients are dropped (read-only copies)."""
+        cmp = self.comparator
+        dq_of: Dict[str, Tensor] = {}
+        for name, (q, k, m, raw, ctx, i) in sv.get("beyond", {}).items():
+            g = dblocks[name].pop(i)
+            dq, dk = cmp.matrix_backward(q, k, m, g)
+            dq_of[name] = dq
+            dx = cmp.prepare_backward(ctx, dk.sum(0))
+            if name == "rhs" and not self.dynamic:
+                dx, dp = self.operators[batch.relation].backward(raw, sv["p"], dx)
+                self._add_op_grads(param_grads, batch, "rhs", dp, None)
+            if self.config.global_emb:
+                key = global_emb_key(batch.side(name).entity)
+                param_grads[key] = param_grads[key] + dx.sum(0) if key in param_grads \
+                    else dx.sum(0)
+        return dq_of
 
     # --- backward -----------------------------------------------------------
 
@@ -387,8 +444,9 @@ class Embedder:
         da, db = (self._side_grad(batch, sv, row_grads, name, x)
                   for name, x in (("lhs", a), ("rhs", b)))
         param_grads: Dict[str, Tensor] = {}
+        dq_beyond = self._beyond_backward(batch, sv, dblocks, param_grads)
         relation_backward = self._dynamic_backward if self.dynamic else self._static_backward
-        relation_backward(batch, sv, dpos, dblocks, da, db, param_grads)
+        relation_backward(batch, sv, dpos, dblocks, da, db, param_grads, dq_beyond)
         reg = self._regularize(batch, a, b, da, db, param_grads)
         if self.config.global_emb:
             for name, d in (("lhs", da), ("rhs", db)):
@@ -413,10 +471,10 @@ class Embedder:
 
     def _static_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],
                          dblocks: Dict[str, List[Tensor]], da: Tensor, db: Tensor,
-                         param_grads: Dict[str, Tensor]) -> None:
+                         param_grads: Dict[str, Tensor], dq_beyond: Dict[str, Tensor]) -> None:
         """backward's comparator and operator part for one relation per batch: writes the
-        side gradient `db`, and `da` where _writes_lhs (else adds into it), and the
-        operator's `param_grads`."""
+        side gradient `db`, and `da` where _writes_lhs (else adds into it), the operator's
+        `param_grads`, and adds the queries' gradients from beyond the bucket, `dq_beyond`."""
         cmp, C = self.comparator, batch.chunk_size
         b = sv["b"]
         u, v, m_r, m_lu = sv["u"], sv["v"], sv["m_r"], sv["m_lu"]
@@ -455,6 +513,10 @@ class Embedder:
             dq, dk = cmp.pos_backward(u[:, :C], v[:, :C], dpos["lhs"] + dpos["rhs"])
             du[:, :C] += dq
             dv[:, :C] += dk
+        if "rhs" in dq_beyond:
+            du[:, :C] += dq_beyond["rhs"]
+        if "lhs" in dq_beyond:
+            dv[:, :C] += dq_beyond["lhs"]
         self._zero_padding(batch, du, dv)
         if du is not da:
             da += cmp.prepare_backward(sv["ctx_u"], du)
@@ -464,7 +526,8 @@ class Embedder:
 
     def _dynamic_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],
                           dblocks: Dict[str, List[Tensor]], da: Tensor, db: Tensor,
-                          param_grads: Dict[str, Tensor]) -> None:
+                          param_grads: Dict[str, Tensor], dq_beyond: Dict[str, Tensor]
+                          ) -> None:
         """backward's comparator and operator part for dynamic relations (each edge its
         own relation, applied on both sides): as _static_backward."""
         cmp, C = self.comparator, batch.chunk_size
@@ -476,6 +539,10 @@ class Embedder:
         du[:, :C] += dk
         dq_r, dk = cmp.pos_backward(q_r, v[:, :C], dpos["rhs"])
         dv[:, :C] += dk
+        if "lhs" in dq_beyond:
+            dq_l += dq_beyond["lhs"]
+        if "rhs" in dq_beyond:
+            dq_r += dq_beyond["rhs"]
         for name, q, k, dq_side, dk_side in (("lhs", q_l, u, dq_l, du),
                                              ("rhs", q_r, v, dq_r, dv)):
             m = sv["mats"].get(name)

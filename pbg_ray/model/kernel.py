@@ -29,7 +29,8 @@ from torch import Tensor
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
-from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
+from pbg_ray.model.negatives import (
+    BeyondBucket, BeyondRows, Negatives, negative_modes, num_uniform, sample_uniform)
 from pbg_ray.model.optim import adagrad_, row_adagrad_
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_key, relation_lr
 from pbg_ray.types import Bucket, EdgeList
@@ -80,8 +81,10 @@ class EdgeTensors:
 
 def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: Tensor,
                 num_batch_negs: int, num_uniform_negs: int, table_sizes: Dict[PartitionKey, int],
-                generator: torch.Generator) -> Batch:
-    """A Batch of the edges idx, with its uniform negatives drawn from `generator`."""
+                generator: torch.Generator,
+                beyond: Optional[Dict[PartitionKey, Optional[BeyondRows]]] = None) -> Batch:
+    """A Batch of the edges idx, with its uniform negatives drawn from `generator` (and
+    per table the negatives from beyond the bucket its side scores, `beyond`)."""
     rel_ids = edges.rel.index_select(0, idx)
     relation = 0 if config.dynamic_relations else int(rel_ids[0])
     rconf = config.relations[relation]
@@ -94,7 +97,7 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
     for name, mode, feat, part in zip(("lhs", "rhs"), modes, featurized, bucket):
         entity = getattr(rconf, name)
         key = partition_key(config, entity, part)
-        side = SideBatch(key, entity, mode)
+        side = SideBatch(key, entity, mode, beyond=(beyond or {}).get(key))
         if feat:
             offsets, data = edges.features[name]
             side.features = _take_features(offsets, data, idx)
@@ -244,10 +247,12 @@ def _run_workers(num_workers: int, queue: BatchQueue, work: Callable[[int], Any]
 def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
                  partitions: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]],
                  params: ModelParams, *, num_threads: int = 1, seed: int = 0,
-                 warmup_s: float = 0.0, known: Optional[KnownRows] = None) -> Dict[str, Any]:
+                 warmup_s: float = 0.0, known: Optional[KnownRows] = None,
+                 beyond: Optional[Dict[str, BeyondBucket]] = None) -> Dict[str, Any]:
     """Train one pass over `edges` in batches of config.batch_size, updating the partitions'
     embeddings and row-Adagrad sums and the shared params in place (what `known` names
-    at its scaled learning rate).
+    at its scaled learning rate). `beyond`: per entity type, the rows drawn from its
+    partitions that each side scores as negatives from beyond the bucket.
 
     `seed` (a non-negative int below 2**64) decides the shuffle of the edges into batches
     and every batch's uniform negatives (batch i draws from seed + 1 + i), whichever
@@ -264,6 +269,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     state = KernelState(config, partitions, params, writable=True, known=known)
     tensors = EdgeTensors(edges, torch.device("cpu"))
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
+    beyond_rows = {k: beyond[k[0]].for_side(k[1]) for k in sizes if k[0] in (beyond or {})}
 
     def work(worker: int) -> np.ndarray:
         generator = torch.Generator()
@@ -272,7 +278,8 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
         while (i := queue.take()) is not None:
             generator.manual_seed((seed + 1 + i) % 2**64)
             batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]),
-                                config.num_batch_negs, config.num_uniform_negs, sizes, generator)
+                                config.num_batch_negs, config.num_uniform_negs, sizes, generator,
+                                beyond_rows)
             totals += train_batch(state, batch, owners)
         return totals
 

@@ -36,6 +36,7 @@ from pbg_ray.evaluation.metrics import SampledNegatives, average
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges
 from pbg_ray.model.native import release_free_heap
+from pbg_ray.model.negatives import BeyondBucket
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_counts
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads
@@ -200,13 +201,14 @@ def uses_device_step(config: ConfigSchema) -> bool:
 def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
                partitions: Sequence[PartitionArg], num_threads: int, device: str,
                known: Optional[KnownRows] = None, copies: Optional[PartitionBuffer] = None,
-               disk: DiskPlan = DiskPlan(), on_device: Optional[DeviceBuffer] = None
-               ) -> Tuple[Any, ...]:
+               disk: DiskPlan = DiskPlan(), on_device: Optional[DeviceBuffer] = None,
+               beyond: Optional[Dict[str, BeyondBucket]] = None) -> Tuple[Any, ...]:
     """The pure part of the task: (BucketStats, params delta, one result per key of
     `work`, see PartitionArg). `known`: what init_path trained (incremental runs), trained
     at its own learning rate. `copies` gives the arrays the partitions are trained in (and
     holds those written to swap files, see PartitionBuffer). With `on_device` the bucket
-    trains by the device step on `device`, from and into that buffer's partitions."""
+    trains by the device step on `device`, from and into that buffer's partitions.
+    `beyond`: per entity type, its rows drawn as negatives from beyond the bucket."""
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionBuffer(keep=False)
     arrays, edges = _read(config, work, partitions, copies, disk, known, on_device)
@@ -218,7 +220,7 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
     t_ready = time.perf_counter()
     if on_device is None:
         trained, copy_s, before, after = _train(config, work, held_out, train_edges, arrays,
-                                                local, num_threads, known)
+                                                local, num_threads, known, beyond)
     else:
         trained, copy_s, before, after = _train_on_device(
             config, work, held_out, train_edges, arrays, partitions, local, device, known,
@@ -281,7 +283,8 @@ def _held_out_stats(config: ConfigSchema, work: BucketWork, held_out: EdgeList,
 
 def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edges: EdgeList,
            arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], local: ModelParams,
-           num_threads: int, known: Optional[KnownRows]) -> Tuple[Any, ...]:
+           num_threads: int, known: Optional[KnownRows],
+           beyond: Optional[Dict[str, BeyondBucket]]) -> Tuple[Any, ...]:
     """Train the bucket's edges in place by the CPU kernel: (training stats, 0 seconds of
     device copies, the held-out edges' before and after, None without held-out edges)."""
     from pbg_ray.model.kernel import train_bucket
@@ -290,7 +293,7 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
     trained = train_bucket(config, work.bucket, train_edges, arrays, local,
                            num_threads=num_threads,
                            seed=task_seed(config, work.position.iteration, work.bucket),
-                           warmup_s=work.warmup_s, known=known)
+                           warmup_s=work.warmup_s, known=known, beyond=beyond)
     return ({"count": trained["count"], "metrics": trained["metrics"]}, 0.0, before,
             _held_out_stats(config, work, held_out, arrays, local))
 
@@ -392,12 +395,14 @@ def start_trainer_worker() -> None:
 def train_bucket_task(config: ConfigSchema, work: BucketWork, params: ModelParams,
                       *partitions: PartitionArg, known: Optional[KnownRows] = None,
                       disk: DiskPlan = DiskPlan(),
-                      previous_delta: Optional[ModelParams] = None) -> Tuple[Any, ...]:
+                      previous_delta: Optional[ModelParams] = None,
+                      beyond: Optional[Dict[str, BeyondBucket]] = None) -> Tuple[Any, ...]:
     """run_bucket in a worker: its returns, each a return of the task (BucketRefs). Ray
     resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a SwapFile (disk
     placement) comes as itself. `previous_delta`: the params delta of the trainer's
     previous bucket, submitted before it (this task then starts once that one has
-    succeeded): `params` lack it, as that update was not sent yet."""
+    succeeded): `params` lack it, as that update was not sent yet. `beyond`: see
+    run_bucket."""
     start = time.time()
     if previous_delta is not None:
         params = ModelParams(
@@ -407,7 +412,8 @@ def train_bucket_task(config: ConfigSchema, work: BucketWork, params: ModelParam
     device = "cuda" if gpus_per_trainer(config) > 0 else "cpu"
     stats, *results = run_bucket(config, work, params, partitions, task_threads(config),
                                  device, known, copies=_BUFFER, disk=disk,
-                                 on_device=_DEVICE_BUFFER if uses_device_step(config) else None)
+                                 on_device=_DEVICE_BUFFER if uses_device_step(config) else None,
+                                 beyond=beyond)
     stats.worker = TaskWorker(ray.get_runtime_context().get_node_id(), os.getpid(), start,
                               time.time())
     return (stats, *results)
@@ -449,12 +455,14 @@ class BucketRefs:
 
 def submit_bucket(config: ConfigSchema, work: BucketWork, params: ray.ObjectRef,
                   partitions: Sequence[Any], known: Optional[KnownRows], disk: DiskPlan,
-                  previous_delta: Optional[ray.ObjectRef]) -> BucketRefs:
+                  previous_delta: Optional[ray.ObjectRef],
+                  beyond: Optional[Dict[str, BeyondBucket]] = None) -> BucketRefs:
     """Start `work`'s train task on `partitions` (per key an ObjectRef of its values or a
-    SwapFile) with the parameters `params`."""
+    SwapFile) with the parameters `params` (and the rows drawn for negatives from beyond
+    the bucket, `beyond`)."""
     refs = train_bucket_task.options(
         num_returns=2 + len(work.keys), num_cpus=config.ray.cpus_per_trainer,
         num_gpus=gpus_per_trainer(config),
     ).remote(config, work, params, *partitions, known=known, disk=disk,
-             previous_delta=previous_delta)
+             previous_delta=previous_delta, beyond=beyond)
     return BucketRefs(refs[0], refs[1], dict(zip(work.keys, refs[2:])))

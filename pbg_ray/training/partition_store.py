@@ -91,6 +91,14 @@ class PartitionStore:
             self.refs[key] = ray.put(tuple(self.summed[key]))
         return [self.refs[key]]
 
+    def rows(self, key: PartitionKey, offsets: np.ndarray) -> np.ndarray:
+        """A copy of the partition's newest embeddings at `offsets` (sorted, unique): in
+        disk placement, of the newest ones written (negatives from beyond the bucket)."""
+        if self.swaps(key):
+            return self._source(key).load_rows(self.config, key, offsets)
+        embs = self.summed[key][0] if key in self.summed else ray.get(self.refs[key])[0]
+        return embs[offsets]
+
     def lease(self, key: PartitionKey, after: Optional[SwapFile] = None
               ) -> Union[List[ray.ObjectRef], SwapFile]:
         """What the train task of a bucket gets for `key`: `get`'s, or in disk placement

@@ -27,12 +27,13 @@ from tqdm import tqdm
 from pbg_ray.checkpoints.position import Position
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import add_stats, stats_mean
+from pbg_ray.model.negatives import BeyondBucket, draw_beyond
 from pbg_ray.model.params import PartitionKey, partition_keys
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import discard, get_results
 from pbg_ray.training.bucket_sources import SwapFile
 from pbg_ray.training.bucket_task import (
-    BucketRefs, BucketStats, BucketWork, DiskPlan, submit_bucket)
+    BucketRefs, BucketStats, BucketWork, DiskPlan, submit_bucket, task_seed)
 from pbg_ray.training.failures import TRAINER_DIED, FailurePolicy
 from pbg_ray.training.scheduler import parts_by_next_use
 from pbg_ray.types import Bucket
@@ -288,11 +289,31 @@ class PassRun:
         refs = submit_bucket(config, work, trainer.params.get.remote(), leases, trainer.known,
                              self.disk_plan(keys, following, following_keys, followed,
                                             read_ahead, ahead_versions),
-                             previous.refs.delta if previous is not None else None)
+                             previous.refs.delta if previous is not None else None,
+                             self.beyond(bucket, keys))
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start,
                         results)
         self.in_flight.update((k, task) for k in keys)
         return task
+
+    def beyond(self, bucket: Bucket, keys: List[PartitionKey]) -> Dict[str, BeyondBucket]:
+        """Per partitioned entity type of the bucket, beyond_bucket_negs rows drawn
+        uniformly over all its partitions (draw_beyond, from the bucket's seed) from what
+        their stores hold now: read-only copies, never written back."""
+        config, trainer = self.config, self.trainer
+        if not config.beyond_bucket_negs:
+            return {}
+        rng = np.random.default_rng(task_seed(config, self.position.iteration, bucket))
+        drawn = {}
+        for entity in dict.fromkeys(e for e, _ in keys if config.entities[e].num_partitions > 1):
+            sizes = dict(enumerate(trainer.entity_counts[entity]))
+            offsets = draw_beyond(sizes, config.beyond_bucket_negs, rng)
+            refs = [trainer.store_of[entity, p].rows.remote((entity, p), o)
+                    for p, o in offsets.items()]
+            drawn[entity] = BeyondBucket(
+                np.concatenate(ray.get(refs)),
+                np.concatenate([np.full(len(o), p) for p, o in offsets.items()]), sizes)
+        return drawn
 
     def disk_plan(self, keys: List[PartitionKey], following: Optional[Bucket],
                   following_keys: List[PartitionKey], followed: bool,

@@ -1,0 +1,102 @@
+"""Negatives from beyond the bucket (beyond_bucket_negs): the draw reaches every partition
+of the type, uniformly; a side scores only the other partitions' rows, with the sampled
+softmax's correction; and its gradients are those of a softmax over its own partition with
+those rows appended (each repeated as often as the correction counts it), the rows
+themselves never written."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch, train_bucket
+from pbg_ray.model.negatives import BeyondBucket, BeyondRows, draw_beyond
+from pbg_ray.types import Bucket
+from tests.model.pbg_oracle import SIZES, Case, dense_row_grads, make_case
+
+
+def test_draws_reach_every_partition_in_proportion_to_its_rows():
+    sizes = {0: 100, 1: 300, 2: 50, 3: 550}
+    rng = np.random.default_rng(0)
+    counts = np.zeros(4)
+    for _ in range(400):
+        drawn = draw_beyond(sizes, 20, rng)
+        assert sum(len(o) for o in drawn.values()) == 20
+        for part, offsets in drawn.items():
+            assert np.all(np.diff(offsets) > 0) and 0 <= offsets.min() \
+                and offsets.max() < sizes[part]
+            counts[part] += len(offsets)
+    expected = np.array([sizes[p] for p in range(4)]) / 1000 * 8000
+    assert np.all(counts > 0)
+    assert np.abs(counts - expected).max() < 0.1 * expected.max()
+    assert sum(len(o) for o in draw_beyond({0: 3, 1: 2}, 10, rng).values()) == 5
+
+
+def test_a_side_scores_the_other_partitions_rows_at_their_rate():
+    rows = np.arange(12, dtype=np.float32).reshape(6, 2)
+    drawn = BeyondBucket(rows, np.array([0, 0, 1, 2, 2, 2]), {0: 10, 1: 20, 2: 30})
+    side = drawn.for_side(2)
+    assert side.rows.tolist() == rows[:3].tolist()
+    assert side.log_weight == pytest.approx(math.log(30 / 3))
+    assert drawn.for_side(1).log_weight == pytest.approx(math.log(40 / 5))
+    assert BeyondBucket(rows[:1], np.array([1]), {0: 5, 1: 5}).for_side(1) is None
+
+
+def _with_rows(case: Case, extra: dict) -> Case:
+    """The case with `extra[entity]` rows appended to that entity's partition."""
+    parts = dict(case.partitions)
+    for entity, rows in extra.items():
+        embs, sums = parts[entity, 0]
+        parts[entity, 0] = (np.concatenate([embs, rows]),
+                            np.concatenate([sums, np.ones(len(rows), np.float32)]))
+    return Case(case.config, case.num_rel_ids, parts, case.params, case.edges)
+
+
+def _gradients(case: Case, beyond=None):
+    parts, params = case.copy_state()
+    state = KernelState(case.config, parts, params, writable=True)
+    sizes = {k: t.shape[0] for k, t in state.tables.items()}
+    batch = build_batch(case.config, case.bucket, EdgeTensors(case.edges, torch.device("cpu")),
+                        torch.arange(len(case.edges)), 0, 0, sizes, torch.Generator(), beyond)
+    grads = state.embedder.backward(batch, state.embedder.forward(batch))
+    return grads, dense_row_grads(state, grads.rows)
+
+
+@pytest.mark.parametrize("comparator", ["dot", "cos", "l2"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_gradients_are_a_softmax_over_the_rows_appended(comparator, dynamic):
+    case = make_case(all_negs=True, loss_fn="softmax", comparator=comparator,
+                     operator="complex_diagonal", dynamic_relations=dynamic)
+    rng = np.random.default_rng(1)
+    extra = {e: rng.normal(0, 0.5, (5, case.config.dimension)).astype(np.float32)
+             for e in ("a", "b")}
+    repeat = 3  # the correction log(3): each row counts three times
+    beyond = {(e, 0): BeyondRows(torch.from_numpy(rows), math.log(repeat))
+              for e, rows in extra.items()}
+    mine, mine_rows = _gradients(case, beyond)
+    theirs, theirs_rows = _gradients(
+        _with_rows(case, {e: np.tile(rows, (repeat, 1)) for e, rows in extra.items()}))
+    assert mine.loss == pytest.approx(theirs.loss, rel=1e-5)
+    for key, g in mine_rows.items():
+        assert g.shape[0] == SIZES[key[0]]
+        torch.testing.assert_close(g, theirs_rows[key][:SIZES[key[0]]], rtol=1e-4, atol=1e-5)
+    assert set(mine.params) == set(theirs.params)
+    for name, g in theirs.params.items():
+        torch.testing.assert_close(mine.params[name], g, rtol=1e-4, atol=1e-5)
+
+
+def test_training_writes_only_the_buckets_partitions():
+    case = make_case(num_edges=60, all_negs=True, loss_fn="softmax", dynamic_relations=True,
+                     operator="complex_diagonal")
+    rows = np.random.default_rng(2).normal(0, 0.5, (7, case.config.dimension)).astype(np.float32)
+    rows.setflags(write=False)  # a write into them would raise
+    drawn = BeyondBucket(rows, np.array([1, 1, 1, 2, 2, 2, 2]), {0: 13, 1: 20, 2: 20})
+    parts, params = case.copy_state()
+    before = {k: e.copy() for k, (e, _) in parts.items()}
+    train_bucket(case.config, Bucket(0, 0), case.edges, parts, params, num_threads=2,
+                 beyond={"a": drawn, "b": drawn})
+    assert np.array_equal(rows, drawn.rows)
+    assert not np.array_equal(parts["a", 0][0], before["a", 0])

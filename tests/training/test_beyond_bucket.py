@@ -1,0 +1,79 @@
+"""Negatives from beyond the bucket on a real local Ray: a bucket's task gets rows of every
+partition of its types; it changes what is trained; a killed trainer and a resumed run
+end where an undisturbed run does, as without it; the device step refuses it up front."""
+
+import numpy as np
+import pytest
+
+from pbg_ray.errors import PbgRayError
+from pbg_ray.training import pass_run
+from pbg_ray.training.trainer import Trainer
+from tests.fault_injection import armed, checkpoint_arrays, edges_lost_or_doubled
+from tests.training.test_trainer import small_config
+from tests.util import write_random_graph
+
+SETTINGS = dict(num_epochs=2, eval_fraction=0.0, beyond_bucket_negs=40,
+                ray={"num_trainers": 1})
+
+
+def test_each_bucket_draws_from_every_partition_and_the_run_differs(ray_session, tmp_path,
+                                                                     monkeypatch):
+    drawn = []
+    beyond = pass_run.PassRun.beyond
+
+    def recorded(self, bucket, keys):
+        got = beyond(self, bucket, keys)
+        drawn.append((bucket, keys, got))
+        return got
+
+    monkeypatch.setattr(pass_run.PassRun, "beyond", recorded)
+    config = small_config(tmp_path, checkpoint_path=str(tmp_path / "on"), **SETTINGS)
+    write_random_graph(config, num_edges=400)
+    Trainer(config).run()
+    assert len(drawn) == 2 * 4
+    for bucket, keys, got in drawn:
+        assert set(got) == {"user", "item"}  # the partitioned types; tag has one partition
+        assert all(len(d.rows) == 40 and d.rows.shape[1] == config.dimension
+                   for d in got.values())
+    # Over the run every partition of each type was reached, in about its share of rows.
+    for entity in ("user", "item"):
+        parts = np.concatenate([got[entity].partitions for _, _, got in drawn])
+        sizes = drawn[0][2][entity].sizes
+        share = np.bincount(parts, minlength=2) / len(parts)
+        assert np.all(np.abs(share - np.array([sizes[0], sizes[1]]) / sum(sizes.values())) < 0.1)
+    off = small_config(tmp_path, checkpoint_path=str(tmp_path / "off"),
+                       **{**SETTINGS, "beyond_bucket_negs": 0})
+    Trainer(off).run()
+    on_arrays, off_arrays = checkpoint_arrays(config), checkpoint_arrays(off)
+    assert any(not np.array_equal(on_arrays[k], off_arrays[k]) for k in on_arrays)
+
+
+@pytest.mark.faults
+def test_a_killed_trainer_and_a_resumed_run_end_as_an_undisturbed_one(ray_session, tmp_path):
+    undisturbed = small_config(tmp_path, checkpoint_path=str(tmp_path / "undisturbed"),
+                               **SETTINGS)
+    write_random_graph(undisturbed, num_edges=400)
+    Trainer(undisturbed).run()
+    expected = checkpoint_arrays(undisturbed)
+
+    killed = small_config(tmp_path, checkpoint_path=str(tmp_path / "killed"), **SETTINGS)
+    with armed("train_task.after_read", 3) as fired:
+        assert Trainer(killed).run().version == 2
+    assert fired()
+    assert edges_lost_or_doubled(killed) == 0
+
+    resumed = small_config(tmp_path, checkpoint_path=str(tmp_path / "resumed"),
+                           **{**SETTINGS, "num_epochs": 1})
+    Trainer(resumed).run()
+    resumed = small_config(tmp_path, checkpoint_path=str(tmp_path / "resumed"), **SETTINGS)
+    assert Trainer(resumed).run().version == 2
+    for config in (killed, resumed):
+        got = checkpoint_arrays(config)
+        assert got.keys() == expected.keys()
+        for name in expected:
+            np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+
+
+def test_the_device_step_refuses_it_naming_the_key(tmp_path):
+    with pytest.raises(PbgRayError, match="beyond_bucket_negs"):
+        small_config(tmp_path, beyond_bucket_negs=10, ray={"device_step": True})
