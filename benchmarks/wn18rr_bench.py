@@ -10,17 +10,22 @@ graph (210 test edges name one); they count here as missed queries (reciprocal r
 they are for the published models, whose embeddings of them never trained.
 
 Arms: `pbg` (PBG's recipe: the demo's model and training options, d=100, 10 epochs, 50
-batch + 100 uniform negatives, a fixed number of epochs), `quality` (+training=quality) and,
-with --partitions 1 4, `quality` on 4 partitions too; `tune` (not run by default): `python
+batch + 100 uniform negatives, a fixed number of epochs) and `quality` (+training=quality),
+each on every partition count of --partitions (1 4: on 1 and on 4 partitions), in each
+placement of --placement (memory, disk), with --beyond-bucket-negs N setting that key (0:
+off; unset: the recipe's own, 0 for pbg, 4096 for quality); `tune` (not run by default): `python
 -m pbg_ray.tune` of +training=quality with its default search (tune=asha: lr, dimension;
 ASHA on the best validation MRR), --tune-samples trials one at a time on both CPUs, the
 first of them the recipe itself (tune.config_first), then the best trial's best version
-evaluated on test as the others are. Prints a line per arm (filtered MRR, Hits@1/3/10, the
-epoch of the best version, training seconds; for tune, the best trial's keys) and ends with
-one JSON line.
+evaluated on test as the others are, on 1 partition. Prints a line per run (filtered MRR,
+Hits@1/3/10, the epoch of the best version, training seconds; for tune, the best trial's
+keys), then the partitions against MRR and training time as a table, and ends with one
+JSON line.
 
     python benchmarks/wn18rr_bench.py
     python benchmarks/wn18rr_bench.py --arms quality --partitions 1 4
+    python benchmarks/wn18rr_bench.py --arms quality --partitions 4 --placement disk
+    python benchmarks/wn18rr_bench.py --arms pbg --partitions 1 4 --beyond-bucket-negs 100
     python benchmarks/wn18rr_bench.py --arms quality tune --tune-samples 4
 """
 
@@ -33,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wn18rr"
 SPLITS = ("train", "valid", "test")
@@ -80,12 +85,14 @@ def command(name: str, args: Sequence[Any], root: Path) -> Dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: int
-            ) -> Dict[str, Any]:
-    root = work / f"{name}-{partitions}p"
+def run_arm(name: str, partitions: int, placement: str, beyond: Optional[int], work: Path,
+            data: Path, tune_samples: int) -> Dict[str, Any]:
+    root = work / (f"{name}-{partitions}p-{placement}"
+                   + ("" if beyond is None else f"-beyond{beyond}"))
     root.mkdir(parents=True)
     # One partition: one trainer, with both CPUs' Hogwild threads.
-    options = ARMS[name] + ["ray.cpus_per_trainer=2"] * (partitions == 1)
+    options = ARMS[name] + ["ray.cpus_per_trainer=2"] * (partitions == 1) + [
+        f"ray.placement={placement}"] + [f"beyond_bucket_negs={beyond}"] * (beyond is not None)
     relations = sorted({line.split("\t")[1] for line in (data / "train.txt").read_text().splitlines()})
     config = config_file(root, relations, partitions, quality=name != "pbg")
     inputs = ",".join(str(data / f"{split}.txt") for split in SPLITS)
@@ -114,7 +121,8 @@ def run_arm(name: str, partitions: int, work: Path, data: Path, tune_samples: in
         trained = command("train", [config, *options, validation], root)
         seconds = time.perf_counter() - start
     best = trained.get("best", {})
-    return {"arm": name, "partitions": partitions, "options": options,
+    return {"arm": name, "partitions": partitions, "placement": placement,
+            "beyond_bucket_negs": beyond, "options": options,
             **scored_on_test(config, options, root, test), "best_epoch": best.get("epoch"),
             "epochs_trained": trained["version"], "train_seconds": round(seconds, 1),
             "searched": searched, "tune_samples": tune_samples if name == "tune" else None,
@@ -142,7 +150,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="the WN18RR directory")
     parser.add_argument("--arms", nargs="+", default=["pbg", "quality"], choices=list(ARMS))
     parser.add_argument("--partitions", type=int, nargs="+", default=[1],
-                        help="partition counts of the quality arm (pbg and tune run on 1)")
+                        help="partition counts of the pbg and quality arms (tune runs on 1)")
+    parser.add_argument("--placement", nargs="+", default=["memory"], choices=["memory", "disk"],
+                        help="ray.placement of each run (tune runs in memory)")
+    parser.add_argument("--beyond-bucket-negs", type=int, default=None,
+                        help="beyond_bucket_negs of every run (unset: the recipe's own)")
     parser.add_argument("--tune-samples", type=int, default=4,
                         help="trials of the tune arm (the first is the recipe itself)")
     parser.add_argument("--work-dir", type=Path, default=None)
@@ -153,20 +165,29 @@ def main() -> None:
                  "directory with --data")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="wn18rr-"))
     results = []
-    for name in args.arms:
-        for partitions in (args.partitions if name == "quality" else [1]):
-            result = run_arm(name, partitions, work, args.data, args.tune_samples)
-            results.append(result)
-            print(f"{name:8s} {partitions}p  MRR {result['mrr']:.4f}  Hits@1 {result['hits@1']:.4f}  "
-                  f"Hits@3 {result['hits@3']:.4f}  Hits@10 {result['hits@10']:.4f}  best epoch "
-                  f"{result['best_epoch']} of {result['epochs_trained']}  train "
-                  f"{result['train_seconds']:.0f} s"
-                  + "".join(f"  {k}={v:.4g}" if isinstance(v, float) else f"  {k}={v}"
-                            for k, v in result["searched"].items()), flush=True)
-            if result["first_trial"]:
-                print(f"{'':8s}    its first trial, the recipe as it is: MRR "
-                      f"{result['first_trial']['mrr']:.4f}  Hits@10 "
-                      f"{result['first_trial']['hits@10']:.4f}", flush=True)
+    runs = [(name, partitions, placement) for name in args.arms
+            for partitions in (args.partitions if name != "tune" else [1])
+            for placement in (args.placement if name != "tune" else ["memory"])]
+    for name, partitions, placement in runs:
+        result = run_arm(name, partitions, placement, args.beyond_bucket_negs, work,
+                         args.data, args.tune_samples)
+        results.append(result)
+        print(f"{name:8s} {partitions}p {placement:6s}  MRR {result['mrr']:.4f}  Hits@1 {result['hits@1']:.4f}  "
+              f"Hits@3 {result['hits@3']:.4f}  Hits@10 {result['hits@10']:.4f}  best epoch "
+              f"{result['best_epoch']} of {result['epochs_trained']}  train "
+              f"{result['train_seconds']:.0f} s"
+              + "".join(f"  {k}={v:.4g}" if isinstance(v, float) else f"  {k}={v}"
+                        for k, v in result["searched"].items()), flush=True)
+        if result["first_trial"]:
+            print(f"{'':8s}    its first trial, the recipe as it is: MRR "
+                  f"{result['first_trial']['mrr']:.4f}  Hits@10 "
+                  f"{result['first_trial']['hits@10']:.4f}", flush=True)
+    print(f"\n{'arm':8s} {'partitions':>10s}  {'placement':9s}  {'beyond':>6s}  {'MRR':>6s}  "
+          f"{'Hits@10':>7s}  {'train s':>7s}")
+    for r in results:
+        beyond = "recipe" if r["beyond_bucket_negs"] is None else str(r["beyond_bucket_negs"])
+        print(f"{r['arm']:8s} {r['partitions']:10d}  {r['placement']:9s}  {beyond:>6s}  "
+              f"{r['mrr']:6.4f}  {r['hits@10']:7.4f}  {r['train_seconds']:7.0f}")
     print(json.dumps({"benchmark": "wn18rr", "data": str(args.data), "results": results}))
 
 
