@@ -1,6 +1,8 @@
 """Negatives from beyond the bucket on a real local Ray: a bucket's task gets rows of every
-partition of its types; it changes what is trained; a killed trainer and a resumed run
-end where an undisturbed run does, as without it; the device step refuses it up front."""
+partition of its types (read-only copies: nothing a task returns is keyed by them, so no
+bucket writes a partition another one trains); it changes what is trained; a killed
+trainer and a resumed run end where an undisturbed run does, as without it; the device
+step refuses it up front."""
 
 import numpy as np
 import pytest
@@ -27,7 +29,9 @@ def test_each_bucket_draws_from_every_partition_and_the_run_differs(ray_session,
         return got
 
     monkeypatch.setattr(pass_run.PassRun, "beyond", recorded)
-    config = small_config(tmp_path, checkpoint_path=str(tmp_path / "on"), **SETTINGS)
+    # Two trainers at once, in disk placement: the rows come from the stores' files.
+    config = small_config(tmp_path, checkpoint_path=str(tmp_path / "on"),
+                          **{**SETTINGS, "ray": {"num_trainers": 2, "placement": "disk"}})
     write_random_graph(config, num_edges=400)
     Trainer(config).run()
     assert len(drawn) == 2 * 4
