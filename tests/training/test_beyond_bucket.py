@@ -14,8 +14,9 @@ from tests.fault_injection import armed, checkpoint_arrays, edges_lost_or_double
 from tests.training.test_trainer import small_config
 from tests.util import write_random_graph
 
+# One trainer of one thread: a run repeats bit for bit.
 SETTINGS = dict(num_epochs=2, eval_fraction=0.0, beyond_bucket_negs=40,
-                ray={"num_trainers": 1})
+                ray={"num_trainers": 1, "cpus_per_trainer": 1})
 
 
 def test_each_bucket_draws_from_every_partition_and_the_run_differs(ray_session, tmp_path,
