@@ -34,6 +34,7 @@ from pbg_ray.config.reference import REFERENCE, key_help
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.demo import demo_checkpoint_path, demo_graph_dir, demo_graph_path
 from pbg_ray.io.storage import sibling
+from pbg_ray.runtime.connect import kill_local_ray, local_ray
 from pbg_ray.runtime.tasks import worker_died
 
 logger = logging.getLogger("pbg_ray")
@@ -43,25 +44,113 @@ logger = logging.getLogger("pbg_ray")
 OmegaConf.register_new_resolver("demo_graph", demo_graph_path, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("demo_checkpoint", demo_checkpoint_path, replace=True)
 
-# Exit status of a command stopped by Ctrl-C (128 + SIGINT), or by SIGTERM where it stops on
-# it as on Ctrl-C (stop_on_sigterm, 128 + SIGTERM), as shells report them.
+# Exit status of a command stopped by Ctrl-C (128 + SIGINT) or SIGTERM (128 + SIGTERM), as
+# shells report them.
 INTERRUPTED = 130
 TERMINATED = 143
-# Whether SIGTERM came (stop_on_sigterm): the KeyboardInterrupt it raised may reach
-# report_errors as a plain one (Ray's waits raise their own on any signal handler's error).
-SIGTERM_RECEIVED = threading.Event()
+# How long a command asked to stop may take to unwind its work (a call to a Ray whose GCS a
+# signal to the whole process group ended waits a minute) before it ends at once all the
+# same: its line said, every process it started killed.
+STOP_DEADLINE_S = 5.0
 
 
-def stop_on_sigterm() -> None:
-    """From now on SIGTERM stops this process as Ctrl-C does (a KeyboardInterrupt), ending
-    it with one line and status 143. Call it after connecting to Ray: the driver's native
-    handler that ray.init installs (a stack dump, then an abort) is replaced."""
+class CommandStop:
+    """How a command ends once Ctrl-C (SIGINT) or SIGTERM asks it to, whether the signal
+    reaches it alone or its whole process group: the first signal raises KeyboardInterrupt
+    in its main thread (later ones are ignored while it unwinds), and the command ends with
+    one line (report_errors) within STOP_DEADLINE_S, or is ended then."""
 
-    def terminated(signum: int, frame: Any) -> None:
-        SIGTERM_RECEIVED.set()
-        raise KeyboardInterrupt
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None  # the signal that asked, once one did
+        self.note: Optional[Callable[[], str]] = None  # what is complete (stop_note)
+        self.command = ""  # the command line that resumes, where a note says what is complete
+        self._said = threading.Lock()
+        self._deadline: Optional[threading.Timer] = None
 
-    signal.signal(signal.SIGTERM, terminated)
+    def reset(self) -> None:
+        """A command's start: no stop asked yet."""
+        self.__init__()
+
+    def ask(self, signum: int) -> bool:
+        """Note a stop signal; the first arms the deadline. Whether it was the first."""
+        if self.signum is not None:
+            return False
+        self.signum = signum
+        self._deadline = threading.Timer(STOP_DEADLINE_S, self.end_now)
+        self._deadline.daemon = True
+        self._deadline.start()
+        return True
+
+    def status(self) -> int:
+        return TERMINATED if self.signum == signal.SIGTERM else INTERRUPTED
+
+    def say(self) -> None:
+        """The command's line, once: `pbg_ray: interrupted` (or terminated), with what is
+        complete and how to go on where the command says (stop_note)."""
+        if not self._said.acquire(blocking=False):
+            return
+        word = "terminated" if self.signum == signal.SIGTERM else "interrupted"
+        note = self.note() if self.note is not None else ""
+        resume = f"; rerun `{self.command}` to resume" if note and self.command else ""
+        print(f"pbg_ray: {word}{f'; {note}' if note else ''}{resume}", file=sys.stderr,
+              flush=True)
+
+    def end(self) -> None:
+        """The end of a stopped command: its line, then, where it started a local Ray,
+        end_now; else its exit status."""
+        self.say()
+        if local_ray():
+            self.end_now()
+        if self._deadline is not None:
+            self._deadline.cancel()
+        sys.exit(self.status())
+
+    def end_now(self) -> None:
+        """Say the line, end the local Ray (kill_local_ray: what the command started) and
+        exit without Ray's exit handler, which would wait for a GCS that a signal to the
+        command's group ended. What Ray's core worker in this process logs as its workers
+        die (that it could not tell the driver of their tasks' end) is not printed: the
+        line is the command's last."""
+        self.say()
+        logging.shutdown()
+        sys.stdout.flush()
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), sys.stderr.fileno())
+        kill_local_ray()
+        os._exit(self.status())
+
+    def handle(self, signum: int, frame: Any) -> None:
+        """The command's handler of SIGINT and SIGTERM."""
+        if self.ask(signum):
+            raise KeyboardInterrupt
+
+
+STOP = CommandStop()
+
+
+@contextlib.contextmanager
+def stop_note(note: Callable[[], str]) -> Iterator[None]:
+    """Within it (and as a stop unwinds it), a stop's line says `note()`: what is complete,
+    and how to go on (the command line that resumes)."""
+    STOP.note = note
+    yield
+    STOP.note = None
+
+
+@contextlib.contextmanager
+def command_signals() -> Iterator[None]:
+    """Within it, SIGINT and SIGTERM stop the command (CommandStop); the handlers before are
+    back after it. Python's own SIGINT handler would raise KeyboardInterrupt at each Ctrl-C
+    while the command unwinds; SIGTERM would kill it with no line (or with the native stack
+    dump that ray.init installs: connect_ray keeps these handlers across it)."""
+    STOP.reset()
+    previous = {signum: signal.signal(signum, STOP.handle)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
@@ -74,8 +163,7 @@ def stop_requests() -> Iterator[threading.Event]:
     stop = threading.Event()
 
     def asked(signum: int, frame: Any) -> None:
-        if signum == signal.SIGTERM:
-            SIGTERM_RECEIVED.set()
+        STOP.ask(signum)
         stop.set()
 
     previous = {signum: signal.signal(signum, asked) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -146,22 +234,22 @@ def user_error(err: BaseException) -> Optional[PbgRayError]:
 
 
 def report_errors(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Print a PbgRayError as one line and exit with status 2, Ctrl-C as one line (what
-    the command says about it, if anything) with status 130, and SIGTERM (after
-    stop_on_sigterm) as one line with status 143: no traceback; pbg_ray's log lines in
-    the same style meanwhile (command_logging)."""
+    """Print a PbgRayError as one line and exit with status 2, and a stop (Ctrl-C or SIGTERM,
+    CommandStop) as one line with status 130 or 143: no traceback; pbg_ray's log lines in
+    the same style meanwhile (command_logging). The outermost one of a command's calls sets
+    SIGINT's and SIGTERM's handlers for its length (command_signals)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        outermost = signal.getsignal(signal.SIGTERM) != STOP.handle
         try:
-            with command_logging():
+            with command_signals() if outermost else contextlib.nullcontext(), \
+                    command_logging():
                 return func(*args, **kwargs)
-        except KeyboardInterrupt as err:
-            if SIGTERM_RECEIVED.is_set():
-                print("pbg_ray: terminated", file=sys.stderr)
-                sys.exit(TERMINATED)
-            print(f"pbg_ray: interrupted{f'; {err}' if str(err) else ''}", file=sys.stderr)
-            sys.exit(INTERRUPTED)
+        except KeyboardInterrupt:
+            if STOP.signum is None:  # Ctrl-C before the handlers were set, or raised in code
+                STOP.ask(signal.SIGINT)
+            STOP.end()
         except Exception as err:
             error = user_error(err)
             if error is None:
@@ -215,8 +303,8 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[st
     first); `--help` prints `doc`, the arguments, `keys` (single keys, or sections by their
     prefix: "ray.") with their meanings and defaults, and `examples`."""
 
-    # The command line as typed, for the line Ctrl-C prints, and whether it names a file.
-    given = {"command": "", "config_file": False}
+    # Whether the command line names a config file.
+    given = {"config_file": False}
 
     @hydra.main(version_base=None, config_path="pkg://pbg_ray.conf", config_name="config")
     @report_errors
@@ -227,12 +315,7 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[st
             print(f"pbg_ray: no config file given: {doc.split()[2]} uses the built-in demo graph "
                   f"({demo_graph_dir()}) and its checkpoint ({config.checkpoint_path})",
                   file=sys.stderr)
-        try:
-            return task(config)
-        except KeyboardInterrupt as err:
-            if str(err):  # the task said what is complete: the same command goes on from there
-                raise KeyboardInterrupt(f"{err}; rerun `{given['command']}` to resume") from None
-            raise
+        return task(config)
 
     @report_errors
     def main() -> None:
@@ -240,7 +323,7 @@ def hydra_entry(task: Callable[[ConfigSchema], Any], doc: str, keys: Sequence[st
         if any(arg in ("--help", "-h") for arg in argv):
             print(hydra_help(doc, keys, examples), end="")
             return
-        given["command"] = shlex.join(doc.split()[:3] + argv)
+        STOP.command = shlex.join(doc.split()[:3] + argv)
         check_flags(argv)
         given["config_file"] = is_pbg_config_file(argv)
         argv = use_pbg_config_file(argv)

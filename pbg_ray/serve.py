@@ -18,7 +18,7 @@ import sys
 import threading
 
 from pbg_ray.checkpoints.manager import CheckpointManager
-from pbg_ray.cli import hydra_entry, stop_on_sigterm, stop_requests
+from pbg_ray.cli import hydra_entry, stop_requests
 from pbg_ray.config import ConfigSchema
 from pbg_ray.runtime.connect import connect_ray, local_ray, shutdown_ray
 from pbg_ray.serving.launch import start_service, stop_service, version_changes
@@ -33,7 +33,6 @@ EXAMPLES = (
 
 def run(config: ConfigSchema) -> None:
     connect_ray(config.ray)
-    stop_on_sigterm()  # while the service starts; once it serves, a stop is awaited
     try:
         started = start_service(config)
         with stop_requests() as stop:
@@ -43,10 +42,14 @@ def run(config: ConfigSchema) -> None:
                       f"{started['url']}/docs); Ctrl-C stops", flush=True)
                 print(json.dumps(started), flush=True)
                 report_versions(config, started["version"], stop)
-            finally:  # Serve's controller and proxies end with the local Ray, if it is one
-                stop_service(end_serve=not local_ray())
-    finally:
+            finally:  # on a local Ray, Serve's controller and proxies end with it
+                if not local_ray():
+                    stop_service()
+    except KeyboardInterrupt:
+        raise  # a stop ends the local Ray at once (cli.CommandStop)
+    except BaseException:
         shutdown_ray()
+        raise
 
 
 def report_versions(config: ConfigSchema, version: int, stop: threading.Event) -> None:

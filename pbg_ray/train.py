@@ -17,7 +17,7 @@ import dataclasses
 import json
 import sys
 
-from pbg_ray.cli import hydra_entry, per_job_paths
+from pbg_ray.cli import hydra_entry, per_job_paths, stop_note
 from pbg_ray.config import ConfigSchema
 from pbg_ray.evaluation.metrics import SampledNegatives
 from pbg_ray.runtime.connect import connect_ray
@@ -46,11 +46,13 @@ def run(config: ConfigSchema) -> None:
     elif trainer.version:
         print(f"resuming from version {trainer.version} of {trainer.num_passes} in "
               f"{config.checkpoint_path}", file=sys.stderr)
-    try:
-        result = trainer.run()
-    except KeyboardInterrupt:
+
+    def complete() -> str:
         done = f"version {trainer.version}" if trainer.version else "no version yet"
-        raise KeyboardInterrupt(f"{done} of {config.checkpoint_path} is complete") from None
+        return f"{done} of {config.checkpoint_path} is complete"
+
+    with stop_note(complete):
+        result = trainer.run()
     summary = {"checkpoint_path": result.checkpoint_path, "version": result.version}
     if result.bucket_stats:  # lines of training_stats.json: per-edge means with their counts
         last_epoch = result.bucket_stats[-1]["epoch_idx"]

@@ -3,9 +3,12 @@ joined; and whether a task's CPUs or GPUs fit a node of it."""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
-from typing import Callable, Optional
+import signal
+import sys
+from typing import Callable, List, Optional
 
 import psutil
 import ray
@@ -34,6 +37,8 @@ LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False, "task_oom_retries"
 _local_gcs_address: Optional[str] = None
 # How long shutdown_ray waits for the processes of the local Ray to end before it kills them.
 RAY_EXIT_WAIT_S = 10.0
+# prctl's option that makes a process the reaper of its orphaned descendants (Linux).
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def not_token_notice(record: logging.LogRecord) -> bool:
@@ -43,7 +48,8 @@ def not_token_notice(record: logging.LogRecord) -> bool:
 def connect_ray(ray_config: RayConfig) -> None:
     """Join ray.address (RAY_ADDRESS, as `ray job submit` sets it, when that is null), or
     start a local Ray, never joining one that `ray start` left on this machine; keep one
-    already connected."""
+    already connected. The process's own handlers of SIGINT and SIGTERM are kept: ray.init
+    would leave the core worker's native SIGTERM handler (a stack dump, then an abort)."""
     global _local_gcs_address
     if ray.is_initialized():
         return
@@ -55,15 +61,30 @@ def connect_ray(ray_config: RayConfig) -> None:
     local = ({"_system_config": LOCAL_SYSTEM_CONFIG,
               "object_store_memory": object_store_memory(ray_config, memory_budget(ray_config))}
              if address == "local" else {})
+    if address == "local":
+        reap_orphans()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         ray.init(address=address, num_cpus=ray_config.num_cpus,
                  include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True,
                  **local)
     finally:
         token_logger.removeFilter(not_token_notice)
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
     if address == "local":
         _local_gcs_address = ray.get_runtime_context().gcs_address
         stop_autoscaler_monitor()
+
+
+def reap_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux; elsewhere nothing):
+    a local Ray's workers, agents and actors whose raylet died (a signal to the whole
+    process group, an OOM kill) stay its descendants, for shutdown_ray and kill_local_ray
+    to find, instead of running on under init."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def starts_local_ray(ray_config: RayConfig) -> bool:
@@ -112,6 +133,14 @@ def local_ray() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().gcs_address == _local_gcs_address
 
 
+def descendants() -> List[psutil.Process]:
+    """Every process this one started, and theirs (with reap_orphans: orphans too)."""
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
 def shutdown_ray() -> None:
     """Disconnect from Ray. The local Ray that connect_ray started is shut down, and this
     returns once every process of it has ended: ray.shutdown() ends those that ray.init
@@ -119,15 +148,35 @@ def shutdown_ray() -> None:
     and leaves the raylet's own (workers, agents) to the raylet; an agent whose raylet was
     killed waits minutes for the GCS, gone by then. Those still running RAY_EXIT_WAIT_S
     after ray.shutdown() are killed."""
-    processes = psutil.Process().children(recursive=True) if local_ray() else []
+    processes = descendants() if local_ray() else []
     ray.shutdown()
     _, alive = psutil.wait_procs(processes, timeout=RAY_EXIT_WAIT_S)
-    for process in alive:
+    _kill(alive)
+
+
+def kill_local_ray() -> None:
+    """End the local Ray that connect_ray started at once, for a command that was asked to
+    stop: its spilled objects removed (as ray.shutdown() does), then every process this
+    one started killed and reaped. (A signal to the command's whole process group, or to
+    every process of its cgroup, reaches the GCS and the raylet too: they linger half shut
+    down, and ray.shutdown() would wait a minute for the GCS.) The caller then exits
+    without Ray's exit handler, which would wait the same."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    if local_ray() and node is not None:
+        try:
+            node.destroy_external_storage()
+        except OSError:
+            pass  # nothing spilled, or already gone
+    _kill(descendants())
+
+
+def _kill(processes: List[psutil.Process]) -> None:
+    for process in processes:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=RAY_EXIT_WAIT_S)
+    psutil.wait_procs(processes, timeout=RAY_EXIT_WAIT_S)
 
 
 def largest_node(resource: str) -> float:

@@ -229,19 +229,16 @@ def awaited(response: DeploymentResponse, stop: threading.Event) -> Optional[Dic
     return None
 
 
-def stop_service(end_serve: bool = True) -> None:
-    """Delete the application (its replicas finish the requests they hold), then, with
-    end_serve, end Serve: its controller stops the proxies and ends itself. (serve.shutdown()
-    asks it that with Ray's retries, and Ray prints that the call "failed" and "will be
-    retried" as the controller ends; asked here without retries, serve.shutdown() then only
-    drops Serve's handle of it.) Without end_serve, Serve's controller and proxies are left
-    to the end of the Ray they run on: a driver that holds a handle (version_changes) would
-    have Ray print the same of its handle's calls to the ended controller. Serve's notices
-    of replicas ending (in this process's handles) are what was asked for: left out."""
+def stop_service() -> None:
+    """Delete the application (its replicas finish the requests they hold), then end Serve:
+    its controller stops the proxies and ends itself. (serve.shutdown() asks it that with
+    Ray's retries, and Ray prints that the call "failed" and "will be retried" as the
+    controller ends; asked here without retries, serve.shutdown() then only drops Serve's
+    handle of it.) Serve's notices of replicas ending (in this process's handles) are what
+    was asked for: left out. (On the local Ray that `serve` starts, a stop ends the whole
+    Ray at once instead: cli.CommandStop.)"""
     logging.getLogger(SERVE_LOGGER_NAME).setLevel(logging.ERROR)
     serve.delete(APPLICATION)
-    if not end_serve:
-        return
     if serve_running():
         controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
         try:

@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
-from pbg_ray.cli import SIGTERM_RECEIVED, report_errors, stop_requests
 from pbg_ray.config import ConfigSchema
 from pbg_ray.config.hydra import name_sweep_jobs
 from pbg_ray.importer.demo import demo_checkpoint_path
@@ -73,26 +73,30 @@ def workdir(tmp_path) -> Path:
 @pytest.mark.parametrize("sig, line, status", [(signal.SIGINT, "pbg_ray: interrupted", 130),
                                                (signal.SIGTERM, "pbg_ray: terminated", 143)])
 def test_a_stop_asked_within_stop_requests_interrupts_nothing_then_ends_the_command(
-        capsys, sig, line, status):
+        tmp_path, sig, line, status):
     """Within stop_requests a signal only sets the stop event (what runs goes on to see it);
-    leaving it ends the command as that signal ends one, and the handlers before it are back."""
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    went_on = []
+    leaving it ends the command as that signal ends one, and the handlers before it are back.
+    (In a process of its own: a command's stop ends its process.)"""
+    script = f"""
+import os, signal, sys
+from pbg_ray.cli import report_errors, stop_requests
+before = {{s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}}
 
-    @report_errors
-    def serve_until_stopped() -> None:
-        with stop_requests() as stop:
-            os.kill(os.getpid(), sig)
-            assert stop.wait(60)
-            went_on.append(True)
+@report_errors
+def serve_until_stopped():
+    with stop_requests() as stop:
+        os.kill(os.getpid(), {int(sig)})
+        assert stop.wait(60)
+        print("went on", flush=True)
 
-    try:
-        with pytest.raises(SystemExit) as ended:
-            serve_until_stopped()
-    finally:
-        SIGTERM_RECEIVED.clear()
-    assert (went_on, ended.value.code, capsys.readouterr().err) == ([True], status, line + "\n")
-    assert {s: signal.getsignal(s) for s in handlers} == handlers
+try:
+    serve_until_stopped()
+finally:
+    print({{s: signal.getsignal(s) for s in before}} == before, flush=True)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (status, "went on\nTrue\n", line + "\n")
 
 
 def test_a_mistyped_key_in_a_python_config_file_is_one_line_naming_it(tmp_path, workdir):
@@ -202,44 +206,107 @@ def processes_mentioning(text: str):
     return found
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tmp_path, workdir,
-                                                                              ray_session):
+def train_until_a_version(tmp_path: Path, workdir: Path):
+    """`python -m pbg_ray.train` of a tiny graph for 1000 epochs on a local Ray of its own
+    (RAY_TMPDIR), in its own session (as a terminal's foreground job), once its first
+    version is complete: (process, Ray's directory, config dict, arguments)."""
     data = tiny_graph(tmp_path, eval_fraction=0.0)
     module = pbg_module(tmp_path / "config.py", data)
     ray_tmp = tempfile.mkdtemp(prefix="pbg-cc-", dir="/tmp")  # Ray's socket paths stay short
-    env = dict(os.environ, RAY_TMPDIR=ray_tmp)
     version_file = Path(data["checkpoint_path"]) / "checkpoint_version.txt"
     args = [module, "num_epochs=1000", "ray.num_cpus=1"]
-    proc = command("train", args, workdir, env=env, start_new_session=True)
+    proc = command("train", args, workdir, env=dict(os.environ, RAY_TMPDIR=ray_tmp),
+                   start_new_session=True)
+    while not (version_file.is_file() and version_file.read_text().strip()):
+        if proc.poll() is not None:
+            pytest.fail(proc.communicate()[1][-3000:])
+        time.sleep(0.1)
+    return proc, ray_tmp, data, args
+
+
+def stopped_train(proc, ray_tmp: str, data: dict, args, sig: int, group: bool):
+    """Send `sig` to the command's whole process group (as Ctrl-C in a terminal, `timeout`,
+    `kill -- -PGID`: the local Ray's processes get it too) or to the command alone; assert
+    its one line says the version that is complete and how to resume, and that no process
+    of its Ray is left. (exit status, the complete version)."""
     try:
-        while not (version_file.is_file() and version_file.read_text().strip()):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C in a terminal: the whole group
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
-            proc.kill()
-    version = int(version_file.read_text())
-    assert proc.returncode == 130, err[-3000:]
+            os.killpg(proc.pid, signal.SIGKILL)
+    version = int((Path(data["checkpoint_path"]) / "checkpoint_version.txt").read_text())
     progress = re.compile(r"epoch \d+/1000 path 1/1 chunk 1/1: \d+ buckets, .* edges/s, loss ")
     lines = [line for line in err.splitlines() if not progress.match(line)]
+    word = "terminated" if sig == signal.SIGTERM else "interrupted"
     resume = f"python -m pbg_ray.train {' '.join(map(str, args))}"
-    assert lines == [f"pbg_ray: interrupted; version {version} of {data['checkpoint_path']} is "
+    assert lines == [f"pbg_ray: {word}; version {version} of {data['checkpoint_path']} is "
                      f"complete; rerun `{resume}` to resume"], err[-3000:]
+    # The command reaped what it killed; what Ray still ends on its own goes quickly.
     deadline = time.monotonic() + 30
     while processes_mentioning(ray_tmp) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not processes_mentioning(ray_tmp), "Ray processes left behind"
     shutil.rmtree(ray_tmp, ignore_errors=True)
+    return proc.returncode, version
 
-    code, out, err = run("train", [module, f"num_epochs={version + 1}"], workdir,
+
+@pytest.mark.slow
+def test_ctrl_c_stops_with_one_line_and_no_process_left_and_the_rerun_resumes(tmp_path, workdir,
+                                                                              ray_session):
+    proc, ray_tmp, data, args = train_until_a_version(tmp_path, workdir)
+    code, version = stopped_train(proc, ray_tmp, data, args, signal.SIGINT, group=True)
+    assert code == 130
+
+    code, out, err = run("train", [args[0], f"num_epochs={version + 1}"], workdir,
                          env=dict(os.environ, **joining_the_session(ray_session)))
     assert code == 0, err[-3000:]
     assert f"resuming from version {version} of {version + 1} in {data['checkpoint_path']}" in err
     assert json.loads(out.splitlines()[-1])["version"] == version + 1
     assert not list(workdir.iterdir())  # no outputs/, .hydra or log file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [True, False], ids=["to-its-group", "to-it-alone"])
+def test_sigterm_stops_train_with_its_line_and_no_process_left(tmp_path, workdir, group):
+    """SIGTERM to the whole process group (`timeout`, a shell's job control, `kill --
+    -PGID`: Ray's GCS and raylet end at once with the command) or to the command alone
+    (a service manager): the same line as Ctrl-C's, status 143, not Ray's stack dump."""
+    proc, ray_tmp, data, args = train_until_a_version(tmp_path, workdir)
+    code, _ = stopped_train(proc, ray_tmp, data, args, signal.SIGTERM, group)
+    assert code == 143
+
+
+def test_a_stop_whose_work_does_not_unwind_ends_the_command_at_the_deadline(tmp_path):
+    """Where the command's work does not end once asked to stop (a call waiting on a Ray
+    whose GCS is gone), it ends at STOP_DEADLINE_S all the same: its line said, what it
+    started killed, its status."""
+    script = """
+import os, signal, subprocess, sys, time
+from pbg_ray import cli
+cli.STOP_DEADLINE_S = 0.5
+
+@cli.report_errors
+def main():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(child.pid, flush=True)
+    with cli.stop_note(lambda: "version 3 is complete"):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(600)
+        except KeyboardInterrupt:
+            time.sleep(600)
+
+main()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (143, "pbg_ray: terminated; version 3 is complete\n")
+    child = int(proc.stdout)
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.mark.slow

@@ -111,11 +111,12 @@ class Service:
         for reader in self.readers:
             reader.join(GUARD_S)
 
-    def stop(self, sig: int) -> Tuple[int, str]:
-        """Ctrl-C as a terminal sends it (SIGINT to the whole process group), or SIGTERM as
-        a service manager sends it (to the command alone); (exit status, stderr) once the
-        command ended. It printed nothing on stdout since the lines read."""
-        if sig == signal.SIGINT:
+    def stop(self, sig: int, group: bool) -> Tuple[int, str]:
+        """`sig` to the whole process group (as Ctrl-C in a terminal, `timeout`, or `kill --
+        -PGID` send it: the local Ray's processes get it too) or to the command alone (as a
+        service manager may send it); (exit status, stderr) once the command ended. It
+        printed nothing on stdout since the lines read."""
+        if group:
             os.killpg(self.proc.pid, sig)
         else:
             self.proc.send_signal(sig)
@@ -152,12 +153,13 @@ def read(stream, lines: "queue.Queue[Optional[str]]") -> None:
     lines.put(None)  # the command ended
 
 
-def assert_stopped_cleanly(service: Service, sig: int) -> None:
-    """Stopped by `sig`: its status and its one line on stderr, nothing else printed there
-    (no Ray or Serve line, traceback, stack dump or word of a failed call) but the lines
-    read, nor on stdout, and no process of its Ray left."""
+def assert_stopped_cleanly(service: Service, sig: int, group: bool) -> None:
+    """Stopped by `sig` (to its process group, or to it alone): its status and its one line
+    on stderr, nothing else printed there (no Ray or Serve line, traceback, stack dump or
+    word of a failed call) but the lines read, nor on stdout, and no process of its Ray
+    left."""
     read_before = list(service.stderr)
-    code, err = service.stop(sig)
+    code, err = service.stop(sig, group)
     line, status = {signal.SIGINT: ("pbg_ray: interrupted", 130),
                     signal.SIGTERM: ("pbg_ray: terminated", 143)}[sig]
     assert (code, err.splitlines()) == (status, read_before + [line]), err[-3000:]
@@ -200,7 +202,7 @@ def test_serve_behind_its_proxy_answers_quietly_until_ctrl_c_leaves_nothing(tmp_
                        "serve.ingress=proxy", "ray.num_cpus=1"], tmp_path)
     try:
         assert_answers_quietly(service.started(), port, "user-0-1", "likes", "ProxyActor")
-        assert_stopped_cleanly(service, signal.SIGINT)
+        assert_stopped_cleanly(service, signal.SIGINT, group=True)
     finally:
         service.end()
     assert_port_closed(port)
@@ -259,7 +261,7 @@ def test_the_best_version_is_served_and_each_new_best_is_one_line_until_sigterm(
         random_checkpoint(config, version=5, seed=5)  # version 5 complete in the checkpoint
         assert service.line() == (f"serving checkpoint version 5 of {config.checkpoint_path}, "
                                   "the new best on validation (was version 4)")
-        assert_stopped_cleanly(service, signal.SIGTERM)
+        assert_stopped_cleanly(service, signal.SIGTERM, group=False)
     finally:
         service.end()
     assert_port_closed(port)
@@ -323,7 +325,9 @@ def test_the_help_examples_work_as_printed(tmp_path, monkeypatch):
             else:
                 metadata = httpx.get(f"{started['url']}/metadata", timeout=60).json()
                 assert (metadata["index"], metadata["shard_groups"]) == ("hnsw", 2)
-            assert_stopped_cleanly(service, signal.SIGINT)
+            # As `timeout` or a shell's job control stops it: SIGTERM to every process of
+            # its group, the local Ray's and Serve's included.
+            assert_stopped_cleanly(service, signal.SIGTERM, group=True)
         finally:
             service.end()
 
@@ -367,7 +371,7 @@ def test_the_readmes_serve_example_works_as_printed_and_stops_cleanly(tmp_path, 
         assert scored["answers"] == [{"score": pytest.approx(next(
             h["score"] for h in hits["hits"] if h["name"] == "book_17"), rel=1e-5)}], scored
         assert_answers_quietly(started, port, "alice", "likes", "ServeReplica:pbg_ray:Router")
-        assert_stopped_cleanly(service, signal.SIGINT)
+        assert_stopped_cleanly(service, signal.SIGINT, group=True)
     finally:
         service.end()
     assert_port_closed(port)
