@@ -10,12 +10,13 @@ import time
 import uuid
 from typing import Any
 
+import psutil
 import pytest
 
 import pbg_ray.cli  # noqa: F401  conf/'s ${demo_graph:} resolvers, registered as every command has them
 from pbg_ray.config import ConfigSchema
-from pbg_ray.runtime.connect import LOCAL_SYSTEM_CONFIG, stop_autoscaler_monitor
-from tests.util import config_dict, write_random_graph
+from pbg_ray.runtime.connect import LOCAL_SYSTEM_CONFIG, stop_unused_processes
+from tests.util import V1_ROOT, config_dict, write_random_graph
 
 # Fake credentials for the S3 server the storage tests start (moto), set before the shared
 # Ray starts so that its workers inherit them, as a local Ray inherits a user's; no test
@@ -43,6 +44,30 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture
+def memory_cgroup():
+    """A new cgroup v1 memory cgroup (its processes killed and the cgroup removed
+    afterwards): its directory; skipped, saying why, where this machine lets no test make
+    one (tests.util.run_in runs a command inside it)."""
+    if os.geteuid() != 0 or not os.access(V1_ROOT, os.W_OK):
+        pytest.skip("making a memory cgroup needs root and cgroup v1's memory hierarchy "
+                    f"writable at {V1_ROOT}")
+    group = V1_ROOT / f"pbg_ray_test_{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    yield group
+    for _ in range(50):
+        pids = (group / "cgroup.procs").read_text().split()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                psutil.Process(int(pid)).kill()
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.1)
+    group.rmdir()
+
+
+@pytest.fixture
 def make_config(tmp_path):
     def make(**overrides: Any) -> ConfigSchema:
         return ConfigSchema.from_dict(config_dict(tmp_path, **overrides))
@@ -54,13 +79,13 @@ def ray_session():
     """One local Ray (2 CPUs) shared by every test that needs it, shut down at the end; a new
     one, never a cluster another run started on this machine (`ray start`, test_multinode).
     Its processes are those of the local Ray a command starts (no plain workers ahead of
-    need, no autoscaler monitor), less the log monitor: its workers' output reaches no
+    need, no autoscaler monitor nor dashboard API server), less the log monitor: its workers' output reaches no
     driver."""
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
              log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
-    stop_autoscaler_monitor()
+    stop_unused_processes()
     ray._private.worker._global_node.kill_log_monitor(check_alive=False)
     yield ray
     ray.shutdown()

@@ -3,9 +3,10 @@ configs, random graphs and checkpoints written in PBG's layout, and checkpoint c
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -19,6 +20,24 @@ from pbg_ray.io.entities import (
     save_relation_names)
 from pbg_ray.model.params import param_layout, params_from_checkpoint
 from pbg_ray.types import Bucket, EdgeList
+
+REPO = Path(__file__).resolve().parents[1]
+V1_ROOT = Path("/sys/fs/cgroup/memory")  # cgroup v1's memory hierarchy (conftest's memory_cgroup)
+
+
+def run_in(group: Path, limit: int, args: Sequence[str], cwd: Path,
+           env: Mapping[str, str]) -> subprocess.CompletedProcess:
+    """`args` run inside the memory cgroup `group`, limited to `limit` bytes."""
+    (group / "memory.limit_in_bytes").write_text(str(limit))
+    return subprocess.run(["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh",
+                           *args], capture_output=True, text=True, timeout=600, cwd=cwd,
+                          env=env)
+
+
+def oom_kills(group: Path) -> int:
+    """The processes of memory cgroup `group` that the kernel's OOM killer ended."""
+    lines = (group / "memory.oom_control").read_text().splitlines()
+    return int(next(line.split()[1] for line in lines if line.startswith("oom_kill ")))
 
 
 def config_dict(root: Path, **overrides: Any) -> Dict[str, Any]:

@@ -75,7 +75,7 @@ def connect_ray(ray_config: RayConfig) -> None:
                 signal.signal(signum, handler)
     if address == "local":
         _local_gcs_address = ray.get_runtime_context().gcs_address
-        stop_autoscaler_monitor()
+        stop_unused_processes()
 
 
 def reap_orphans() -> None:
@@ -115,16 +115,20 @@ def check_plan_fits(ray_config: RayConfig, plan: MemoryPlan,
         raise plan.refuse(budget, fix(budget))
 
 
-def stop_autoscaler_monitor() -> None:
-    """Stop the autoscaler monitor of the local Ray this process started: one machine has
-    nothing to scale, and the monitor is a Python process of its own. `ray start
-    --no-monitor` leaves it out, ray.init has no such switch: Ray's node object, which
-    holds the process, stops it (and ray.shutdown then has nothing left to stop there).
-    A Ray whose node object lacks kill_monitor keeps its monitor."""
+def stop_unused_processes() -> None:
+    """Stop the processes of the local Ray this process started that no command of
+    pbg_ray uses: the autoscaler monitor (one machine has nothing to scale) and the
+    dashboard's API server (with include_dashboard=False Ray still starts it, for its usage
+    statistics alone; the state API and job submission would need it). `ray start
+    --no-monitor` leaves the monitor out, ray.init has no such switch for either: Ray's
+    node object, which holds the processes, stops them (and ray.shutdown then has nothing
+    left to stop there). A Ray whose node object lacks these keeps them. (The raylet's
+    dashboard and runtime env agents stay: the raylet ends when one of them does.)"""
     node = getattr(ray._private.worker, "_global_node", None)
-    kill_monitor = getattr(node, "kill_monitor", None)
-    if kill_monitor is not None:
-        kill_monitor(check_alive=False)
+    for name in ("kill_monitor", "kill_dashboard"):
+        kill = getattr(node, name, None)
+        if kill is not None:
+            kill(check_alive=False)
 
 
 def local_ray() -> bool:

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psutil
@@ -22,10 +21,7 @@ from pbg_ray.runtime.budget import (
     CUDA_RUNTIME, GIB, MIB, OBJECT_STORE_SHARE, MemoryBudget, cgroup_limit, memory_budget,
     object_store_memory)
 from pbg_ray.training.memory_plan import fit_local_run, fit_to_budget, memory_plan
-from tests.util import config_dict
-
-REPO = Path(__file__).resolve().parents[2]
-V1_ROOT = Path("/sys/fs/cgroup/memory")
+from tests.util import REPO, config_dict, run_in
 
 
 def write(path: Path, text: str) -> None:
@@ -181,31 +177,6 @@ def test_a_train_task_on_a_gpu_plans_the_host_memory_of_its_cuda_runtime(tmp_pat
         for trainers in (1, 2):
             assert (plan(gpu_config, trainers).processes - plan(config, trainers).processes
                     == trainers * CUDA_RUNTIME)
-
-
-@pytest.fixture
-def memory_cgroup():
-    """A new cgroup v1 memory cgroup (removed afterwards): its directory."""
-    if os.geteuid() != 0 or not os.access(V1_ROOT, os.W_OK):
-        pytest.skip("making a memory cgroup needs root and cgroup v1's memory hierarchy "
-                    f"writable at {V1_ROOT}")
-    group = V1_ROOT / f"pbg_ray_test_{uuid.uuid4().hex[:8]}"
-    group.mkdir()
-    yield group
-    for pid in (group / "cgroup.procs").read_text().split():
-        try:
-            psutil.Process(int(pid)).kill()
-        except psutil.NoSuchProcess:
-            pass
-    group.rmdir()
-
-
-def run_in(group: Path, limit: int, args, cwd, env) -> subprocess.CompletedProcess:
-    """`args` run inside the cgroup `group`, limited to `limit` bytes."""
-    (group / "memory.limit_in_bytes").write_text(str(limit))
-    return subprocess.run(["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh",
-                           *args], capture_output=True, text=True, timeout=300, cwd=cwd,
-                          env=env)
 
 
 def test_the_demo_in_a_container_too_small_for_it_is_refused_in_one_line(tmp_path,
