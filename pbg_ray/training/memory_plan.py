@@ -37,6 +37,7 @@ MIN_BUFFER = 2
 # Plans within this factor of the smallest need about as much: a refusal names the one of
 # the fewest settings among them.
 NEAR = 1.05
+MAX_SPLIT = 64  # the most times a refusal's fix multiplies the partitions
 
 
 def partition_bytes(config: ConfigSchema, counts: Dict[str, List[int]], entity: str) -> int:
@@ -147,5 +148,27 @@ def _fix(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int, stor
                 f"train worker alone need {floor / GIB:.2f} GiB, so neither more partitions "
                 f"nor ray.placement=disk can fit it; {smallest}")
     on_disk = " with ray.placement=disk" if config.ray.placement == "memory" else ""
-    return (f"split the entities into more partitions (entities.<type>.num_partitions, "
-            f"importing again){on_disk}; or {smallest}")
+    split = (_split_that_fits(config, counts, trainers, stores, budget)
+             or "entities.<type>.num_partitions")
+    return (f"split the entities into more partitions ({split}, importing again){on_disk}; "
+            f"or {smallest}")
+
+
+def _split_that_fits(config: ConfigSchema, counts: Dict[str, List[int]], trainers: int,
+                     stores: int, budget: MemoryBudget) -> str:
+    """The settings of the fewest partitions (each partitioned type's count doubled, up to
+    MAX_SPLIT times) whose plan, with the same names spread evenly, fits the budget; ''
+    where none does."""
+    partitioned = [e for e, spec in config.entities.items() if spec.num_partitions > 1]
+    factor = 2
+    while partitioned and factor <= MAX_SPLIT:
+        entities = {e: dataclasses.replace(spec, num_partitions=spec.num_partitions * factor)
+                    if e in partitioned else spec for e, spec in config.entities.items()}
+        split = dataclasses.replace(config, entities=entities)
+        spread = {e: [-(-sum(c) // (len(c) * factor))] * (len(c) * factor)
+                  if e in partitioned else c for e, c in counts.items()}
+        if memory_plan(split, spread, trainers, stores, MIN_BUFFER).total <= budget.bytes:
+            return " ".join(f"entities.{e}.num_partitions={entities[e].num_partitions}"
+                            for e in partitioned)
+        factor *= 2
+    return ""

@@ -138,8 +138,13 @@ def test_disk_placement_keeps_the_largest_buffer_that_fits(tmp_path, caplog):
     assert fitted.ray.partition_buffer == 4
     assert "ray.partition_buffer=8 does not fit the memory budget" in caplog.text
     assert dataclasses.replace(fitted, ray=config.ray) == config  # nothing else changed
-    with pytest.raises(PbgRayError, match="split the entities into more partitions"):
-        fit_to_budget(config, counts, 1, 1, MemoryBudget(at(2) - 1, "ray.memory_budget"))
+    too_small = MemoryBudget(at(2) - 1, "ray.memory_budget")
+    with pytest.raises(PbgRayError, match="split the entities into more partitions") as refused:
+        fit_to_budget(config, counts, 1, 1, too_small)
+    # The fix names the fewest partitions that fit: 32, where 16 do not.
+    assert "(entities.node.num_partitions=32, importing again)" in str(refused.value)
+    split, spread = sized_config(tmp_path, "disk", 32, 16_000_000, buffer=None)
+    assert fit_to_budget(split, spread, 1, 1, too_small).ray.partition_buffer >= 2
 
 
 def test_disk_placement_left_to_the_budget_keeps_the_most_partitions_that_fit(tmp_path,
