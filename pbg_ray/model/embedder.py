@@ -27,7 +27,8 @@ from torch import Tensor
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.comparators import make_comparator
 from pbg_ray.model.losses import LOSS_FUNCTIONS, count_violators
-from pbg_ray.model.negatives import BeyondRows, Negatives, mask_batch_block, mask_own_ids
+from pbg_ray.model.beyond import BeyondRows
+from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
 from pbg_ray.model.operators import OPERATORS, Operator
 from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
 from pbg_ray.model.regularizers import REGULARIZERS
@@ -366,7 +367,7 @@ class Embedder:
             s = batch.side(name)
             if s.beyond is None or s.mode is Negatives.NONE:
                 continue
-            raw = s.beyond.rows
+            raw = torch.from_numpy(s.beyond.rows)
             if self.config.global_emb:
                 raw = raw + self.params[global_emb_key(s.entity)]
             x = ops[name](raw) if name in ops else raw

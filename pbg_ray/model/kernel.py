@@ -29,8 +29,8 @@ from torch import Tensor
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
-from pbg_ray.model.negatives import (
-    BeyondBucket, BeyondRows, Negatives, negative_modes, num_uniform, sample_uniform)
+from pbg_ray.model.beyond import BeyondBucket, BeyondRows
+from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
 from pbg_ray.model.optim import adagrad_, row_adagrad_
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_key, relation_lr
 from pbg_ray.types import Bucket, EdgeList

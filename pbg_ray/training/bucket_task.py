@@ -36,7 +36,7 @@ from pbg_ray.evaluation.metrics import SampledNegatives, average
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges
 from pbg_ray.model.native import release_free_heap
-from pbg_ray.model.negatives import BeyondBucket
+from pbg_ray.model.beyond import BeyondBucket
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_counts
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from pbg_ray.checkpoints.position import Position
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import add_stats, stats_mean
-from pbg_ray.model.negatives import BeyondBucket, draw_beyond
+from pbg_ray.model.beyond import BeyondBucket, draw_beyond
 from pbg_ray.model.params import PartitionKey, partition_keys
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import discard, get_results

@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch, train_bucket
-from pbg_ray.model.negatives import BeyondBucket, BeyondRows, draw_beyond
+from pbg_ray.model.beyond import BeyondBucket, BeyondRows, draw_beyond
 from pbg_ray.types import Bucket
 from tests.model.pbg_oracle import SIZES, Case, dense_row_grads, make_case
+
+pytestmark = pytest.mark.oracle  # the kernel's cases come from the oracle's helpers
 
 
 def test_draws_reach_every_partition_in_proportion_to_its_rows():
@@ -74,7 +76,7 @@ def test_gradients_are_a_softmax_over_the_rows_appended(comparator, dynamic):
     extra = {e: rng.normal(0, 0.5, (5, case.config.dimension)).astype(np.float32)
              for e in ("a", "b")}
     repeat = 3  # the correction log(3): each row counts three times
-    beyond = {(e, 0): BeyondRows(torch.from_numpy(rows), math.log(repeat))
+    beyond = {(e, 0): BeyondRows(rows, math.log(repeat))
               for e, rows in extra.items()}
     mine, mine_rows = _gradients(case, beyond)
     theirs, theirs_rows = _gradients(
