@@ -4,7 +4,6 @@ written only if no task takes it (disk placement): the write-behind's hand-over.
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import Future
 from typing import Callable, Optional
 
@@ -28,12 +27,15 @@ class HandOver:
 
     Stands where PartitionBuffer keeps a write's Future: `done` and `result` (which
     begins the write if it has not begun). `begin` begins the write, returning its
-    Future; `asked` says whether a reader asks for it; `clock` measures the wait."""
+    Future; `asked` says whether a reader asks for it; `clock` measures the wait;
+    `on_late` runs when the wait runs out and begins the write (no task came in time:
+    the partition is written here and again when the buffer drops it)."""
 
     def __init__(self, begin: Callable[[], Future], asked: Callable[[], bool],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float], on_late: Callable[[], None]) -> None:
         self.lock = threading.Lock()
         self.begin = begin
+        self.on_late = on_late
         self.pending: Optional[Future] = None  # the write, once begun
         self.taken = False
         self.settled = threading.Event()  # taken, or the write begun
@@ -44,7 +46,9 @@ class HandOver:
     def _watch(self, asked: Callable[[], bool], clock: Callable[[], float],
                deadline: float) -> None:
         while not self.settled.wait(HAND_OVER_POLL_S):
-            if clock() > deadline or asked():
+            if clock() > deadline:
+                self.write(late=True)
+            elif asked():
                 self.write()
 
     def take(self) -> bool:
@@ -56,11 +60,14 @@ class HandOver:
                 self.settled.set()
             return self.taken
 
-    def write(self) -> None:
-        """Begin the write, unless it has begun or the partition was taken."""
+    def write(self, late: bool = False) -> None:
+        """Begin the write, unless it has begun or the partition was taken (`late`: the
+        wait ran out)."""
         with self.lock:
             if not self.taken and self.pending is None:
                 self.settled.set()
+                if late:
+                    self.on_late()
                 self.pending = self.begin()
 
     def done(self) -> bool:

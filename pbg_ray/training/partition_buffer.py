@@ -78,7 +78,8 @@ class PartitionBuffer:
         # The next bucket's edges, read while this one trains: (where, read) or None.
         self.edges_ahead: Optional[Tuple[Tuple[Any, ...], Future]] = None
         self.writes = 0  # partitions written to swap files (begun), by tasks and behind them
-        self.reported = (0, 0)  # reads and writes counted in tasks' stats
+        self.late_writes = 0  # of those, held for a next task that did not come in time
+        self.reported = (0, 0, 0)  # reads, writes and late writes counted in tasks' stats
 
     def __reduce__(self) -> Tuple[Any, ...]:
         """Ray ships a remote function by value with the globals it names: each worker
@@ -171,7 +172,8 @@ class PartitionBuffer:
                                   before_write)
         if hand_over and self.keep and writes_behind(lease.staged):
             lease.begin_write()
-            self.held[key, lease.written] = (partition, HandOver(begin, lease.asked, self.clock))
+            self.held[key, lease.written] = (
+                partition, HandOver(begin, lease.asked, self.clock, self._count_late))
             return False
         if writes_behind(lease.staged):
             lease.begin_write()
@@ -199,10 +201,17 @@ class PartitionBuffer:
             before_write()
         return self.writer.submit(_write_behind, config, lease, partition, metadata)
 
+    def _count_late(self) -> None:
+        with self.lock:
+            self.late_writes += 1
+
     def take_io(self) -> Dict[str, int]:
-        """Partition reads and writes begun since the last call (by a task, or behind it)."""
-        (reads, writes), self.reported = self.reported, (self.reads, self.writes)
-        return {"reads": self.reads - reads, "writes": self.writes - writes}
+        """Partition reads and writes begun since the last call (by a task, or behind it),
+        and how many of those writes were a hand-over's whose wait ran out."""
+        with self.lock:
+            now = (self.reads, self.writes, self.late_writes)
+        before, self.reported = self.reported, now
+        return {name: n - m for name, n, m in zip(("reads", "writes", "late_writes"), now, before)}
 
     def write_held(self) -> None:
         """Begin the writes of the partitions held unwritten (HandOver): the trainer's pass

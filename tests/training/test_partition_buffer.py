@@ -101,7 +101,7 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     elsewhere); dropped from the buffer, it is written then; at the end of the trainer's
     pass (write_held) at once; asked for by a reader in another process (Ray ran the
     next task on another worker), at once; with no next task, after HAND_OVER_WAIT_S.
-    Every write begun is counted once. The wait is measured by a clock only the test
+    Every write begun is counted once, a wait's that ran out as late too. The wait is measured by a clock only the test
     moves."""
     clock = ManualClock()
     config = make_config()
@@ -123,16 +123,16 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     copies.next_task(keep=True, parts={0}, leases={user0: second.source})
     again = copies.load(config, user0, second)
     assert again[0] is trained[0]
-    assert pending(first) and copies.take_io() == {"reads": 1, "writes": 0}
+    assert pending(first) and copies.take_io() == {"reads": 1, "writes": 0, "late_writes": 0}
     # The worker's next task trains other partitions and the buffer keeps this one: unwritten.
     again[0][:] += 1
     assert not copies.write_behind(config, user0, second, again, {}, hand_over=True)
     copies.next_task(keep=True, parts={0, 1}, leases={}, write_back=True)
-    assert pending(second) and copies.take_io() == {"reads": 0, "writes": 0}
+    assert pending(second) and copies.take_io() == {"reads": 0, "writes": 0, "late_writes": 0}
     # Dropped from the buffer: written as the next task starts.
     copies.next_task(keep=True, parts={1}, leases={}, write_back=True)
     np.testing.assert_array_equal(second.written.load(config, user0)[0], again[0])
-    assert copies.take_io() == {"reads": 0, "writes": 1}
+    assert copies.take_io() == {"reads": 0, "writes": 1, "late_writes": 0}
     # The trainer's pass ends: what is held is written at once.
     third = SwapFile(second.written, str(storage.swap_file("t", 2)), "lease-3")
     last = copies.load(config, user0, third)
@@ -145,7 +145,7 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     assert not copies.write_behind(config, user0, fourth, again, {}, hand_over=True)
     copies.next_task(keep=True, parts={0, 1}, leases={})
     np.testing.assert_array_equal(fourth.written.load(config, user0)[0], again[0])
-    assert copies.take_io() == {"reads": 1, "writes": 2}
+    assert copies.take_io() == {"reads": 1, "writes": 2, "late_writes": 0}
     # Read by another process, which asks for it: written at once, long before the wait
     # runs out; a task here that comes for it after that waits for the write.
     asked = SwapFile(fourth.written, str(storage.swap_file("t", 5)), "lease-asked")
@@ -159,7 +159,7 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
                    cwd=os.getcwd(), timeout=60)
     assert asked.asked()
     np.testing.assert_array_equal(asked.written.load(config, user0)[0], held[0])
-    assert copies.take_io() == {"reads": 0, "writes": 1}
+    assert copies.take_io() == {"reads": 0, "writes": 1, "late_writes": 0}
     fifth = SwapFile(asked.written, str(storage.swap_file("t", 4)), "lease-5")
     copies.next_task(keep=True, parts={0}, leases={user0: fifth.source})
     kept = copies.load(config, user0, fifth)
@@ -168,10 +168,11 @@ def test_a_partition_held_for_a_later_task_is_written_only_if_no_task_takes_it(
     assert not copies.write_behind(config, user0, fifth, kept, {}, hand_over=True)
     clock.advance(hand_over.HAND_OVER_WAIT_S / 2)
     clock.wait_reads(2)  # the hand-over looked at the time, and decided, since the move
-    assert pending(fifth) and copies.take_io() == {"reads": 0, "writes": 0}
+    assert pending(fifth) and copies.take_io() == {"reads": 0, "writes": 0, "late_writes": 0}
     clock.advance(hand_over.HAND_OVER_WAIT_S)
+    clock.wait_reads(1)  # it looked at the time since the move: the wait ran out
     np.testing.assert_array_equal(fifth.written.load(config, user0)[0], kept[0])
-    assert copies.take_io() == {"reads": 0, "writes": 1}
+    assert copies.take_io() == {"reads": 0, "writes": 1, "late_writes": 1}
     copies.next_task(keep=False)
 
 

@@ -155,10 +155,15 @@ def test_beta_order_reads_what_its_buffer_plan_reads(ray_session, tmp_path):
             assert reads == partition_reads(plan, 3)
             # Write-back: a partition trained since it was read is written once the
             # buffer drops it, or at the end of the pass; until then the worker's next
-            # tasks train it on unwritten.
+            # tasks train it on unwritten. A task that came later than HAND_OVER_WAIT_S
+            # (a loaded machine) found its partition written at the wait's end too.
             writes = [l["partition_io"]["writes"] for l in buckets]
-            assert writes == written_back(plan, 3)
-            assert sum(writes) < sum(len({b.lhs, b.rhs}) for b in plan)
+            late = [l["partition_io"]["late_writes"] for l in buckets]
+            if any(late):
+                assert sum(writes) == sum(written_back(plan, 3)) + sum(late)
+            else:
+                assert writes == written_back(plan, 3)
+                assert sum(writes) < sum(len({b.lhs, b.rhs}) for b in plan)
 
 
 def test_init_path_starts_from_given_embeddings(ray_session, tmp_path):
