@@ -168,8 +168,9 @@ class ConfigSchema:
         "the bucket's edges scores the rows of the partitions other than its own besides its "
         "own negatives, and with loss_fn=softmax those scores get log(rows of those "
         "partitions / rows of them drawn) added, so that the softmax estimates the one over "
-        "every entity of the type. The rows are read-only copies: their gradients are "
-        "dropped. 0: off (PBG's negatives, from the bucket's partitions only). CPU training "
+        "every entity of the type. The rows are read-only copies: their gradients, summed "
+        "over the bucket, are applied later as a delta (one RowAdagrad step) by the next "
+        "task that trains their partition, or at the pass's end. 0: off (PBG's negatives, from the bucket's partitions only). CPU training "
         "only.")
     disable_lhs_negs: bool = option(False, help="Draw no negatives on the left-hand side.")
     disable_rhs_negs: bool = option(False, help="Draw no negatives on the right-hand side.")

@@ -73,8 +73,8 @@ class _Workspace(threading.local):
 class SideBatch:
     """One side of a batch. ids [B] entity ids, or for featurized types `features` =
     (offsets [B + 1], data [F]); neg_ids [chunks, K] uniform ids ([1, N] under ALL);
-    `beyond`: negatives from beyond the bucket (model.negatives.BeyondBucket), scored
-    against every edge of the batch, their gradients dropped."""
+    `beyond`: negatives from beyond the bucket (model.beyond.BeyondRows), scored against
+    every edge of the batch (their gradients in Gradients.beyond)."""
 
     table: PartitionKey
     entity: str
@@ -137,6 +137,8 @@ class Gradients:
     violators: Dict[str, int]
     rows: Dict[PartitionKey, Tuple[Tensor, Tensor]]  # table -> (row ids [n], grads [n, D])
     params: Dict[str, Tensor]                         # public name -> gradient
+    # side -> gradients [S, D] of the rows it scored from beyond the bucket (SideBatch.beyond)
+    beyond: Dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
 
 class Embedder:
@@ -384,13 +386,15 @@ class Embedder:
 
     def _beyond_backward(self, batch: Batch, sv: Dict[str, Any],
                          dblocks: Dict[str, List[Tensor]], param_grads: Dict[str, Tensor]
-                         ) -> Dict[str, Tensor]:
-        """The queries' gradients [n, C, D] from the blocks of negatives from beyond the
-        bucket (taken out of dblocks), and the shared parameters' from their rows (the
-        rhs operator's in per-relation mode, the global embeddings'); the rows' own
-        gradients are dropped (read-only copies)."""
+                         ) -> Tuple[Dict[str, Tensor], Dict[str, Tensor]]:
+        """Per side the queries' gradients [n, C, D] from the blocks of negatives from
+        beyond the bucket (taken out of dblocks), and the gradients [S, D] of the rows
+        themselves (applied later, see model.beyond); the shared parameters' from their
+        rows (the rhs operator's in per-relation mode, the global embeddings') are added
+        to `param_grads`."""
         cmp = self.comparator
         dq_of: Dict[str, Tensor] = {}
+        drow_of: Dict[str, Tensor] = {}
         for name, (q, k, m, raw, ctx, i) in sv.get("beyond", {}).items():
             g = dblocks[name].pop(i)
             dq, dk = cmp.matrix_backward(q, k, m, g)
@@ -403,7 +407,8 @@ class Embedder:
                 key = global_emb_key(batch.side(name).entity)
                 param_grads[key] = param_grads[key] + dx.sum(0) if key in param_grads \
                     else dx.sum(0)
-        return dq_of
+            drow_of[name] = dx
+        return dq_of, drow_of
 
     # --- backward -----------------------------------------------------------
 
@@ -445,7 +450,7 @@ class Embedder:
         da, db = (self._side_grad(batch, sv, row_grads, name, x)
                   for name, x in (("lhs", a), ("rhs", b)))
         param_grads: Dict[str, Tensor] = {}
-        dq_beyond = self._beyond_backward(batch, sv, dblocks, param_grads)
+        dq_beyond, beyond_grads = self._beyond_backward(batch, sv, dblocks, param_grads)
         relation_backward = self._dynamic_backward if self.dynamic else self._static_backward
         relation_backward(batch, sv, dpos, dblocks, da, db, param_grads, dq_beyond)
         reg = self._regularize(batch, a, b, da, db, param_grads)
@@ -455,7 +460,7 @@ class Embedder:
                 g = d.reshape(-1, d.shape[-1]).sum(0)
                 param_grads[key] = param_grads[key] + g if key in param_grads else g
         self._featurized_row_grads(batch, sv, row_grads, da, db)
-        return Gradients(float(loss), reg, violators, row_grads, param_grads)
+        return Gradients(float(loss), reg, violators, row_grads, param_grads, beyond_grads)
 
     def _row_grads(self, key: PartitionKey, rows: Tensor, written: bool) -> Tensor:
         """The buffer of a table's row gradients, zeroed unless the backward writes all

@@ -29,7 +29,7 @@ from torch import Tensor
 from pbg_ray.config import ConfigSchema
 from pbg_ray.model.blas import cpu_threads
 from pbg_ray.model.embedder import Batch, Embedder, SideBatch
-from pbg_ray.model.beyond import BeyondBucket, BeyondRows
+from pbg_ray.model.beyond import BeyondBucket, BeyondRows, RowGradients
 from pbg_ray.model.negatives import Negatives, negative_modes, num_uniform, sample_uniform
 from pbg_ray.model.optim import adagrad_, row_adagrad_
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_key, relation_lr
@@ -144,10 +144,38 @@ class KernelState:
         self.relation_lr = relation_lr(config)
 
 
-def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Tensor]
-                ) -> Tuple[float, float, int, int]:
-    """Forward, backward and optimizer steps of one batch: (loss, reg, violators lhs, rhs)."""
+class DrawnRowSums:
+    """One Hogwild thread's sums, over its batches, of the gradients of the rows drawn
+    from beyond the bucket (per entity type: grads [S, D] and the mean squares [S] that
+    RowAdagrad would add for each batch), applied later (model.beyond.RowGradients)."""
+
+    def __init__(self, beyond: Dict[str, BeyondBucket]) -> None:
+        self.grads = {e: torch.zeros(d.rows.shape) for e, d in beyond.items()}
+        self.squares = {e: torch.zeros(len(d.rows)) for e, d in beyond.items()}
+
+    def add(self, batch: Batch, grads: Dict[str, Tensor]) -> None:
+        for name, g in grads.items():
+            side = batch.side(name)
+            index = torch.from_numpy(side.beyond.index)
+            self.grads[side.entity].index_add_(0, index, g)
+            self.squares[side.entity].index_add_(0, index, g.square().mean(1))
+
+    @staticmethod
+    def gradients(beyond: Dict[str, BeyondBucket], sums: List["DrawnRowSums"]
+                  ) -> Dict[PartitionKey, RowGradients]:
+        """Per partition the RowGradients of the threads' `sums` together."""
+        return {(e, p): g for e, d in beyond.items() for p, g in d.gradients(
+                    sum(s.grads[e] for s in sums).numpy(),
+                    sum(s.squares[e] for s in sums).numpy()).items()}
+
+
+def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Tensor],
+                drawn: Optional[DrawnRowSums] = None) -> Tuple[float, float, int, int]:
+    """Forward, backward and optimizer steps of one batch: (loss, reg, violators lhs, rhs);
+    the gradients of rows drawn from beyond the bucket are added to `drawn`."""
     grads = state.embedder.backward(batch, state.embedder.forward(batch))
+    if drawn is not None:
+        drawn.add(batch, grads.beyond)
     for key, (ids, g) in grads.rows.items():
         row_adagrad_(state.tables[key], state.sums[key], ids, g, state.lr, owners[key],
                      state.known_rows.get(key, 0), state.known_scale)
@@ -260,7 +288,8 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     the others join (BatchQueue), as PBG's first Hogwild process does in the first epoch.
 
     Returns PBG's stats layout, metrics summed over batches, with the rate:
-    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"}.
+    {"count", "metrics": {"loss", "reg", "violators_lhs", "violators_rhs"}, "edges_per_s"},
+    and "drawn": per partition the RowGradients of its rows drawn by `beyond`.
     """
     start = time.perf_counter()
     num_workers = max(1, num_threads)
@@ -269,7 +298,9 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     state = KernelState(config, partitions, params, writable=True, known=known)
     tensors = EdgeTensors(edges, torch.device("cpu"))
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
-    beyond_rows = {k: beyond[k[0]].for_side(k[1]) for k in sizes if k[0] in (beyond or {})}
+    beyond = beyond or {}
+    beyond_rows = {k: beyond[k[0]].for_side(k[1]) for k in sizes if k[0] in beyond}
+    drawn = [DrawnRowSums(beyond) for _ in range(num_workers)] if beyond else None
 
     def work(worker: int) -> np.ndarray:
         generator = torch.Generator()
@@ -280,7 +311,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
             batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]),
                                 config.num_batch_negs, config.num_uniform_negs, sizes, generator,
                                 beyond_rows)
-            totals += train_batch(state, batch, owners)
+            totals += train_batch(state, batch, owners, drawn[worker] if drawn else None)
         return totals
 
     with cpu_threads(1):
@@ -291,6 +322,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
         "metrics": {"loss": float(totals[0]), "reg": float(totals[1]),
                     "violators_lhs": int(totals[2]), "violators_rhs": int(totals[3])},
         "edges_per_s": len(edges) / elapsed if elapsed > 0 else 0.0,
+        "drawn": DrawnRowSums.gradients(beyond, drawn) if drawn else {},
     }
 
 

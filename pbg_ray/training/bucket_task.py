@@ -13,7 +13,8 @@ applied twice.
 
 What crosses the process boundary is typed: the driver sends a BucketWork (and in disk
 placement a DiskPlan) with the parameters and partitions, and reads the task's returns
-by name (BucketRefs: a BucketStats, the parameters' delta, a result per partition).
+by name (BucketRefs: a BucketStats, the parameters' delta, the gradients of the rows drawn
+from beyond the bucket, a result per partition).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pbg_ray.evaluation.metrics import SampledNegatives, average
 from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges
 from pbg_ray.model.native import release_free_heap
-from pbg_ray.model.beyond import BeyondBucket
+from pbg_ray.model.beyond import BeyondBucket, RowGradients
 from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_counts
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads
@@ -202,16 +203,25 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
                partitions: Sequence[PartitionArg], num_threads: int, device: str,
                known: Optional[KnownRows] = None, copies: Optional[PartitionBuffer] = None,
                disk: DiskPlan = DiskPlan(), on_device: Optional[DeviceBuffer] = None,
-               beyond: Optional[Dict[str, BeyondBucket]] = None) -> Tuple[Any, ...]:
-    """The pure part of the task: (BucketStats, params delta, one result per key of
-    `work`, see PartitionArg). `known`: what init_path trained (incremental runs), trained
-    at its own learning rate. `copies` gives the arrays the partitions are trained in (and
-    holds those written to swap files, see PartitionBuffer). With `on_device` the bucket
-    trains by the device step on `device`, from and into that buffer's partitions.
-    `beyond`: per entity type, its rows drawn as negatives from beyond the bucket."""
+               beyond: Optional[Dict[str, BeyondBucket]] = None,
+               pending: Optional[Dict[PartitionKey, Tuple[RowGradients, ...]]] = None
+               ) -> Tuple[Any, ...]:
+    """The pure part of the task: (BucketStats, params delta, the gradients of the rows
+    drawn by `beyond` per partition, one result per key of `work`, see PartitionArg).
+    `known`: what init_path trained (incremental runs), trained at its own learning rate.
+    `copies` gives the arrays the partitions are trained in (and holds those written to
+    swap files, see PartitionBuffer). With `on_device` the bucket trains by the device
+    step on `device`, from and into that buffer's partitions. `beyond`: per entity type,
+    its rows drawn as negatives from beyond the bucket; `pending`: per key, gradients of
+    its rows drawn by earlier buckets, applied before this one trains it."""
     t_start = time.perf_counter()
     copies = copies if copies is not None else PartitionBuffer(keep=False)
     arrays, edges = _read(config, work, partitions, copies, disk, known, on_device)
+    for key, drawn in (pending or {}).items():
+        for gradients in drawn:
+            gradients.apply(*arrays[key], config.lr,
+                            known.partitions.get(key, 0) if known else 0,
+                            known.lr_scale if known else 1.0)
     held_out, train_edges = split_held_out(
         edges, config.eval_fraction,
         [config.seed, work.bucket.lhs, work.bucket.rhs, work.position.edge_chunk_idx])
@@ -221,7 +231,9 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
     if on_device is None:
         trained, copy_s, before, after = _train(config, work, held_out, train_edges, arrays,
                                                 local, num_threads, known, beyond)
+        drawn = trained.pop("drawn")
     else:
+        drawn = {}
         trained, copy_s, before, after = _train_on_device(
             config, work, held_out, train_edges, arrays, partitions, local, device, known,
             on_device, disk)
@@ -238,7 +250,7 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
                         partition_io=copies.take_io() if swapped else {},
                         device_io=on_device.take_io() if on_device is not None else {})
     fault_point("train_task.before_return")
-    return (stats, delta, *results)
+    return (stats, delta, drawn, *results)
 
 
 def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
@@ -285,8 +297,9 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
            arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], local: ModelParams,
            num_threads: int, known: Optional[KnownRows],
            beyond: Optional[Dict[str, BeyondBucket]]) -> Tuple[Any, ...]:
-    """Train the bucket's edges in place by the CPU kernel: (training stats, 0 seconds of
-    device copies, the held-out edges' before and after, None without held-out edges)."""
+    """Train the bucket's edges in place by the CPU kernel: (training stats with "drawn",
+    see train_bucket; 0 seconds of device copies; the held-out edges' before and after,
+    None without held-out edges)."""
     from pbg_ray.model.kernel import train_bucket
 
     before = _held_out_stats(config, work, held_out, arrays, local)
@@ -294,8 +307,8 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
                            num_threads=num_threads,
                            seed=task_seed(config, work.position.iteration, work.bucket),
                            warmup_s=work.warmup_s, known=known, beyond=beyond)
-    return ({"count": trained["count"], "metrics": trained["metrics"]}, 0.0, before,
-            _held_out_stats(config, work, held_out, arrays, local))
+    return ({"count": trained["count"], "metrics": trained["metrics"], "drawn": trained["drawn"]},
+            0.0, before, _held_out_stats(config, work, held_out, arrays, local))
 
 
 def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
@@ -396,13 +409,15 @@ def train_bucket_task(config: ConfigSchema, work: BucketWork, params: ModelParam
                       *partitions: PartitionArg, known: Optional[KnownRows] = None,
                       disk: DiskPlan = DiskPlan(),
                       previous_delta: Optional[ModelParams] = None,
-                      beyond: Optional[Dict[str, BeyondBucket]] = None) -> Tuple[Any, ...]:
+                      beyond: Optional[Dict[str, BeyondBucket]] = None,
+                      pending: Optional[Dict[PartitionKey, Tuple[RowGradients, ...]]] = None
+                      ) -> Tuple[Any, ...]:
     """run_bucket in a worker: its returns, each a return of the task (BucketRefs). Ray
     resolves `params` and `partitions` from ObjectRefs (zero-copy numpy); a SwapFile (disk
     placement) comes as itself. `previous_delta`: the params delta of the trainer's
     previous bucket, submitted before it (this task then starts once that one has
-    succeeded): `params` lack it, as that update was not sent yet. `beyond`: see
-    run_bucket."""
+    succeeded): `params` lack it, as that update was not sent yet. `beyond`, `pending`:
+    see run_bucket."""
     start = time.time()
     if previous_delta is not None:
         params = ModelParams(
@@ -413,7 +428,7 @@ def train_bucket_task(config: ConfigSchema, work: BucketWork, params: ModelParam
     stats, *results = run_bucket(config, work, params, partitions, task_threads(config),
                                  device, known, copies=_BUFFER, disk=disk,
                                  on_device=_DEVICE_BUFFER if uses_device_step(config) else None,
-                                 beyond=beyond)
+                                 beyond=beyond, pending=pending)
     stats.worker = TaskWorker(ray.get_runtime_context().get_node_id(), os.getpid(), start,
                               time.time())
     return (stats, *results)
@@ -441,28 +456,33 @@ def _plan_buffer(config: ConfigSchema, work: BucketWork, partitions: Sequence[Pa
 
 @dataclass
 class BucketRefs:
-    """A train task's returns by name: its BucketStats, its params delta, and per key its
-    result (see PartitionArg), each a return of its own, so that a partition's result goes
-    to its store without passing through the driver."""
+    """A train task's returns by name: its BucketStats, its params delta, the gradients of
+    the rows it drew from beyond the bucket (per partition its RowGradients), and per key
+    its result (see PartitionArg), each a return of its own, so that a partition's result
+    goes to its store without passing through the driver."""
 
     stats: ray.ObjectRef
     delta: ray.ObjectRef
+    drawn: ray.ObjectRef
     results: Dict[PartitionKey, ray.ObjectRef]
 
     def all(self) -> List[ray.ObjectRef]:
-        return [self.stats, self.delta, *self.results.values()]
+        return [self.stats, self.delta, self.drawn, *self.results.values()]
 
 
 def submit_bucket(config: ConfigSchema, work: BucketWork, params: ray.ObjectRef,
                   partitions: Sequence[Any], known: Optional[KnownRows], disk: DiskPlan,
                   previous_delta: Optional[ray.ObjectRef],
-                  beyond: Optional[Dict[str, BeyondBucket]] = None) -> BucketRefs:
+                  beyond: Optional[Dict[str, BeyondBucket]] = None,
+                  pending: Optional[Dict[PartitionKey, Tuple[RowGradients, ...]]] = None
+                  ) -> BucketRefs:
     """Start `work`'s train task on `partitions` (per key an ObjectRef of its values or a
     SwapFile) with the parameters `params` (and the rows drawn for negatives from beyond
-    the bucket, `beyond`)."""
+    the bucket, `beyond`, and the gradients of its partitions' rows drawn before,
+    `pending`)."""
     refs = train_bucket_task.options(
-        num_returns=2 + len(work.keys), num_cpus=config.ray.cpus_per_trainer,
+        num_returns=3 + len(work.keys), num_cpus=config.ray.cpus_per_trainer,
         num_gpus=gpus_per_trainer(config),
     ).remote(config, work, params, *partitions, known=known, disk=disk,
-             previous_delta=previous_delta, beyond=beyond)
-    return BucketRefs(refs[0], refs[1], dict(zip(work.keys, refs[2:])))
+             previous_delta=previous_delta, beyond=beyond, pending=pending)
+    return BucketRefs(refs[0], refs[1], refs[2], dict(zip(work.keys, refs[3:])))

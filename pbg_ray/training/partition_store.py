@@ -14,13 +14,15 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 import ray
 
-from pbg_ray.checkpoints.directory import row_adagrad_state
+from pbg_ray.checkpoints.directory import checkpoint_metadata, row_adagrad_state
 from pbg_ray.checkpoints.manager import CheckpointManager
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.checkpoints.sources import CheckpointSource, PartitionSource
 from pbg_ray.config import ConfigSchema
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
-from pbg_ray.model.params import PartitionKey
+from pbg_ray.model.beyond import RowGradients
+from pbg_ray.model.params import KnownRows, PartitionKey
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.training.bucket_sources import SwapFile, asked_marker, writes_behind, written_marker
 
@@ -118,9 +120,7 @@ class PartitionStore:
         SwapFile the task wrote, from now on the partition's newest values."""
         fault_point("partition_store.update")
         if self.swaps(key):
-            if key in self.newest:
-                self.spare.append(self.newest[key].staged)
-            self.newest[key] = ray.get(value[0])
+            self._take_newest(key, ray.get(value[0]))
             return
         if not is_delta:
             self.refs[key] = value[0]
@@ -131,6 +131,34 @@ class PartitionStore:
         for total, delta in zip(self.summed[key], ray.get(value[0])):
             total += delta
         self.refs.pop(key, None)
+
+    def apply_row_gradients(self, key: PartitionKey, gradients: List[RowGradients],
+                            position: Position, known: Optional[KnownRows]) -> None:
+        """Apply, in order, the gradients of the partition's rows that buckets drew from
+        beyond them and no later task of the pass at `position` applied (model.beyond;
+        `known`: what init_path trained steps at its own rate): to a writable copy, or
+        in disk placement to a swap file written with them, from now on the partition's
+        newest values. No task trains the partition meanwhile (the pass has ended)."""
+        if self.swaps(key):
+            lease = self.lease(key)
+            embs, sums = lease.load(self.config, key)
+        else:
+            if key not in self.summed:
+                self.summed[key] = [np.array(a) for a in ray.get(self.refs[key])]
+            embs, sums = self.summed[key]
+            self.refs.pop(key, None)
+        for drawn in gradients:
+            drawn.apply(embs, sums, self.config.lr, known.partitions.get(key, 0) if known else 0,
+                        known.lr_scale if known else 1.0)
+        if self.swaps(key):
+            lease.write(self.config, embs, sums, checkpoint_metadata(self.config, position))
+            self._take_newest(key, lease)
+
+    def _take_newest(self, key: PartitionKey, written: SwapFile) -> None:
+        """A swapped partition's newest values are those `written` wrote."""
+        if key in self.newest:
+            self.spare.append(self.newest[key].staged)
+        self.newest[key] = written
 
     def _write(self, key: PartitionKey, value: Tuple[np.ndarray, np.ndarray], version: int,
                metadata: Dict[str, Any] = {}) -> None:

@@ -7,7 +7,9 @@ again (`trainer_died`), and anything else stops the pass with nothing of it goin
 behind the error (`abort`). In disk placement a trainer takes its next bucket when it
 starts one: the task reads the partitions it lacks while the current one trains, and the
 next bucket's task is submitted behind it, to start on the same worker the moment the
-current one ends (`follow`; see PartitionBuffer and HandOver).
+current one ends (`follow`; see PartitionBuffer and HandOver). With beyond_bucket_negs
+the gradients of the rows a task drew from beyond its bucket wait here (`pending`) for the
+next task that trains their partition, and go to the stores at the pass's end.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from tqdm import tqdm
 from pbg_ray.checkpoints.position import Position
 from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.metrics import add_stats, stats_mean
-from pbg_ray.model.beyond import BeyondBucket, draw_beyond
+from pbg_ray.model.beyond import BeyondBucket, RowGradients, draw_beyond
 from pbg_ray.model.params import PartitionKey, partition_keys
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import discard, get_results
@@ -57,6 +59,7 @@ class Launched:
     followed: bool  # whether the following bucket's task is submitted behind this one
     t_start: float  # where its bucket_wall_s begins
     results: Dict[PartitionKey, Optional[str]]  # the versions of its results (BucketWork)
+    given: Dict[PartitionKey, int]  # how many of each key's pending gradients it applies
     # The following bucket's task, submitted to start once this one has succeeded.
     successor: Optional["Launched"] = None
 
@@ -91,6 +94,9 @@ class PassRun:
         self.stats: List[Dict[str, Any]] = []  # training_stats.json's lines of the pass
         self.sums: Optional[Dict[str, Any]] = None  # the pass's training stats so far
         self.io: Dict[str, int] = {}  # disk placement: partition reads and writes
+        # Gradients of rows drawn from beyond the bucket, by partition, in the order the
+        # tasks that drew them ended: the next task that trains the partition applies them.
+        self.pending: Dict[PartitionKey, List[RowGradients]] = {}
         self.t_start = time.perf_counter()
         self.bar = tqdm(total=num_buckets, desc=str(position), unit="bucket",
                         dynamic_ncols=True, disable=None if trainer.progress else True)
@@ -111,6 +117,7 @@ class PassRun:
         except BaseException:
             self.abort()
             raise
+        self.apply_pending()
         self.report()
         return self.stats
 
@@ -176,6 +183,11 @@ class PassRun:
         fault_point("driver.before_apply")
         self.applying += [trainer.store_of[k].update.remote(k, [task.refs.results[k]], d)
                           for k, d in zip(task.keys, task.deltas)]
+        for key, count in task.given.items():
+            del self.pending[key][:count]
+        if self.config.beyond_bucket_negs:
+            for key, gradients in ray.get(task.refs.drawn).items():
+                self.pending.setdefault(key, []).append(gradients)
         trainer.versions.update(task.results)
         self.applying += [trainer.params.apply_delta.remote(task.refs.delta),
                           trainer.scheduler.release.remote(bucket)]
@@ -275,6 +287,10 @@ class PassRun:
         versions = tuple(behind[k].results[k] if k in behind else trainer.versions.get(k)
                          for k in keys)
         results = {k: None if d else uuid.uuid4().hex for k, d in zip(keys, deltas)}
+        # A partition's pending gradients go to the first task that trains it next (one
+        # that follows a task in flight on it gets none: that one applies them).
+        pending = {k: tuple(self.pending[k]) for k in keys
+                   if self.pending.get(k) and k not in self.in_flight}
         work = BucketWork(
             bucket, self.edge_path, self.position, trainer.num_relation_ids, tuple(keys),
             tuple(deltas), warmup_s=trainer.warm_up.seconds(
@@ -290,16 +306,17 @@ class PassRun:
                              self.disk_plan(keys, following, following_keys, followed,
                                             read_ahead, ahead_versions),
                              previous.refs.delta if previous is not None else None,
-                             self.beyond(bucket, keys))
+                             self.beyond(bucket, keys), pending)
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start,
-                        results)
+                        results, {k: len(g) for k, g in pending.items()})
         self.in_flight.update((k, task) for k in keys)
         return task
 
     def beyond(self, bucket: Bucket, keys: List[PartitionKey]) -> Dict[str, BeyondBucket]:
         """Per partitioned entity type of the bucket, beyond_bucket_negs rows drawn
         uniformly over all its partitions (draw_beyond, from the bucket's seed) from what
-        their stores hold now: read-only copies, never written back."""
+        their stores hold now: read-only copies, whose gradients come back from the task
+        (BucketRefs.drawn) to be applied later (`pending`)."""
         config, trainer = self.config, self.trainer
         if not config.beyond_bucket_negs:
             return {}
@@ -312,8 +329,20 @@ class PassRun:
                     for p, o in offsets.items()]
             drawn[entity] = BeyondBucket(
                 np.concatenate(ray.get(refs)),
-                np.concatenate([np.full(len(o), p) for p, o in offsets.items()]), sizes)
+                np.concatenate([np.full(len(o), p) for p, o in offsets.items()]),
+                np.concatenate(list(offsets.values())), sizes)
         return drawn
+
+    def apply_pending(self) -> None:
+        """The pass has ended: the gradients no task applied go to the partitions' stores
+        (before the checkpoint), in the order they came."""
+        trainer = self.trainer
+        applied = [trainer.store_of[k].apply_row_gradients.remote(k, g, self.position,
+                                                                     trainer.known)
+                   for k, g in self.pending.items() if g]
+        if applied:
+            get_results(applied, wait_all=True)
+        self.pending.clear()
 
     def disk_plan(self, keys: List[PartitionKey], following: Optional[Bucket],
                   following_keys: List[PartitionKey], followed: bool,

@@ -1,13 +1,16 @@
 """Negatives from beyond the bucket on a real local Ray: a bucket's task gets rows of every
-partition of its types (read-only copies: nothing a task returns is keyed by them, so no
-bucket writes a partition another one trains); it changes what is trained; a killed
-trainer and a resumed run end where an undisturbed run does, as without it; the device
-step refuses it up front."""
+partition of its types (read-only copies); it changes what is trained; the rows'
+gradients come back and are applied once each, by the next task that trains their
+partition (never one that follows a task in flight on it) or at the pass's end, so no
+bucket writes a partition another one trains; a killed trainer and a resumed run end
+where an undisturbed run does, as without it; the device step refuses it up front."""
 
 import numpy as np
 import pytest
 
 from pbg_ray.errors import PbgRayError
+import ray
+
 from pbg_ray.training import pass_run
 from pbg_ray.training.trainer import Trainer
 from tests.fault_injection import armed, checkpoint_arrays, edges_lost_or_doubled
@@ -21,15 +24,37 @@ SETTINGS = dict(num_epochs=2, eval_fraction=0.0, beyond_bucket_negs=40,
 
 def test_each_bucket_draws_from_every_partition_and_the_run_differs(ray_session, tmp_path,
                                                                      monkeypatch):
-    drawn = []
-    beyond = pass_run.PassRun.beyond
+    drawn, given, returned, left = [], [], [], []
+    beyond, launch, submit = pass_run.PassRun.beyond, pass_run.PassRun.launch, \
+        pass_run.submit_bucket
+    apply_pending = pass_run.PassRun.apply_pending
 
     def recorded(self, bucket, keys):
         got = beyond(self, bucket, keys)
         drawn.append((bucket, keys, got))
         return got
 
+    def launched(self, bucket, previous=None):
+        in_flight = set(self.in_flight)
+        task = launch(self, bucket, previous)
+        assert not set(task.given) & in_flight  # none follows a task in flight on it
+        assert set(task.given) <= set(task.keys)
+        return task
+
+    def submitted(*args, **kwargs):
+        refs = submit(*args, **kwargs)
+        given.extend((k, g) for k, gs in (args[-1] or {}).items() for g in gs)
+        returned.append(refs.drawn)
+        return refs
+
+    def applied_at_the_end(self):
+        left.extend((k, g) for k, gs in self.pending.items() for g in gs)
+        apply_pending(self)
+
     monkeypatch.setattr(pass_run.PassRun, "beyond", recorded)
+    monkeypatch.setattr(pass_run.PassRun, "launch", launched)
+    monkeypatch.setattr(pass_run, "submit_bucket", submitted)
+    monkeypatch.setattr(pass_run.PassRun, "apply_pending", applied_at_the_end)
     # Two trainers at once, in disk placement: the rows come from the stores' files.
     config = small_config(tmp_path, checkpoint_path=str(tmp_path / "on"),
                           **{**SETTINGS, "ray": {"num_trainers": 2, "placement": "disk"}})
@@ -46,6 +71,14 @@ def test_each_bucket_draws_from_every_partition_and_the_run_differs(ray_session,
         sizes = drawn[0][2][entity].sizes
         share = np.bincount(parts, minlength=2) / len(parts)
         assert np.all(np.abs(share - np.array([sizes[0], sizes[1]]) / sum(sizes.values())) < 0.1)
+    # Every partition's drawn rows' gradients are applied once: by a later task, or at
+    # the end of the pass.
+    def print_of(key, gradients):
+        return key, gradients.offsets.tobytes(), gradients.grads.tobytes()
+
+    came_back = sorted(print_of(k, g) for refs in returned for k, g in ray.get(refs).items())
+    assert came_back and given and left
+    assert sorted(print_of(k, g) for k, g in given + left) == came_back
     off = small_config(tmp_path, checkpoint_path=str(tmp_path / "off"),
                        **{**SETTINGS, "beyond_bucket_negs": 0})
     Trainer(off).run()

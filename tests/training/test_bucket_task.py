@@ -90,11 +90,11 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
                           (False,) * len(keys))
         return run_bucket(config, work, params, partitions, 1, "cpu", copies=copies)
 
-    _, in_memory_delta, *in_memory = run([parts[key] for key in keys])
+    _, in_memory_delta, _, *in_memory = run([parts[key] for key in keys])
     swaps = [SwapFile(CheckpointSource(config.checkpoint_path, 1), str(storage.swap_file("test", i)),
                       f"lease {i}") for i, key in enumerate(keys)]
     copies = PartitionBuffer()
-    _, delta, *results = run(swaps, copies)
+    _, delta, _, *results = run(swaps, copies)
     assert results == swaps
     for name in params.arrays:
         np.testing.assert_array_equal(delta.arrays[name], in_memory_delta.arrays[name])
@@ -111,13 +111,13 @@ def test_a_swapped_partition_trains_as_one_sent_through_the_object_store(make_co
     # files, or in the worker that wrote them, from the arrays it kept (the files gone).
     again = [SwapFile(swap.written, str(storage.swap_file("test", 10 + i)), f"again {i}")
              for i, swap in enumerate(swaps)]
-    _, read_delta, *_ = run(again)
+    _, read_delta, _, *_ = run(again)
     read = [swap.written.load(config, key) for key, swap in zip(keys, again)]
     for swap in swaps:
         os.unlink(swap.staged)
     copies.next_task(keep=True, parts={0, 1},
                      leases={key: swap.source for key, swap in zip(keys, again)})
-    _, held_delta, *_ = run(again, copies)
+    _, held_delta, _, *_ = run(again, copies)
     for name in params.arrays:
         np.testing.assert_array_equal(held_delta.arrays[name], read_delta.arrays[name])
     for key, swap, (embs, sums) in zip(keys, again, read):
