@@ -170,8 +170,8 @@ class ConfigSchema:
         "partitions / rows of them drawn) added, so that the softmax estimates the one over "
         "every entity of the type. The rows are read-only copies: their gradients, summed "
         "over the bucket, are applied later as a delta (one RowAdagrad step) by the next "
-        "task that trains their partition, or at the pass's end. 0: off (PBG's negatives, from the bucket's partitions only). CPU training "
-        "only.")
+        "task that trains their partition, or at the pass's end. 0: off (PBG's negatives, "
+        "from the bucket's partitions only). CPU training only.")
     disable_lhs_negs: bool = option(False, help="Draw no negatives on the left-hand side.")
     disable_rhs_negs: bool = option(False, help="Draw no negatives on the right-hand side.")
     lr: float = option(1e-2, check=not_negative, help=

@@ -229,9 +229,8 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
                         {k: v.copy() for k, v in params.sums.items()})
     t_ready = time.perf_counter()
     if on_device is None:
-        trained, copy_s, before, after = _train(config, work, held_out, train_edges, arrays,
-                                                local, num_threads, known, beyond)
-        drawn = trained.pop("drawn")
+        trained, copy_s, before, after, drawn = _train(
+            config, work, held_out, train_edges, arrays, local, num_threads, known, beyond)
     else:
         drawn = {}
         trained, copy_s, before, after = _train_on_device(
@@ -297,9 +296,9 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
            arrays: Dict[PartitionKey, Tuple[np.ndarray, np.ndarray]], local: ModelParams,
            num_threads: int, known: Optional[KnownRows],
            beyond: Optional[Dict[str, BeyondBucket]]) -> Tuple[Any, ...]:
-    """Train the bucket's edges in place by the CPU kernel: (training stats with "drawn",
-    see train_bucket; 0 seconds of device copies; the held-out edges' before and after,
-    None without held-out edges)."""
+    """Train the bucket's edges in place by the CPU kernel: (training stats, 0 seconds of
+    device copies, the held-out edges' before and after, None without held-out edges,
+    the gradients of the rows drawn by `beyond`, see train_bucket)."""
     from pbg_ray.model.kernel import train_bucket
 
     before = _held_out_stats(config, work, held_out, arrays, local)
@@ -307,8 +306,8 @@ def _train(config: ConfigSchema, work: BucketWork, held_out: EdgeList, train_edg
                            num_threads=num_threads,
                            seed=task_seed(config, work.position.iteration, work.bucket),
                            warmup_s=work.warmup_s, known=known, beyond=beyond)
-    return ({"count": trained["count"], "metrics": trained["metrics"], "drawn": trained["drawn"]},
-            0.0, before, _held_out_stats(config, work, held_out, arrays, local))
+    return ({"count": trained["count"], "metrics": trained["metrics"]}, 0.0, before,
+            _held_out_stats(config, work, held_out, arrays, local), trained["drawn"])
 
 
 def _results(config: ConfigSchema, work: BucketWork, partitions: Sequence[PartitionArg],
