@@ -107,14 +107,15 @@ def make_bucket(num_entities: int, num_edges: int, seed: int
     return embs, edges
 
 
-def config_dict(setting: Dict[str, Any], workers: int) -> Dict[str, Any]:
+def config_dict(setting: Dict[str, Any]) -> Dict[str, Any]:
+    """The setting's config, pbg_ray's and (with PBG's `workers` added) torchbiggraph's."""
     return dict(
         entities={"node": {"num_partitions": 1}},
         relations=[{"name": "link", "lhs": "node", "rhs": "node",
                     "operator": setting["operator"]}],
         dimension=DIM, comparator=setting["comparator"], loss_fn=setting["loss_fn"],
         num_batch_negs=setting["num_batch_negs"], num_uniform_negs=setting["num_uniform_negs"],
-        batch_size=setting["batch_size"], global_emb=False, lr=0.1, workers=workers,
+        batch_size=setting["batch_size"], global_emb=False, lr=0.1,
         entity_path="/unused", edge_paths=["/unused"], checkpoint_path="/unused")
 
 
@@ -122,7 +123,7 @@ def run_pbg_ray(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList, work
                 device: Optional[str], cuda_graphs: bool = False) -> float:
     """pbg_ray's edges/s on the bucket: the CPU kernel on `workers` threads, or (device
     set) the device step there, after a warm-up of 10 batches."""
-    config = ConfigSchema.from_dict(config_dict(setting, workers))
+    config = ConfigSchema.from_dict(config_dict(setting))
     partitions = {("node", 0): (embs.copy(), np.zeros(len(embs), np.float32))}
     params = init_params(config, 1)
     warm = edges[slice(0, min(len(edges), 10 * setting["batch_size"]))]
@@ -138,7 +139,7 @@ def count_device_step(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList
     """What a bucket of the device step asks of `device` per batch: on a GPU kernel
     launches and host synchronisations (torch's profiler), on the CPU aten operations and
     host reads (DispatchCount)."""
-    config = ConfigSchema.from_dict(config_dict(setting, 1))
+    config = ConfigSchema.from_dict(config_dict(setting))
     partitions = {("node", 0): (embs.copy(), np.zeros(len(embs), np.float32))}
     params = init_params(config, 1)
     batches = -(-len(edges) // setting["batch_size"])
@@ -176,7 +177,7 @@ def run_torchbiggraph(setting: Dict[str, Any], embs: np.ndarray, edges: EdgeList
         from torchbiggraph.train import Trainer
         from torchbiggraph.types import Side
         from torchbiggraph.util import create_pool, get_async_result, split_almost_equally
-    data = config_dict(setting, workers)
+    data = dict(config_dict(setting), workers=workers)
     data["entities"] = {"node": {"num_partitions": 1}}
     config = TbgConfig.from_dict(data)
     model = make_model(config)
