@@ -136,23 +136,21 @@ class PartitionStore:
                             position: Position, known: Optional[KnownRows]) -> None:
         """Apply, in order, the gradients of the partition's rows that buckets drew from
         beyond them and no later task of the pass at `position` applied (model.beyond;
-        `known`: what init_path trained steps at its own rate): to a writable copy, or
-        in disk placement to a swap file written with them, from now on the partition's
-        newest values. No task trains the partition meanwhile (the pass has ended)."""
-        if self.swaps(key):
-            lease = self.lease(key)
-            embs, sums = lease.load(self.config, key)
-        else:
-            if key not in self.summed:
-                self.summed[key] = [np.array(a) for a in ray.get(self.refs[key])]
-            embs, sums = self.summed[key]
-            self.refs.pop(key, None)
+        `known`: what init_path trained steps at its own rate), to a copy put in the
+        object store in its place, or in disk placement to a swap file written with them:
+        from now on the partition's newest values. The partition is of a partitioned
+        type (never a delta's) and no task trains it meanwhile (the pass has ended)."""
+        lease = self.lease(key) if self.swaps(key) else None
+        embs, sums = lease.load(self.config, key) if lease is not None else (
+            np.array(a) for a in ray.get(self.refs[key]))
         for drawn in gradients:
             drawn.apply(embs, sums, self.config.lr, known.partitions.get(key, 0) if known else 0,
                         known.lr_scale if known else 1.0)
-        if self.swaps(key):
-            lease.write(self.config, embs, sums, checkpoint_metadata(self.config, position))
-            self._take_newest(key, lease)
+        if lease is None:
+            self.refs[key] = ray.put((embs, sums))
+            return
+        lease.write(self.config, embs, sums, checkpoint_metadata(self.config, position))
+        self._take_newest(key, lease)
 
     def _take_newest(self, key: PartitionKey, written: SwapFile) -> None:
         """A swapped partition's newest values are those `written` wrote."""

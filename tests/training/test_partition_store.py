@@ -1,12 +1,16 @@
-"""The partition store actor on a real local Ray: what it keeps, writes and hands out."""
+"""The partition store actor on a real local Ray: what it keeps, writes and hands out, and
+the drawn rows' gradients a pass left it to apply."""
 
 import os
 
 import numpy as np
+import pytest
 import ray
 
 from pbg_ray.checkpoints.directory import CheckpointStorage, row_adagrad_sums
+from pbg_ray.checkpoints.position import Position
 from pbg_ray.config import ConfigSchema
+from pbg_ray.model.beyond import RowGradients
 from pbg_ray.training.partition_store import PartitionStore
 from pbg_ray.training.bucket_sources import RandomSource, SwapFile, written_marker
 from tests.util import config_dict
@@ -82,3 +86,32 @@ def test_disk_store_leases_swap_files_and_adopts_only_those_of_finished_tasks(ra
     assert storage.partition_file(1, "user", 1).exists() and storage.partition_file(1, "tag", 0).exists()
     leased = [ray.get(store.lease.remote(("user", 0))).staged for _ in range(2)]
     assert recycled in [os.stat(path).st_ino for path in leased]
+
+
+@pytest.mark.parametrize("placement", ["memory", "disk"])
+def test_row_gradients_left_at_a_pass_s_end_are_the_partition_s_newest_values(
+        ray_session, tmp_path, placement):
+    """Gradients of drawn rows that no task of the pass applied, applied by the store in
+    order: what it hands out next, and what it saves."""
+    config = ConfigSchema.from_dict(config_dict(tmp_path, ray={"placement": placement}))
+    storage = CheckpointStorage(config.checkpoint_path)
+    storage.prepare()
+    store = PartitionStore.remote(config, 1)
+    ray.get([store.add.remote(key, RandomSource(10, 0)) for key in KEYS])
+    key = ("user", 1)
+    embs, sums = (np.array(a) for a in stored(store, key))
+    rng = np.random.default_rng(0)
+    gradients = [RowGradients(offsets, rng.normal(0, 1, (len(offsets), embs.shape[1])
+                                                  ).astype(np.float32),
+                              rng.uniform(0.1, 1, len(offsets)).astype(np.float32))
+                 for offsets in (np.array([0, 3, 7]), np.array([3, 4]))]
+    for drawn in gradients:
+        drawn.apply(embs, sums, config.lr)
+    ray.get(store.apply_row_gradients.remote(key, gradients, Position.of(0, 1, 1, 1), None))
+    got = stored(store, key)
+    np.testing.assert_array_equal(got[0], embs)
+    np.testing.assert_array_equal(got[1], sums)
+    ray.get(store.save.remote(1, {}))
+    saved, state = storage.load_entity_partition(1, *key)
+    np.testing.assert_array_equal(saved, embs)
+    np.testing.assert_allclose(row_adagrad_sums(state, len(saved), key), sums, rtol=1e-6)
