@@ -153,6 +153,12 @@ class KnownRows:
     lr_scale: float
 
 
+def known_rows(known: Optional[KnownRows], key: PartitionKey) -> Tuple[int, float]:
+    """(rows of partition `key` init_path trained, their learning rate's scale): (0, 1.0)
+    outside an incremental run."""
+    return (known.partitions.get(key, 0), known.lr_scale) if known is not None else (0, 1.0)
+
+
 def _fitted(config: ConfigSchema, name: str, value: Any, initial: np.ndarray, grow: bool,
             what: str) -> np.ndarray:
     """`value` as float32 of initial's shape. With `grow`, a dynamic relation parameter

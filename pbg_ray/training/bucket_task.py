@@ -38,7 +38,8 @@ from pbg_ray.incremental.growth import touches_new
 from pbg_ray.io.edges import check_edges
 from pbg_ray.model.native import release_free_heap
 from pbg_ray.model.beyond import BeyondBucket, RowGradients
-from pbg_ray.model.params import KnownRows, ModelParams, PartitionKey, partition_counts
+from pbg_ray.model.params import (
+    KnownRows, ModelParams, PartitionKey, known_rows, partition_counts)
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RUNTIME_ENV, on_task_threads, task_threads
 from pbg_ray.training.scheduler import partitions_to_keep
@@ -219,9 +220,7 @@ def run_bucket(config: ConfigSchema, work: BucketWork, params: ModelParams,
     arrays, edges = _read(config, work, partitions, copies, disk, known, on_device)
     for key, drawn in (pending or {}).items():
         for gradients in drawn:
-            gradients.apply(*arrays[key], config.lr,
-                            known.partitions.get(key, 0) if known else 0,
-                            known.lr_scale if known else 1.0)
+            gradients.apply(*arrays[key], config.lr, *known_rows(known, key))
     held_out, train_edges = split_held_out(
         edges, config.eval_fraction,
         [config.seed, work.bucket.lhs, work.bucket.rhs, work.position.edge_chunk_idx])

@@ -22,7 +22,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.io.files import sync_file
 from pbg_ray.io.storage import ObjectPath, replace, storage_path
 from pbg_ray.model.beyond import RowGradients
-from pbg_ray.model.params import KnownRows, PartitionKey
+from pbg_ray.model.params import KnownRows, PartitionKey, known_rows
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.training.bucket_sources import SwapFile, asked_marker, writes_behind, written_marker
 
@@ -144,8 +144,7 @@ class PartitionStore:
         embs, sums = lease.load(self.config, key) if lease is not None else (
             np.array(a) for a in ray.get(self.refs[key]))
         for drawn in gradients:
-            drawn.apply(embs, sums, self.config.lr, known.partitions.get(key, 0) if known else 0,
-                        known.lr_scale if known else 1.0)
+            drawn.apply(embs, sums, self.config.lr, *known_rows(known, key))
         if lease is None:
             self.refs[key] = ray.put((embs, sums))
             return
