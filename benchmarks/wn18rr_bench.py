@@ -13,7 +13,7 @@ Arms: `pbg` (PBG's recipe: the demo's model and training options, d=100, 10 epoc
 batch + 100 uniform negatives, a fixed number of epochs) and `quality` (+training=quality),
 each on every partition count of --partitions (1 4: on 1 and on 4 partitions), in each
 placement of --placement (memory, disk), with --beyond-bucket-negs N setting that key (0:
-off; unset: the recipe's own, 0 for pbg, 4096 for quality); `tune` (not run by default): `python
+off; unset: the recipe's own, 0 for pbg, 2048 for quality); `tune` (not run by default): `python
 -m pbg_ray.tune` of +training=quality with its default search (tune=asha: lr, dimension;
 ASHA on the best validation MRR), --tune-samples trials one at a time on both CPUs, the
 first of them the recipe itself (tune.config_first), then the best trial's best version
