@@ -19,7 +19,7 @@ import logging
 import sys
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Set, Tuple
 
 import numpy as np
 import ray
@@ -60,6 +60,9 @@ class Launched:
     t_start: float  # where its bucket_wall_s begins
     results: Dict[PartitionKey, Optional[str]]  # the versions of its results (BucketWork)
     given: Dict[PartitionKey, int]  # how many of each key's pending gradients it applies
+    # The partitions it takes over from the task before it on its trainer (disk placement:
+    # passed on in the worker's buffer, their newest values on no file until it ends).
+    taken_over: FrozenSet[PartitionKey] = frozenset()
     # The following bucket's task, submitted to start once this one has succeeded.
     successor: Optional["Launched"] = None
 
@@ -308,23 +311,31 @@ class PassRun:
                              previous.refs.delta if previous is not None else None,
                              self.beyond(bucket, keys), pending)
         task = Launched(bucket, keys, deltas, refs, leases, following, followed, t_start,
-                        results, {k: len(g) for k, g in pending.items()})
+                        results, {k: len(g) for k, g in pending.items()},
+                        taken_over=frozenset(behind))
         self.in_flight.update((k, task) for k in keys)
         return task
 
     def beyond(self, bucket: Bucket, keys: List[PartitionKey]) -> Dict[str, BeyondBucket]:
         """Per partitioned entity type of the bucket, beyond_bucket_negs rows drawn
-        uniformly over all its partitions (draw_beyond, from the bucket's seed) from what
-        their stores hold now: read-only copies, whose gradients come back from the task
-        (BucketRefs.drawn) to be applied later (`pending`)."""
+        uniformly over its partitions (draw_beyond, from the bucket's seed) from what their
+        stores hold now: read-only copies, whose gradients come back from the task
+        (BucketRefs.drawn) to be applied later (`pending`). Left out: the partitions a
+        task in flight took over from the one before it (disk placement): their newest
+        values are in that task's worker alone, and its store would wait for a file that
+        is not written until the task ends."""
         config, trainer = self.config, self.trainer
         if not config.beyond_bucket_negs:
             return {}
         rng = np.random.default_rng(task_seed(config, self.position.iteration, bucket))
+        taken_over = {k for k, task in self.in_flight.items() if k in task.taken_over}
         drawn = {}
         for entity in dict.fromkeys(e for e, _ in keys if config.entities[e].num_partitions > 1):
-            sizes = dict(enumerate(trainer.entity_counts[entity]))
+            sizes = {p: n for p, n in enumerate(trainer.entity_counts[entity])
+                     if (entity, p) not in taken_over}
             offsets = draw_beyond(sizes, config.beyond_bucket_negs, rng)
+            if not offsets:
+                continue
             refs = [trainer.store_of[entity, p].rows.remote((entity, p), o)
                     for p, o in offsets.items()]
             drawn[entity] = BeyondBucket(
