@@ -78,7 +78,7 @@ RUN_PBG_RAY = DRIVER_PEAK + """
 import json, sys, threading, time
 import psutil
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer.ray_data import import_graph
+from pbg_ray.importer.ray_engine import import_graph
 data, nodes, sampled = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[4] == "1"
 peak = [0]
 def sample():  # the whole tree: this driver and, under it, Ray and its workers

@@ -24,7 +24,7 @@ from pbg_ray.errors import PbgRayError
 from pbg_ray.evaluation.distributed import evaluate_checkpoint as evaluate
 from pbg_ray.evaluation.predictor import Predictor
 from pbg_ray.evaluation.questions import Hit, answer_json
-from pbg_ray.importer.ray_data import import_graph
+from pbg_ray.importer.ray_engine import import_graph
 from pbg_ray.runtime.connect import connect_ray
 from pbg_ray.training.trainer import Trainer, TrainResult
 

@@ -12,7 +12,7 @@ import json
 
 from pbg_ray.cli import hydra_entry
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer.ray_data import import_graph
+from pbg_ray.importer.ray_engine import import_graph
 
 EXAMPLES = (
     "python -m pbg_ray.import_edges config.py 'importer.inputs=[train.tsv]'",

@@ -45,13 +45,14 @@ class ImportConfig:
     overwrite: bool = option(False, help=
         "Replace a different graph already in the output directories.")
     engine: str = option("auto", check=one_of(ENGINES), help=
-        "local: one process reads the inputs one after the other; ray: Ray Data reads shards "
-        "in parallel, counts names by hash partition and writes buckets in parallel tasks "
-        "(on ray.address, or a local Ray); auto: ray when joining a multi-node cluster "
+        "local: one process reads the inputs one after the other; ray: Ray tasks read shards "
+        "in parallel, dictionary shards (Ray actors) give names their ids by hash partition, "
+        "spilling them to disk where a local Ray's memory plan is reached, and Ray tasks "
+        "write buckets in parallel (on ray.address, or a local Ray); auto: ray when joining a multi-node cluster "
         "(ray.address set) or when the inputs hold more than ray_min_bytes, else local. Both "
         "give the same entity files and the same edges in every bucket.")
     ray_min_bytes: int = option(4 << 30, check=not_negative, help=
-        "engine=auto: inputs of more bytes are imported with Ray Data.")
+        "engine=auto: inputs of more bytes are imported with the Ray engine.")
     previous_entity_path: Optional[str] = option(None, location=True, help=
         "Incremental import: a previous import's entity_path (never modified). Its entities "
         "keep their partition and offset (and, with dynamic_relations, its relations their "

@@ -8,7 +8,8 @@ staging.py       phase 4: staging directories, moved into place; the import's ma
 name_index.py    the hash table that turns entity and relation names into ids
 demo.py          the built-in demo graph, generated with planted structure
 
-ray_data.py      the importer on Ray Data, and the choice of engine
+ray_engine.py    the importer on Ray tasks and actors, and the choice of engine
+plan.py          the memory plan of an import, for both engines
 
 import_graph loads on first use: the commands import demo.py (where the demo is), and
 the readers' pandas and pyarrow stay out of the drivers that import no edges.

@@ -12,8 +12,8 @@ keep their partition and offset whatever their count now, and the new names are
 appended to the ends of partitions, the smallest partitions first (fill_smallest).
 
 The places themselves (cut_places, appended_places) depend on the number of names and
-the seed only: the local engine applies them to its name index, the Ray Data engine
-(ray_data.py) to the names' keys alone, so both write the same entity files.
+the seed only: the local engine applies them to its name index, the Ray engine
+(ray_engine.py) to the names' keys alone, so both write the same entity files.
 """
 
 from __future__ import annotations

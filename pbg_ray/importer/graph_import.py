@@ -12,18 +12,19 @@ splits its work):
 One parse per input. The first input (for edge_paths[0]) fixes the dictionaries; later
 inputs (eval_edge_paths) look their names up in them. `run_import` is what every engine
 shares (checks, the manifest, staging, commit, stats); `local_phases` runs the phases in
-this process, pbg_ray/importer/ray_data.py on Ray Data.
+this process, pbg_ray/importer/ray_engine.py on Ray tasks and actors.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer.dictionaries import build_dictionaries, load_previous
+from pbg_ray.importer.plan import ImportPlan
 from pbg_ray.importer.read import IdReader
 from pbg_ray.importer.routing import BucketRouter
 from pbg_ray.importer.staging import ImportTarget, Staging, staging
@@ -109,16 +110,19 @@ def run_import(config: ConfigSchema, phases: Phases, shared: bool = False) -> Di
     return result
 
 
-def local_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, Any]],
-                                                                 Dict[str, int], int]:
-    """The phases in this process, input by input, through spill files."""
+def local_phases(config: ConfigSchema, stages: Staging, plan: Optional[ImportPlan] = None
+                 ) -> Tuple[List[Dict[str, Any]], Dict[str, int], int]:
+    """The phases in this process, input by input, through spill files; with a `plan`,
+    its names within ImportPlan.names_bytes."""
     reader = IdReader(config)
     previous = load_previous(config, reader)  # seeds the reader: known names come first
     per_input = []
+    names_bytes = plan.names_bytes if plan is not None else None
     for number, (stage, output) in enumerate(zip(stages.edges, config.edge_paths
                                                  + config.eval_edge_paths)):
         spill = stage / "spill.bin"
-        stats: Dict[str, Any] = {"output": str(storage_path(output)), **reader.read(number, spill)}
+        stats: Dict[str, Any] = {"output": str(storage_path(output)),
+                                 **reader.read(number, spill, names_bytes)}
         if number == 0:  # the first input fixes the dictionaries
             dictionaries = build_dictionaries(config, reader, previous)
             router = BucketRouter(config, reader.types, reader.spill_dtype, dictionaries)
@@ -133,5 +137,5 @@ def local_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, 
 
 def import_graph(config: ConfigSchema) -> Dict[str, Any]:
     """Import `config.importer.inputs` into config's entity_path and edge paths in this
-    process; returns stats. (api.import_graph also offers the Ray Data engine.)"""
+    process; returns stats. (api.import_graph also offers the Ray engine.)"""
     return run_import(config, local_phases)

@@ -60,8 +60,16 @@ class NameIndex:
         return self.add_keyed(*name_keys(names), names, counts)
 
     def add_keyed(self, keys: np.ndarray, checks: np.ndarray, names: pa.Array,
-                  counts: Optional[np.ndarray] = None) -> np.ndarray:
-        """`add` of names whose (key, check) name_keys already gave."""
+                  counts: Optional[np.ndarray] = None, grow: bool = True) -> np.ndarray:
+        """`add` of names whose (key, check) name_keys already gave; without `grow`, names
+        the index lacks are not added (id -1) nor counted."""
+        if not grow:
+            ids = self._table.lookup(keys)
+            self._verify(ids, keys, checks, names)
+            found = np.flatnonzero(ids >= 0)
+            np.add.at(self._counts.array, ids[found],
+                      1 if counts is None else np.asarray(counts, np.int64)[found])
+            return ids
         prior = len(self)
         # A fresh vector per call: pandas hands out a view of it and then refuses to grow it.
         ids = self._table.get_labels(keys, hashtable.UInt64Vector(), prior, -1)

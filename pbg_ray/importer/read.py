@@ -22,7 +22,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.errors import did_you_mean
+from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.importer.name_index import NameIndex
 from pbg_ray.io.raw import MAX_EXAMPLES, RawBatch, RawTable, input_shards
 
@@ -91,15 +91,19 @@ class IdReader:
         return self.relation_index.lookup(batch.rel)
 
     def entity_ids(self, batch: RawBatch, rel: np.ndarray, learn: bool,
-                   counts: Optional[np.ndarray] = None) -> tuple:
+                   counts: Optional[np.ndarray] = None,
+                   only: Optional[Tuple[np.ndarray, np.ndarray]] = None) -> tuple:
         """(lhs ids, rhs ids), each within its own entity type; -1 where unseen (`learn`:
-        new names get new ids, each row's names counted as `counts` occurrences, default 1)."""
-        lhs_ids = np.empty(len(batch), np.int64)
-        rhs_ids = np.empty(len(batch), np.int64)
+        new names get new ids, each row's names counted as `counts` occurrences, default 1).
+        `only`: masks of the lhs and rhs names to name, the others -1 and not counted."""
+        lhs_ids = np.full(len(batch), -1, np.int64)
+        rhs_ids = np.full(len(batch), -1, np.int64)
         lhs_types, rhs_types = self.types.of_edges("lhs", rel), self.types.of_edges("rhs", rel)
         for t, name in enumerate(self.types.names):
             index = self.entity_index[name]
             lmask, rmask = lhs_types == t, rhs_types == t
+            if only is not None:
+                lmask, rmask = lmask & only[0], rmask & only[1]
             lhs = batch.lhs if lmask.all() else batch.lhs.filter(pa.array(lmask))
             rhs = batch.rhs if rmask.all() else batch.rhs.filter(pa.array(rmask))
             if not len(lhs) + len(rhs):
@@ -129,9 +133,11 @@ class IdReader:
                 batch, rel = batch.take(~bad), rel[~bad]
             yield batch, rel
 
-    def read(self, number: int, spill_path: Path) -> Dict[str, Any]:
+    def read(self, number: int, spill_path: Path,
+             names_bytes: Optional[int] = None) -> Dict[str, Any]:
         """Input `number` (its shards in name order) into a spill file of id records (the
-        first input learns names); returns its stats."""
+        first input learns names); returns its stats. Stops in one line where the name
+        indexes outgrow `names_bytes` (the local engine's plan, importer/plan.py)."""
         spec = self.settings.inputs[number]
         learn = number == 0
         unseen = 0
@@ -152,7 +158,21 @@ class IdReader:
                         records["weight"] = batch.weight[known]
                     records.tofile(spill)
                     progress.update(len(batch))
+                    if names_bytes is not None and learn:
+                        self._check_names(names_bytes)
         return read_stats(spec, tables, None if learn else unseen, self.settings.inputs[0])
+
+
+    def _check_names(self, names_bytes: int) -> None:
+        indexes = list(self.entity_index.values()) + [self.relation_index]
+        held = sum(index.nbytes() for index in indexes)
+        if held > names_bytes:
+            names = sum(len(index) for index in indexes)
+            raise PbgRayError(
+                f"the import's names outgrow the local engine's memory: {names:,} names hold "
+                f"{held / 2 ** 30:.2f} GiB, over the {names_bytes / 2 ** 30:.2f} GiB its plan "
+                "leaves them (docs/sizing.md, \"Import\"). Set importer.engine=ray: its "
+                "dictionary shards spill names to disk; or give the import more memory.")
 
 
 def read_stats(spec: str, tables: List[RawTable], unseen: Optional[int],

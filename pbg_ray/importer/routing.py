@@ -3,7 +3,7 @@
 Each record's ids become (partition, offset) through the dictionaries; edges whose
 entities or relation were dropped as too rare are left out, and unpartitioned entity
 types spread their edges over all buckets (v1 spec) by a hash of the edge
-(`BucketRouter.buckets`, which the Ray Data engine shares). A first pass over the spill
+(`BucketRouter.buckets`, which the Ray engine shares). A first pass over the spill
 counts each bucket's edges, so that every bucket file is created at its final size; a
 second pass groups each chunk of edges by bucket with a stable radix sort (a bucket
 keeps the input's order) and writes it, at most MAX_OPEN_BUCKETS files open at a time.

@@ -2,7 +2,7 @@
 
 Every file is first written into staging directories: inside each output directory when
 it is local (then renamed into place); for object storage in local scratch space (then
-uploaded), or, when tasks on other nodes write them (the Ray Data engine), under the
+uploaded), or, when tasks on other nodes write them (the Ray engine), under the
 output's prefix (then copied inside the store). Once all are written,
 `ImportTarget.commit` moves them into place: the graph
 files already there are removed (the manifest first, so that a half-replaced graph never

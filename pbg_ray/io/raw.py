@@ -48,8 +48,8 @@ BZIP2_START = re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x
 COMPRESSION_SUFFIXES = (".gz", ".gzip", ".bz2", ".zst", ".zstd", ".lz4")
 ROLES = ("lhs", "rel", "rhs", "weight")
 CHECK_THE_FILE = "Check the file (a download or copy cut short?)."
-TEXT_BLOCK_BYTES = 16 << 20  # bytes of text Arrow parses per batch
-PARQUET_BATCH_ROWS = 1 << 19
+TEXT_BLOCK_BYTES = 4 << 20  # bytes of text Arrow parses per batch
+PARQUET_BATCH_ROWS = 1 << 17
 MAX_EXAMPLES = 5  # bad rows quoted in the report
 GLOB_CHARS = "*?["
 

@@ -10,7 +10,7 @@ pbg_ray calls `fault_point(name)` at these points (in the process that reaches t
     driver.version_written       every file of the new version is written;
                                  checkpoint_version.txt still names the previous one
     driver.after_commit          the new version is current, the superseded one dropped
-    importer.read_shard          a Ray Data task of the import is about to read a shard
+    importer.read_shard          a read task of the Ray engine is about to read a shard
     importer.batch_named         a read task's batch has its names' ids, counted by the
                                  dictionary shards
     importer.shard_add           a dictionary shard is about to add a read call's names

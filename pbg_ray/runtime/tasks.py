@@ -22,8 +22,8 @@ from pbg_ray.model.native import KERNEL_ENV
 # kind would push these workers out, and each new worker imports torch again.
 TASK_RUNTIME_ENV = {"env_vars": KERNEL_ENV}
 # How often a task whose worker died is run again before the run stops: Ray's default for
-# tasks, which Ray Data's tasks (the import's read) and, on the local Ray pbg_ray starts,
-# tasks that Ray's memory monitor killed are given too (theirs: without end).
+# tasks, which, on the local Ray pbg_ray starts, tasks that Ray's memory monitor killed are
+# given too (theirs: without end).
 TASK_RETRIES = 3
 # How long a failed run waits for the tasks it stopped (or the other returns of a failed
 # task) to finish, so that none writes after the caller cleaned up.

@@ -13,9 +13,9 @@ from ray.cluster_utils import Cluster
 from ray.util.state import list_tasks
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.importer.ray_data import choose_engine, import_graph
+from pbg_ray.importer.ray_engine import choose_engine, import_graph
 
-STAGES = ("_read_blocks)", "DictionaryShard.add", "_dictionary", "DictionaryShard.scatter_names",
+STAGES = ("_read_shard", "DictionaryShard.add", "_dictionary", "DictionaryShard.scatter_names",
           "_write_names", "_route_block", "_write_buckets")
 config = ConfigSchema.from_dict(json.loads(sys.argv[1]))
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": True})

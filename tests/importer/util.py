@@ -73,14 +73,14 @@ def make(tmp_path: Path, inputs: List[str], entities=None, relations=None,
          **importer: Any) -> ConfigSchema:
     """A config importing `inputs` under tmp_path: one node type in 2 partitions and the
     relations RELATIONS unless given; the first input to train, the others to eval0, eval1...
-    Keyword arguments are importer settings (and dynamic_relations)."""
+    Keyword arguments are importer settings (and dynamic_relations and the ray section)."""
     data = config_dict(
         tmp_path, entities=entities or {"node": {"num_partitions": 2}},
         relations=relations or [{"name": r, "lhs": "node", "rhs": "node"} for r in RELATIONS],
         edge_paths=[str(tmp_path / "train")], global_emb=False)
     if len(inputs) > 1:
         data["eval_edge_paths"] = [str(tmp_path / f"eval{i}") for i in range(1, len(inputs))]
-    data.update({k: importer.pop(k) for k in ("dynamic_relations",) if k in importer})
+    data.update({k: importer.pop(k) for k in ("dynamic_relations", "ray") if k in importer})
     data["importer"] = dict(inputs=inputs, **importer)
     return ConfigSchema.from_dict(data)
 

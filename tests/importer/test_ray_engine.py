@@ -1,8 +1,10 @@
-"""The importer on Ray Data gives what the local importer gives: the same entity files and
-the same edges in every bucket, on one node, on object storage and on two nodes."""
+"""The importer on Ray tasks and actors gives what the local importer gives: the same entity
+files and the same edges in every bucket, on one node, on object storage, on two nodes and
+with its names spilled to disk over several passes."""
 
 import collections
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +19,13 @@ from ray.exceptions import WorkerCrashedError
 from pbg_ray.cli import user_error
 from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
-from pbg_ray.importer import ray_data
-from pbg_ray.importer.ray_data import choose_engine, import_graph
+from pbg_ray.importer import plan, ray_engine
+from pbg_ray.importer.ray_engine import choose_engine, import_graph
 from pbg_ray.io import raw
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names
 from pbg_ray.io.name_keys import name_keys
 from pbg_ray.io.storage import storage_path
-from pbg_ray.runtime.budget import MemoryBudget
 from pbg_ray.runtime.tasks import TASK_RETRIES
 from pbg_ray.types import Bucket
 from tests.fault_injection import armed
@@ -73,7 +74,7 @@ def typed_rows(n, seed):
             for i, (l, r, h) in enumerate(rows)]
 
 
-def test_ray_data_engine_matches_the_local_engine(ray_session, tmp_path):
+def test_ray_engine_matches_the_local_engine(ray_session, tmp_path):
     rows = typed_rows(600, 0) + [(f"rare{i}", "follows", "n1", "2") for i in range(3)]
     shards = tmp_path / "shards"
     shards.mkdir()
@@ -101,7 +102,7 @@ def test_one_partition_is_written_by_one_names_writer(ray_session, tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_data_engine_grows_a_previous_import_with_dynamic_relations(ray_session, tmp_path):
+def test_ray_engine_grows_a_previous_import_with_dynamic_relations(ray_session, tmp_path):
     old = write_text(tmp_path / "old.tsv", random_rows(200, 0, num_names=30))
     new = write_text(tmp_path / "new.tsv", random_rows(300, 1, num_names=50))
     one = [{"name": "any", "lhs": "node", "rhs": "node"}]
@@ -120,7 +121,7 @@ def test_ray_data_engine_grows_a_previous_import_with_dynamic_relations(ray_sess
     assert_same_import(*grown["local"][:1], *grown["ray"][:1], grown["local"][1], grown["ray"][1])
 
 
-def test_a_bad_row_stops_the_ray_data_engine_naming_shard_and_line(ray_session, tmp_path):
+def test_a_bad_row_stops_the_ray_engine_naming_shard_and_line(ray_session, tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
     write_text(shards / "part-0.tsv", random_rows(20))
@@ -136,8 +137,7 @@ def test_a_bad_row_stops_the_ray_data_engine_naming_shard_and_line(ray_session, 
 def test_a_read_whose_worker_dies_on_every_try_stops_the_import_in_one_line(ray_session,
                                                                            tmp_path):
     # As a read task that outgrows its memory is killed again on each of Ray's retries:
-    # the import stops after TASK_RETRIES of them (Ray Data's own default retries without
-    # end) and the command says so in one line.
+    # the import stops after TASK_RETRIES of them and the command says so in one line.
     shards = tmp_path / "shards"
     shards.mkdir()
     write_text(shards / "part-0.tsv", random_rows(20))
@@ -154,7 +154,7 @@ def test_a_read_whose_worker_dies_on_every_try_stops_the_import_in_one_line(ray_
     assert not (tmp_path / "train").exists() or not list((tmp_path / "train").iterdir())
 
 
-def test_auto_picks_ray_data_for_large_inputs_only(tmp_path):
+def test_auto_picks_the_ray_engine_for_large_inputs_only(tmp_path):
     source = write_text(tmp_path / "e.tsv", random_rows(10))
     assert choose_engine(make(tmp_path, [source])) == "local"
     assert choose_engine(make(tmp_path, [source], ray_min_bytes=10)) == "ray"
@@ -163,7 +163,7 @@ def test_auto_picks_ray_data_for_large_inputs_only(tmp_path):
 
 @pytest.mark.s3
 @pytest.mark.slow
-def test_parquet_shards_on_object_storage_with_ray_data(ray_session, s3_root, tmp_path):
+def test_parquet_shards_on_object_storage_with_the_ray_engine(ray_session, s3_root, tmp_path):
     rows = random_rows(400, 3)
     local_shards = tmp_path / "shards"
     local_shards.mkdir()
@@ -195,7 +195,7 @@ def test_two_nodes_import_what_one_process_imports(tmp_path):
         write_text(shards / f"part-{i}.tsv", rows[i * 200:(i + 1) * 200])
     local = make(tmp_path / "local", [str(shards)], **TYPED, engine="local", weight_col=3)
     # auto: the inputs are far below importer.ray_min_bytes, so only the cluster's second
-    # node makes it choose Ray Data.
+    # node makes it choose the Ray engine.
     on_ray = make(tmp_path / "ray", [str(shards)], **TYPED, engine="auto", weight_col=3)
     local_stats = import_graph(local)
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("multinode_import.py")),
@@ -208,41 +208,35 @@ def test_two_nodes_import_what_one_process_imports(tmp_path):
     assert_same_import(local, on_ray, local_stats, summary["stats"])
 
 
-def test_blocks_merged_by_ray_data_route_as_apart(ray_session, tmp_path, monkeypatch):
-    """A shard longer than a block is read as several blocks, which Ray Data may hand on
-    as rows of one of its blocks: routing gives the same either way."""
+def test_a_shard_is_read_into_blocks_of_whole_batches_then_its_figures(ray_session,
+                                                                         tmp_path, monkeypatch):
+    """A shard longer than a block is read as several blocks of whole batches, its
+    figures last; the route of each block gives its edges their buckets."""
     monkeypatch.setattr(raw, "PARQUET_BATCH_ROWS", 50)
     rows = random_rows(500, 0, num_names=200)
     path = write_parquet(tmp_path / "edges.parquet", rows)
     distinct = len({name for lhs, _, rhs in rows for name in (lhs, rhs)})
     config = make(tmp_path / "out", [path], entity_min_count=5)
-    shard = ray.remote(ray_data.DictionaryShard).remote(config, 0, 1)
-    items = {"input": np.array([0]), "shard": np.array([path])}
-    apart = list(ray_data._read_blocks(items, config, 120, [shard]))
-    assert [len(ray_data._values(b, "lhs")) for b in apart] == [150, 150, 150, 50]
-    assert [b["stats"][0].as_py() is None for b in apart] == [True, True, True, False]
+    shard = ray.remote(ray_engine.DictionaryShard).remote(config, 0, 1)
+    *blocks, read = ray_engine._read_shard._function(config, 0, path, [shard], 120, 1, None)
+    assert [len(b.lhs) for b in blocks] == [150, 150, 150, 50]
+    assert (read.input, read.figures.num_rows, read.blocks, read.unresolved) == (0, 500, 4, 0)
     keyed = ray.get(shard.keyed.remote(0))
     assert len(keyed[0]) == distinct and keyed[1].sum() == 2 * len(rows)
-    places, kept = ray_data._dictionary._function(config, 0, False, [shard], keyed)
+    places, kept = ray_engine._dictionary._function(config, 0, False, [shard], keyed)
     assert len(places) == distinct and 0 < kept < distinct  # the rare ones: dropped
-    assert (places == ray_data.DROPPED).sum() == distinct - kept
-    merged = pa.concat_tables(apart)
-    routed = ray_data._route_block._function(config, 2, [0], merged, places)
-    in_parts = [ray_data._route_block._function(config, 2, [0], b, places) for b in apart]
-    assert routed[0] == [figures for block in in_parts for figures in block[0]]
-    assert sum(figures["dropped"] for figures in routed[0]) > 0
-    for writer in (1, 2):
-        theirs = [edges for block in in_parts for edges in block[writer]]
-        for mine, other in zip(routed[writer], theirs):
-            assert mine.keys() == other.keys()
-            assert all(np.array_equal(mine[k], other[k]) for k in mine)
+    assert (places == ray_engine.DROPPED).sum() == distinct - kept
+    routed = [ray_engine._route_block._function(config, 2, [0], b, places) for b in blocks]
+    assert sum(figures["dropped"] for figures, *_ in routed) > 0
+    assert sum(len(edges["lhs"]) for _, *writers in routed for edges in writers) == sum(
+        len(b.lhs) - figures["dropped"] for b, (figures, *_) in zip(blocks, routed))
 
 
 def test_two_names_sharing_a_key_stop_the_dictionary_shard_naming_both(tmp_path):
     """A dictionary shard compares every sighting's second hash: two names given one key
     (by hand here: a real collision is a chance of one in 10^19) are named in one line."""
     config = make(tmp_path / "out", [])
-    shard = ray_data.DictionaryShard(config, 0, 1)
+    shard = ray_engine.DictionaryShard(config, 0, 1)
     names = pa.array(["entity-number-one", "entity-number-two"])
     keys, checks = name_keys(names)
     with pytest.raises(PbgRayError) as caught:
@@ -255,7 +249,7 @@ def test_two_names_sharing_a_key_stop_the_dictionary_shard_naming_both(tmp_path)
 def test_a_dictionary_shard_counts_a_read_call_once(tmp_path):
     """A read task run again after its worker died sends its calls again: their names
     keep their ids and are not counted twice."""
-    shard = ray_data.DictionaryShard(make(tmp_path / "out", []), 1, 2)
+    shard = ray_engine.DictionaryShard(make(tmp_path / "out", []), 1, 2)
     names = pa.array(["a", "b", "a"])
     keys, checks = name_keys(names)
     first = shard.add(0, ("read", "part-0", 0, 0), keys, checks, names, None)
@@ -269,7 +263,7 @@ def test_a_dictionary_shard_counts_a_read_call_once(tmp_path):
 
 def test_a_read_task_killed_after_counting_imports_what_the_local_engine_does(
         ray_session, tmp_path):
-    # The first read task dies once its first batch's names are counted; Ray Data runs it
+    # The first read task dies once its first batch's names are counted; Ray runs it
     # again. With entity_min_count=2 a name counted twice would be kept where the local
     # engine drops it.
     rows = random_rows(300, 2, num_names=150)
@@ -303,7 +297,7 @@ def test_names_over_two_dictionary_shards_import_as_in_one_process(ray_session, 
                                                                   monkeypatch):
     # One shard per CPU: the 2 CPUs of the test's Ray give two, each with about half the
     # names, relation names included.
-    monkeypatch.setattr(ray_data, "CPUS_PER_SHARD", 1)
+    monkeypatch.setattr(plan, "CPUS_PER_SHARD", 1)
     source = write_text(tmp_path / "e.tsv", random_rows(400, 5, num_names=120))
     one = [{"name": "any", "lhs": "node", "rhs": "node"}]
     settings = dict(relations=one, dynamic_relations=True, entity_min_count=2)
@@ -313,7 +307,7 @@ def test_names_over_two_dictionary_shards_import_as_in_one_process(ray_session, 
 
 
 def test_a_previous_dictionary_naming_an_entity_twice_is_refused_by_keys(tmp_path):
-    """The Ray Data engine reads a previous import's names by key: a name listed twice is
+    """The Ray engine reads a previous import's names by key: a name listed twice is
     refused as the local engine refuses it, and named."""
     for part, names in enumerate([["a", "an-entity-with-a-long-name"],
                                   ["an-entity-with-a-long-name"]]):
@@ -322,20 +316,55 @@ def test_a_previous_dictionary_naming_an_entity_twice_is_refused_by_keys(tmp_pat
     config = make(tmp_path, [], previous_entity_path=str(tmp_path / "old"))
     with pytest.raises(PbgRayError, match="entity type 'node' lists a name twice "
                                           "\\('an-entity-with-a-long-name'\\)"):
-        ray_data._dictionary._function(config, 0, True, [])
+        ray_engine._dictionary._function(config, 0, True, [])
 
 
-def test_names_outgrowing_a_dictionary_shards_share_of_the_budget_stop_it_in_one_line(
-        tmp_path):
-    budget = MemoryBudget(4 << 20, "ray.memory_budget")
-    shard = ray_data.DictionaryShard(make(tmp_path / "out", []), 0, 2, budget)
-    few = pa.array([f"name-{i:06d}" for i in range(100)])
-    shard.add(0, ("read", "part-0", 0, 0), *name_keys(few), few, None)  # within its share
-    many = pa.array([f"name-{i:06d}" for i in range(100_000)])
-    with pytest.raises(PbgRayError) as caught:
-        shard.add(0, ("read", "part-0", 0, 1), *name_keys(many), many, None)
-    message = str(caught.value)
-    assert message.startswith("the import's names outgrow its memory: dictionary shard 0 of 2 "
-                              "holds ")
-    assert "100,000 names" in message and "(ray.memory_budget)" in message
-    assert "importer.previous_entity_path" in message and "\n" not in message
+def test_a_full_dictionary_shard_leaves_new_names_unresolved_then_spills_them(tmp_path):
+    """Past its names' plan a shard takes no new names for the pass (id -1, not counted),
+    while the names it knows keep their ids and counts; at the pass's end it spills them to
+    disk and starts empty, the next pass's names getting the ids after them; its keys,
+    counts and names read back whole."""
+    shard = ray_engine.DictionaryShard(make(tmp_path / "out", []), 1, 2, names_bytes=1,
+                                       spill_dir=str(tmp_path))
+    first = pa.array(["a", "entity-with-a-long-name", "a"])
+    assert shard.add(0, ("read", 1, "p0", 0, 0), *name_keys(first), first, None).tolist() == [
+        1, 3, 1]  # index ids 0 and 1 of shard 1 of 2; now over its plan
+    later = pa.array(["b", "a", "b"])
+    assert shard.add(0, ("read", 1, "p0", 0, 1), *name_keys(later), later, None).tolist() == [
+        -1, 1, -1]
+    assert shard.pass_done() == 2 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "shard1-type0-pass1.arrow", "shard1-type0-pass1.npz"]
+    again = pa.array(["b", "b"])
+    assert shard.add(0, ("read", 2, "p0", 0, 0), *name_keys(again), again, None).tolist() == [
+        5, 5]  # index id 2
+    assert shard.pass_done() == 1  # over its plan again
+    keys, counts, _ = shard.keyed(0)
+    assert keys.tolist() == name_keys(pa.array(["a", "entity-with-a-long-name", "b"]))[
+        0].tolist()
+    assert counts.tolist() == [3, 1, 2]
+    assert shard.name(0, 1) == "entity-with-a-long-name" and shard.name(0, 2) == "b"
+
+
+def test_names_over_their_plan_import_over_passes_as_in_one_process(ray_session, tmp_path,
+                                                                   monkeypatch, caplog):
+    """Dictionary shards whose plan holds a fraction of the names: the reads run again,
+    pass after pass, over the shards with names left unresolved, and the import is the
+    local engine's (first-input counts, a later input's unseen names, dynamic relations)."""
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    rows = random_rows(1200, 7, num_names=600)
+    for i in range(3):
+        write_text(shards / f"part-{i}.tsv", rows[i * 400:(i + 1) * 400])
+    test = write_text(tmp_path / "test.tsv", random_rows(50, 8, num_names=700))
+    one = [{"name": "any", "lhs": "node", "rhs": "node"}]
+    settings = dict(relations=one, dynamic_relations=True, entity_min_count=2)
+    local = make(tmp_path / "local", [str(shards), test], engine="local", **settings)
+    on_ray = make(tmp_path / "ray", [str(shards), test], engine="ray", **settings)
+    local_stats = import_graph(local)
+    small = plan.ImportPlan("ray", 2, 2, 20_000, None, 0, None)  # two shards, few names
+    monkeypatch.setattr(ray_engine, "import_plan", lambda *args: small)
+    with caplog.at_level(logging.INFO, logger="pbg_ray"):
+        ray_stats = import_graph(on_ray)
+    passes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("import: pass")]
+    assert len(passes) > 1 and passes[0].startswith("import: pass 1 left the names of "), passes
+    assert_same_import(local, on_ray, local_stats, ray_stats)

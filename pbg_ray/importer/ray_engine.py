@@ -1,18 +1,25 @@
-"""The importer on Ray Data, and the choice of engine (importer.engine).
+"""The importer on Ray tasks and actors, and the choice of engine (importer.engine).
 
 The importer's phases (pbg_ray/importer/) as parallel work over the inputs' shards,
-committed by the same `run_import` as the local engine:
+committed by the same `run_import` as the local engine, within the memory plan that
+importer/plan.py makes before Ray starts (reads at once, dictionary shards and what their
+names may hold, the object store):
 
-    read          Ray Data parses every shard in a task (io/raw.py's RawTable, the local
-                  reader's relation checks) and gives each name its id in the same task
-                  (the local reader's IdReader), from the dictionary shards: a block is
-                  one row of at most BLOCK_ROWS edges as ids (lhs, rhs, rel[, weight])
+    read          a task per shard, at most ImportPlan.reads at once, parses it (io/raw.py's
+                  RawTable, the local reader's relation checks) and gives each name its id
+                  in the same task (the local reader's IdReader), from the dictionary
+                  shards; it yields IdBlocks of whole batches of at most BLOCK_ROWS edges as
+                  ids, then its ShardRead (figures, edges left unresolved)
     dictionary    actors, each the NameIndex of every name type for the names whose
     shards        key hashes to it (ids in order of first sighting, first-input counts,
                   the second hash compared at every sighting, the names themselves): one
                   hash table lookup a name, several times cheaper than sorting every
                   block's names (docs/benchmarks-log.md, "Import at 20M names"); a read
-                  task run again after its worker died is not counted twice
+                  task run again after its worker died is not counted twice. A shard whose
+                  names reach their plan takes no new names for the rest of the pass (their
+                  edges stay unresolved: id -1) and spills its names to disk at its end;
+                  another pass reads the shards with unresolved edges again, sending only
+                  those names, which get the ids after the spilled ones
     dictionaries  a task per entity type (and relation names) places the names by their
                   keys alone (dictionaries.py's cut_places and appended_places, the local
                   engine's seed rule) and returns the place of every id
@@ -26,28 +33,31 @@ committed by the same `run_import` as the local engine:
                   writes their files (BucketRouter.write_bucket: the previous import's
                   edges, then the new)
 
-Each exchange is a map task with one return per receiving task: Ray Data's hash shuffle
-would start its aggregator actors at every import and carry each edge's names as strings
-through it. For the same inputs and seed both engines write the same entity files and the
-same edges in every bucket (the order inside a bucket may differ). The driver holds object
-references and per-shard and per-bucket figures only; a dictionary shard holds its share of
-the names, a task its share of the edges. The tasks and shards are spread over the nodes
-(Ray's default would pack tasks this short onto the driver's node). Output directories must
-be reachable from every node (object storage, or a shared file system).
+Each exchange is a map task with one return per receiving task. Ray Data is not used: its
+executor's actors (a stats actor and an autoscaling coordinator, each a worker of its own)
+and the driver's share of it held about 0.4 GiB of a 1.5 GiB limit (docs/sizing.md), and
+the read needs its own pass structure. For the same inputs and seed both engines write the
+same entity files and the same edges in every bucket (the order inside a bucket may differ).
+The driver holds object references and per-shard and per-bucket figures only; a
+dictionary shard holds its share of the names, a task its share of the edges. The tasks
+and shards are spread over the nodes (Ray's default would pack tasks this short onto the
+driver's node). Output directories must be reachable from every node (object storage, or
+a shared file system); names spill only on a local Ray (one machine).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import itertools
-import json
 import logging
+import tempfile
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 import pyarrow as pa
 import ray
-import ray.data
 from ray.exceptions import ActorDiedError
 
 from pbg_ray.config import ConfigSchema
@@ -56,6 +66,7 @@ from pbg_ray.importer.dictionaries import (
     appended_places, cut_places, previous_types, shuffle_rng)
 from pbg_ray.importer.graph_import import local_phases, run_import
 from pbg_ray.importer.name_index import NameIndex
+from pbg_ray.importer.plan import ImportPlan, import_plan
 from pbg_ray.importer.read import RELATIONS, EntityTypes, IdReader, read_stats, spill_dtype
 from pbg_ray.importer.routing import BucketRouter
 from pbg_ray.importer.staging import Staging
@@ -65,8 +76,8 @@ from pbg_ray.io.entities import (
 from pbg_ray.io.name_keys import mix, name_keys
 from pbg_ray.io.raw import RawTable, input_shards
 from pbg_ray.io.storage import StoragePath, storage_path
-from pbg_ray.runtime.budget import GIB, MemoryBudget, memory_budget
-from pbg_ray.runtime.connect import connect_ray, starts_local_ray
+from pbg_ray.runtime.budget import memory_budget
+from pbg_ray.runtime.connect import connect_ray, local_ray, starts_local_ray
 from pbg_ray.runtime.faults import fault_point
 from pbg_ray.runtime.tasks import TASK_RETRIES, worker_died
 
@@ -76,11 +87,15 @@ UNSEEN = -2  # the place of a later input's names the first never had, and of th
 DROPPED = -1  # the place of names dropped as too rare, and of their edges' bucket
 PLACE_BITS = 40  # a name's place: partition << PLACE_BITS | offset
 OFFSET_MASK = (1 << PLACE_BITS) - 1
-BLOCK_ROWS = 1 << 20  # edges of a shard read into one block at most
 PART_BYTES = 64 << 20  # blocks' bytes per names writer and bucket writer
-CPUS_PER_SHARD = 2  # dictionary shards: one per this many of the cluster's CPUs
-SHARD_SHARE = 0.4  # of a local Ray's memory budget, what the dictionary shards may hold
 MAX_IDS = 1 << 31  # ids are int32 in the blocks
+# The import's tasks and actors run in workers of their own: glibc hands a freed buffer of a
+# MiB or more back to the system at once (its threshold would otherwise grow to the largest
+# freed, and a read's batches stay held in its heap), and Arrow allocates with glibc too
+# (its default pool keeps what it freed). On big_bench's import these take a read worker
+# from about 430 to 250 MiB and a dictionary shard's from 530 to 470 (docs/sizing.md).
+IMPORT_RUNTIME_ENV = {"env_vars": {"MALLOC_MMAP_THRESHOLD_": str(1 << 20),
+                                   "ARROW_DEFAULT_MEMORY_POOL": "system"}}
 
 # Per name type, the place of every id (partition << PLACE_BITS | offset; DROPPED, UNSEEN).
 Places = np.ndarray
@@ -89,12 +104,24 @@ Keyed = Tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
 def import_graph(config: ConfigSchema) -> Dict[str, Any]:
-    """Import `config.importer.inputs` with the engine importer.engine picks; returns stats."""
+    """Import `config.importer.inputs` with the engine importer.engine picks, within the
+    plan of its memory (importer/plan.py; refused before Ray starts where even the least
+    does not fit); returns stats."""
     config = config.checked()
-    if choose_engine(config) == "local":
-        return run_import(config, local_phases)
-    connect_ray(config.ray)
-    return run_import(config, ray_phases, shared=True)
+    engine = choose_engine(config)
+    if engine == "local" or starts_local_ray(config.ray):
+        plan = import_plan(config, engine, memory_budget(config.ray))
+        if engine == "ray" and config.ray.object_store_memory is None:
+            config = dataclasses.replace(config, ray=dataclasses.replace(
+                config.ray, object_store_memory=plan.object_store))
+    if engine == "ray":
+        connect_ray(config.ray)
+        if not local_ray():  # a cluster: each node is its own
+            plan = import_plan(config, engine, None, int(ray.cluster_resources().get("CPU", 1)))
+    logger.info("import: the %s engine, %s", engine, plan.describe())
+    if engine == "local":
+        return run_import(config, functools.partial(local_phases, plan=plan))
+    return run_import(config, functools.partial(ray_phases, plan=plan), shared=True)
 
 
 def choose_engine(config: ConfigSchema) -> str:
@@ -113,7 +140,7 @@ def choose_engine(config: ConfigSchema) -> str:
 
 def _user_error(err: BaseException) -> Optional[PbgRayError]:
     """The PbgRayError a task raised, found in the exceptions Ray wraps it in: its one
-    line (Ray Data appends its retry advice on lines of its own)."""
+    line."""
     found = in_chain(err, PbgRayError)
     return None if found is None else PbgRayError(
         str(getattr(found, "cause", None) or found.args[0]).split("\n")[0])
@@ -163,63 +190,118 @@ def _shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
 # --- dictionary shards ---------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class _Generation:
+    """A dictionary shard's names of one name type taken in one pass and spilled to disk:
+    its first index id and its files (keys, counts, checks; names)."""
+
+    first: int
+    size: int
+    arrays: str  # .npz of keys, counts, checks by index id
+    names: str  # Arrow IPC file of the names by index id
+
+    def keyed(self) -> Keyed:
+        with np.load(self.arrays) as saved:
+            return saved["keys"], saved["counts"], saved["checks"]
+
+    def names_chunks(self) -> Iterator[Tuple[int, pa.Array]]:
+        """(index id of the first, names) per record batch of the names file."""
+        first = self.first
+        with pa.memory_map(self.names) as source:
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                names = reader.get_batch(i).column(0)
+                yield first, names
+                first += len(names)
+
+
 class DictionaryShard:
     """One share of an import's dictionaries, as a Ray actor: for every name type, a
     NameIndex of the names whose key hashes to this shard. An id it gives is
-    `index id * shards + shard`, unique over the shards."""
+    `index id * shards + shard`, unique over the shards.
+
+    With `names_bytes` (a local Ray's plan, importer/plan.py), once its indexes hold more
+    it takes no new names in this pass: a name it lacks gets id -1 (unresolved) and is not
+    counted; the names it knows still get their ids and counts. Between passes (`spill`)
+    it writes its names to `spill_dir` and starts empty; the next pass's reads send it the
+    names still unresolved, whose ids follow those spilled."""
 
     def __init__(self, config: ConfigSchema, shard: int, shards: int,
-                 budget: Optional[MemoryBudget] = None) -> None:
-        """`budget`: a local Ray's, whose SHARD_SHARE the shards' names may hold (a run
-        on a cluster: no bound)."""
+                 names_bytes: Optional[int] = None, spill_dir: Optional[str] = None) -> None:
         types = EntityTypes.of(config)
-        self.shard, self.shards, self.budget = shard, shards, budget
+        self.shard, self.shards = shard, shards
+        self.names_bytes, self.spill_dir = names_bytes, spill_dir
         self.slots = _slots(config)
         self.indexes = {t: NameIndex(_what(types, t)) for t in self.slots}
+        self.spilled: Dict[int, List[_Generation]] = {t: [] for t in self.slots}
+        self.first = {t: 0 for t in self.slots}  # index id of each index's first name
         self.counted: Set[Tuple[Any, ...]] = set()
+        self.full = False  # this pass takes no new names
 
     def add(self, name_type: int, call: Tuple[Any, ...], keys: np.ndarray, checks: np.ndarray,
             names: pa.Array, counts: Optional[np.ndarray]) -> np.ndarray:
         """The ids of one read call's names (NameIndex.add_keyed), new names getting new
-        ids; counted unless `call` (a read's shard, name type and call number) was counted
-        before: its read task runs again after its worker died."""
+        ids (or -1 once the shard is full); counted unless `call` (a read's pass, shard,
+        name type and call number) was counted before: its read task runs again after
+        its worker died."""
         fault_point("importer.shard_add")
         if call in self.counted:
             counts = np.zeros(len(keys))
         self.counted.add(call)
         index = self.indexes[name_type]
-        ids = index.add_keyed(keys, checks, names, counts)
-        self._check_memory()
-        if len(index) * self.shards > MAX_IDS:
+        ids = index.add_keyed(keys, checks, names, counts, grow=not self.full)
+        if (self.first[name_type] + len(index)) * self.shards > MAX_IDS:
             raise PbgRayError(f"{index.what}: more than {MAX_IDS:,} names in one import, the "
-                              "most the Ray Data engine gives ids to. Import them in parts "
+                              "most the Ray engine gives ids to. Import them in parts "
                               "(importer.previous_entity_path).")
-        return (ids * self.shards + self.shard).astype(np.int32)
+        if self.names_bytes is not None and not self.full:
+            self.full = sum(i.nbytes() for i in self.indexes.values()) > self.names_bytes
+        return np.where(ids >= 0, (ids + self.first[name_type]) * self.shards + self.shard,
+                        -1).astype(np.int32)
 
-    def _check_memory(self) -> None:
-        """Stops the import in one line once the names outgrow the shard's share of the
-        budget, where the machine would otherwise thrash at its limit."""
-        if self.budget is None:
-            return
-        held = sum(index.nbytes() for index in self.indexes.values())
-        share = SHARD_SHARE * self.budget.bytes / self.shards
-        if held > share:
-            names = sum(len(index) for index in self.indexes.values())
-            raise PbgRayError(
-                f"the import's names outgrow its memory: dictionary shard {self.shard} of "
-                f"{self.shards} holds {held / GIB:.2f} GiB for {names:,} names, over its "
-                f"share ({SHARD_SHARE:.0%} of {self.budget}, over the shards). Give the "
-                "import more memory, run it on a cluster (a dictionary shard per "
-                f"{CPUS_PER_SHARD} CPUs), or import the inputs in parts "
-                "(importer.previous_entity_path).")
+    def pass_done(self) -> int:
+        """The end of a pass: the names it holds, where it took its share and left some
+        unresolved (spilled to disk: it starts the next pass empty); else 0."""
+        if not self.full:
+            return 0
+        held = 0
+        for name_type, index in self.indexes.items():
+            first, held = self.first[name_type], held + len(index)
+            base = (f"{self.spill_dir}/shard{self.shard}-type{name_type}-"
+                    f"pass{len(self.spilled[name_type]) + 1}")
+            keys, counts, checks = index.close()
+            np.savez(base + ".npz", keys=keys, counts=counts, checks=checks)
+            with pa.OSFile(base + ".arrow", "wb") as sink, pa.ipc.new_file(
+                    sink, pa.schema([("name", pa.large_string())])) as writer:
+                for _, chunk in index.drain_names():
+                    writer.write_batch(pa.record_batch([chunk], names=["name"]))
+            self.spilled[name_type].append(_Generation(first, len(keys), base + ".npz",
+                                                       base + ".arrow"))
+            self.first[name_type] = first + len(keys)
+            self.indexes[name_type] = NameIndex(index.what)
+        self.full = False
+        return held
 
     def keyed(self, name_type: int) -> Keyed:
         """A name type's (keys, counts, checks), by index id, once every read is done:
         from then on the shard holds its names only (NameIndex.close)."""
-        return self.indexes[name_type].close()
+        parts = [g.keyed() for g in self.spilled[name_type]]
+        parts.append(self.indexes[name_type].close())
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
 
     def name(self, name_type: int, index_id: int) -> str:
-        return self.indexes[name_type].names()[index_id].as_py()
+        for first, names in self._names_chunks(name_type):
+            if first <= index_id < first + len(names):
+                return names[index_id - first].as_py()
+        raise KeyError(index_id)
+
+    def _names_chunks(self, name_type: int) -> Iterator[Tuple[int, pa.Array]]:
+        """The names as added, in chunks: (the index id of the first, the chunk's names);
+        those held let go once the next is asked for."""
+        for generation in self.spilled[name_type]:
+            yield from generation.names_chunks()
+        for first, names in self.indexes[name_type].drain_names():
+            yield self.first[name_type] + first, names
 
     def scatter_names(self, writers: int, *places: Places) -> Any:
         """The kept names with their places, per names writer: for each, a list of (name
@@ -227,7 +309,7 @@ class DictionaryShard:
         The shard's last work: it lets go of its names as it goes."""
         out: List[List[Any]] = [[] for _ in range(writers)]
         for name_type, place_of in zip(self.slots, places):
-            for first, names in self.indexes[name_type].drain_names():
+            for first, names in self._names_chunks(name_type):
                 ids = np.arange(first, first + len(names)) * self.shards + self.shard
                 place = place_of[ids]
                 kept = np.flatnonzero(place >= 0)
@@ -249,9 +331,9 @@ class _SharedIndex:
     """A name type's dictionary as a read task's IdReader sees it: NameIndex's add, each
     name sent by its key to its dictionary shard."""
 
-    def __init__(self, shards: List[Any], name_type: int, source: str) -> None:
+    def __init__(self, shards: List[Any], name_type: int, call: Tuple[Any, ...]) -> None:
         self.shards, self.name_type = shards, name_type
-        self.calls = (("read", source, name_type, n) for n in itertools.count())
+        self.calls = (call + (name_type, n) for n in itertools.count())
 
     def add(self, names: pa.Array, counts: Optional[np.ndarray] = None) -> np.ndarray:
         keys, checks = name_keys(names)
@@ -277,8 +359,7 @@ class _SharedIndex:
 
 
 def _got(refs: List[Any]) -> List[np.ndarray]:
-    """The dictionary shards' answers; a shard whose worker died said in one line here
-    (Ray Data's driver may not unpickle Ray's error)."""
+    """The dictionary shards' answers; a shard whose worker died said in one line here."""
     try:
         return ray.get(refs)
     except ActorDiedError as err:
@@ -288,63 +369,141 @@ def _got(refs: List[Any]) -> List[np.ndarray]:
 # --- read ----------------------------------------------------------------------------
 
 
-def _list(values: Any) -> pa.Array:
-    """`values` (numpy) as a one-element list: a value of a block's row."""
-    return pa.LargeListArray.from_arrays(pa.array([0, len(values)], pa.int64()), pa.array(values))
+@dataclasses.dataclass
+class ShardFigures:
+    """A shard's reading figures, as read_stats takes them from a RawTable."""
+
+    path: str
+    format: str
+    num_rows: int
+    bad_rows: int
+    bad_examples: List[str]
 
 
-def _rows(blocks: Tuple[pa.Table, ...]) -> Iterator[pa.Table]:
-    """Each block (see _block) in Ray Data's blocks, which may hold several."""
-    for block in blocks:
-        for row in range(block.num_rows):
-            yield block.slice(row, 1)
+@dataclasses.dataclass
+class IdBlock:
+    """At most a block's rows of edges of one input shard, as ids (-1: a name a full
+    dictionary shard left unresolved, for a later pass)."""
+
+    input: int  # the input's number
+    lhs: np.ndarray  # int32 ids within the lhs's entity type
+    rhs: np.ndarray
+    rel: np.ndarray  # relation ids (with dynamic_relations: ids of relation names)
+    weight: Optional[np.ndarray]  # float32, with importer.weight_col
+
+    def unresolved(self) -> np.ndarray:
+        """Whether each edge names something still unresolved."""
+        return (self.lhs < 0) | (self.rhs < 0) | (self.rel < 0)
 
 
-def _values(block: pa.Table, column: str) -> np.ndarray:
-    """The values of one of a block's list columns, zero-copy."""
-    return next(c for c in block[column].chunks if len(c)).flatten().to_numpy()
+@dataclasses.dataclass
+class ShardRead:
+    """What a read task says of its shard once done: its figures and the edges it left
+    unresolved."""
+
+    input: int
+    figures: ShardFigures
+    blocks: int
+    unresolved: int
 
 
-def _block(number: int, edges: Dict[str, List[np.ndarray]],
-           stats: Optional[Dict[str, Any]]) -> pa.Table:
-    """One row: a block's edges as ids, and (its shard's last block) the shard's stats."""
-    return pa.table({"input": pa.array([number], pa.int32()),
-                     "stats": pa.array([json.dumps(stats) if stats else None], pa.string()),
-                     **{k: _list(np.concatenate(v)) for k, v in edges.items()}})
-
-
-def _read_blocks(items: Dict[str, np.ndarray], config: ConfigSchema, block_rows: int,
-                 shards: List[Any]) -> Iterator[pa.Table]:
-    """Every shard of `items` parsed (io/raw.py's RawTable, the local reader's relation
-    checks), its names given ids by the dictionary shards as they are read, and cut into
-    blocks of `block_rows` edges or more (see _block)."""
+@ray.remote(num_returns="streaming", max_retries=TASK_RETRIES, scheduling_strategy="SPREAD",
+            runtime_env=IMPORT_RUNTIME_ENV)
+def _read_shard(config: ConfigSchema, number: int, path: str, shards: List[Any],
+                block_rows: int, pass_number: int,
+                previous: Optional[List[Any]]) -> Iterator[Any]:
+    """One input shard parsed (io/raw.py's RawTable, the local reader's relation checks),
+    its names given ids by the dictionary shards as they are read, in IdBlocks of whole
+    batches of `block_rows` edges or more, and last its ShardRead. In a pass after the
+    first, `previous` holds the shard's blocks of the pass before (references): only the
+    names they left unresolved are sent, the others kept."""
+    fault_point("importer.read_shard")
     check = IdReader(config)
+    reader = IdReader(config, shared=lambda t, _: _SharedIndex(
+        shards, t, ("read", pass_number, path)))
     dynamic, weighted = config.dynamic_relations, config.importer.weight_col is not None
-    columns = {"lhs": np.int32, "rhs": np.int32, "rel": np.int32}
-    if weighted:
-        columns["weight"] = np.float32
-    for number, path in zip(items["input"], items["shard"]):
-        fault_point("importer.read_shard")
-        table = RawTable(path, config.importer)
-        reader = IdReader(config, shared=lambda t, _: _SharedIndex(shards, t, str(path)))
-        edges, rows = {k: [np.empty(0, t)] for k, t in columns.items()}, 0
-        for batch, rel in check.batches(table, learn=False):
-            counts = None if number == 0 else np.zeros(len(batch))  # the first input counts
+    table = RawTable(path, config.importer)
+    blocks, unresolved, pieces, rows = 0, 0, [], 0
+    earlier = iter(previous or [])
+    before, at = None, 0  # the pass before's block of the batch, and the batch's place in it
+    for batch, rel in check.batches(table, learn=False):
+        n = len(batch)
+        counts = None if number == 0 else np.zeros(n)  # the first input counts
+        if previous is None:
             rel = reader.relation_ids(batch, learn=True, counts=counts) if dynamic else rel
             lhs, rhs = reader.entity_ids(batch, rel, learn=True, counts=counts)
-            fault_point("importer.batch_named")
-            edges["lhs"].append(lhs.astype(np.int32))
-            edges["rhs"].append(rhs.astype(np.int32))
-            edges["rel"].append(rel.astype(np.int32))
-            if weighted:
-                edges["weight"].append(np.asarray(batch.weight, np.float32))
-            rows += len(batch)
-            if rows >= block_rows:
-                yield _block(number, edges, None)
-                edges, rows = {k: [np.empty(0, t)] for k, t in columns.items()}, 0
-        stats = {"path": str(table.path), "format": table.format, "rows": table.num_rows,
-                 "bad_rows": table.bad_rows, "bad_examples": table.bad_examples}
-        yield _block(number, edges, stats)  # the shard's last block, of no edges if need be
+        else:
+            if before is None or at == len(before.lhs):
+                before, at = ray.get(next(earlier)), 0
+            lhs, rhs, rel = (getattr(before, side)[at:at + n].astype(np.int64)
+                             for side in ("lhs", "rhs", "rel"))
+            at += n
+            if dynamic and (rel < 0).any():
+                named = reader.relation_ids(batch.take(rel < 0), learn=True,
+                                            counts=None if counts is None else counts[rel < 0])
+                rel[rel < 0] = named
+            found = reader.entity_ids(batch, rel, learn=True, counts=counts,
+                                      only=(lhs < 0, rhs < 0))
+            lhs, rhs = np.where(lhs < 0, found[0], lhs), np.where(rhs < 0, found[1], rhs)
+        fault_point("importer.batch_named")
+        pieces.append((lhs.astype(np.int32), rhs.astype(np.int32), rel.astype(np.int32),
+                       np.asarray(batch.weight, np.float32) if weighted else None))
+        rows += n
+        if rows >= block_rows:
+            block = _block(number, pieces)
+            unresolved, blocks = unresolved + int(block.unresolved().sum()), blocks + 1
+            yield block
+            pieces, rows = [], 0
+    if pieces or not blocks:
+        block = _block(number, pieces)
+        unresolved, blocks = unresolved + int(block.unresolved().sum()), blocks + 1
+        yield block
+    figures = ShardFigures(str(table.path), table.format, table.num_rows, table.bad_rows,
+                           table.bad_examples)
+    yield ShardRead(number, figures, blocks, unresolved)
+
+
+def _block(number: int, pieces: List[Tuple[Optional[np.ndarray], ...]]) -> IdBlock:
+    """The batches' ids of `pieces` as one block."""
+    columns = [np.concatenate([p[i] for p in pieces]) if pieces else np.zeros(0, np.int32)
+               for i in range(3)]
+    weight = (np.concatenate([p[3] for p in pieces])
+              if pieces and pieces[0][3] is not None else None)
+    return IdBlock(number, *columns, weight)
+
+
+def _read_all(config: ConfigSchema, plan: ImportPlan, shards: List[Any],
+              inputs: List[Tuple[int, str]]) -> Tuple[List[List[Any]], List[ShardRead]]:
+    """Every input shard read by the plan's reads at once (ImportPlan.reads), pass after
+    pass until no name is unresolved: each shard's block references and ShardRead."""
+    blocks: List[Optional[List[Any]]] = [None] * len(inputs)
+    figures: List[Optional[ShardRead]] = [None] * len(inputs)
+    todo = list(range(len(inputs)))
+    for pass_number in itertools.count(1):
+        running: Dict[Any, int] = {}
+        got: Dict[int, List[Any]] = {i: [] for i in todo}
+        waiting = list(todo)
+        while waiting or running:
+            while waiting and len(running) < plan.reads:
+                i = waiting.pop(0)
+                number, path = inputs[i]
+                running[_read_shard.remote(config, number, path, shards, plan.block_rows,
+                                           pass_number, blocks[i])] = i
+            (ready,), _ = ray.wait(list(running), num_returns=1)
+            try:
+                got[running[ready]].append(next(ready))
+            except StopIteration:
+                i = running.pop(ready)
+                blocks[i], figures[i] = got[i][:-1], _reraising(ray.get, got[i][-1])
+        held = _reraising(ray.get, [shard.pass_done.remote() for shard in shards])
+        todo = [i for i in todo if figures[i].unresolved]
+        if not todo:
+            return blocks, figures
+        logger.info("import: pass %d left the names of %d edges unresolved, its %d names "
+                    "spilled to disk; pass %d reads %d shards again", pass_number,
+                    sum(figures[i].unresolved for i in todo), sum(held), pass_number + 1,
+                    len(todo))
+    raise AssertionError("unreachable")
 
 
 # --- dictionaries and names ----------------------------------------------------------
@@ -416,7 +575,7 @@ def _index_in(keys: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.where(keys[at] == key, at, -1)
 
 
-@ray.remote(scheduling_strategy="SPREAD", num_returns=2)
+@ray.remote(scheduling_strategy="SPREAD", num_returns=2, runtime_env=IMPORT_RUNTIME_ENV)
 def _dictionary(config: ConfigSchema, name_type: int, previous: bool, shards: List[Any],
                 *keyed: Keyed) -> Tuple[Places, int]:
     """One name type's dictionary from every dictionary shard's names (`keyed`, from
@@ -466,7 +625,7 @@ def _dictionary(config: ConfigSchema, name_type: int, previous: bool, shards: Li
     return places, total
 
 
-@ray.remote(scheduling_strategy="SPREAD")
+@ray.remote(scheduling_strategy="SPREAD", runtime_env=IMPORT_RUNTIME_ENV)
 def _write_names(config: ConfigSchema, directory: StoragePath, writer: int, writers: int,
                  previous: List[int], *scattered: List[Any]) -> None:
     """The entity files (with dynamic_relations, the relation files) of the partitions
@@ -511,42 +670,30 @@ def _write_names(config: ConfigSchema, directory: StoragePath, writer: int, writ
 # --- route and write -------------------------------------------------------------
 
 
-@ray.remote(scheduling_strategy="SPREAD")
-def _route_block(config: ConfigSchema, writers: int, name_types: List[int], block: pa.Table,
-                 *places: Places) -> Tuple[List[Any], ...]:
-    """_route of each block in a Ray Data block: the list of their figures, then per
-    writer the list of their edges for it."""
+@ray.remote(scheduling_strategy="SPREAD", runtime_env=IMPORT_RUNTIME_ENV)
+def _route_block(config: ConfigSchema, writers: int, name_types: List[int], block: IdBlock,
+                 *places: Places) -> Tuple[Any, ...]:
+    """A block's edges given their buckets: (its figures: input, edges left out as
+    dropped and as unseen), then per writer the edges of its buckets (bucket % writers)."""
     places_of = dict(zip(name_types, places))
-    routed = [_route(config, writers, places_of, row) for row in _rows((block,))]
-    return ([figures for figures, _ in routed],) + tuple(
-        [edges[w] for _, edges in routed] for w in range(writers))
-
-
-def _route(config: ConfigSchema, writers: int, places_of: Dict[int, Places],
-           block: pa.Table) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
-    """A block's edges given their buckets: (its figures: input, shard stats, edges left
-    out as dropped and as unseen; per writer the edges of its buckets, bucket % writers)."""
-    weighted = "weight" in block.column_names
     types = EntityTypes.of(config)
-    router = BucketRouter(config, types, spill_dtype(weighted))
-    edges = {c: _values(block, c) for c in ("lhs", "rhs", "rel")}
-    n = len(edges["rel"])
-    rel = (places_of[RELATIONS][edges["rel"]] if config.dynamic_relations
-           else edges["rel"].astype(np.int64))
+    router = BucketRouter(config, types, spill_dtype(block.weight is not None))
+    n = len(block.rel)
+    rel = places_of[RELATIONS][block.rel] if config.dynamic_relations else block.rel.astype(np.int64)
     unseen, sides = rel == UNSEEN, {}
     for side in ("lhs", "rhs"):
         of_edge = types.of_edges(side, rel)
+        ids = getattr(block, side)
         place = np.empty(n, np.int64)
         for t in range(len(types.names)):
             mask = of_edge == t if len(types.names) > 1 else slice(None)
-            place[mask] = places_of[t][edges[side][mask]]
+            place[mask] = places_of[t][ids[mask]]
         unseen |= place == UNSEEN
         sides[side] = (np.where(place >= 0, place >> PLACE_BITS, DROPPED),
                        place & OFFSET_MASK)
     bucket = np.where(unseen, UNSEEN, router.buckets(rel, *sides["lhs"], *sides["rhs"]))
-    number = int(block["input"][0].as_py())
-    figures = {"input": number, "stats": block["stats"][0].as_py(),
-               "dropped": int((bucket == DROPPED).sum()), "unseen": int((bucket == UNSEEN).sum())}
+    figures = {"input": block.input, "dropped": int((bucket == DROPPED).sum()),
+               "unseen": int((bucket == UNSEEN).sum())}
     # Grouped by writer (the edges left out last) with one stable radix sort: a gather
     # per column, not a mask per column and writer.
     writer = np.where(bucket >= 0, bucket % writers, writers)
@@ -558,18 +705,18 @@ def _route(config: ConfigSchema, writers: int, places_of: Dict[int, Places],
     for name, values in columns.items():  # half the bytes to exchange where they fit
         if not len(values) or values.max() < 1 << 31:
             columns[name] = values.astype(np.int32)
-    if weighted:
-        columns["weight"] = _values(block, "weight")[order]
-    return figures, [{"input": number, **{k: v[bounds[w]:bounds[w + 1]] for k, v in columns.items()}}
-                     for w in range(writers)]
+    if block.weight is not None:
+        columns["weight"] = block.weight[order]
+    return (figures,) + tuple({"input": block.input,
+                               **{k: v[bounds[w]:bounds[w + 1]] for k, v in columns.items()}}
+                              for w in range(writers))
 
 
-@ray.remote(scheduling_strategy="SPREAD")
+@ray.remote(scheduling_strategy="SPREAD", runtime_env=IMPORT_RUNTIME_ENV)
 def _write_buckets(config: ConfigSchema, stages: List[StoragePath], writer: int, writers: int,
-                   *blocks: List[Dict[str, Any]]) -> List[Tuple[int, int, int, int]]:
+                   *routed: Dict[str, Any]) -> List[Tuple[int, int, int, int]]:
     """Every bucket file of one writer (its buckets of every input, empty or not) from
     the blocks' routed edges; returns (input, bucket, edges, previous edges) of each."""
-    routed = [edges for block in blocks for edges in block]
     columns = {k: np.concatenate([r[k] for r in routed]) for k in routed[0] if k != "input"}
     weighted = "weight" in columns
     router = BucketRouter(config, EntityTypes.of(config), spill_dtype(weighted))
@@ -593,52 +740,37 @@ def _write_buckets(config: ConfigSchema, stages: List[StoragePath], writer: int,
     return written
 
 
-def ray_phases(config: ConfigSchema, stages: Staging) -> Tuple[List[Dict[str, Any]],
-                                                               Dict[str, int], int]:
-    """The phases on Ray Data and Ray tasks (see the module doc)."""
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    # Reserved per operator, the read's share of a small cluster would let one shard be
-    # parsed at a time until Ray Data's budget catches up: one operator, no reservation.
-    context.op_resource_reservation_enabled = False
+def ray_phases(config: ConfigSchema, stages: Staging, plan: ImportPlan) -> Tuple[
+        List[Dict[str, Any]], Dict[str, int], int]:
+    """The phases on Ray tasks and actors (see the module doc), within `plan`."""
     types = EntityTypes.of(config)
     previous = [types.names.index(name) for name in previous_types(config, types)] + (
         [RELATIONS] if config.dynamic_relations and config.importer.previous_entity_path else [])
-    tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    inputs = [{"input": number, "shard": str(shard.path)}
-              for number, spec in enumerate(config.importer.inputs)
+    inputs = [(number, str(shard.path)) for number, spec in enumerate(config.importer.inputs)
               for shard in input_shards(spec)]
-    shard_actor = ray.remote(DictionaryShard).options(num_cpus=0, scheduling_strategy="SPREAD")
-    count = max(1, tasks // CPUS_PER_SHARD)
-    budget = memory_budget(config.ray) if starts_local_ray(config.ray) else None
-    shards = [shard_actor.remote(config, s, count, budget) for s in range(count)]
-    try:
-        return _phases(config, stages, shards, inputs, previous, tasks)
-    finally:
-        for shard in shards:
-            ray.kill(shard)
+    shard_actor = ray.remote(DictionaryShard).options(
+        num_cpus=0, scheduling_strategy="SPREAD", runtime_env=IMPORT_RUNTIME_ENV)
+    with tempfile.TemporaryDirectory(prefix="pbg_ray-names-") as spill_dir:
+        shards = [shard_actor.remote(config, s, plan.shards, plan.names_bytes, spill_dir)
+                  for s in range(plan.shards)]
+        try:
+            return _phases(config, stages, plan, shards, inputs, previous)
+        finally:
+            for shard in shards:
+                ray.kill(shard)
 
 
-def _phases(config: ConfigSchema, stages: Staging, shards: List[Any],
-            inputs: List[Dict[str, Any]], previous: List[int],
-            tasks: int) -> Tuple[List[Dict[str, Any]], Dict[str, int], int]:
+def _phases(config: ConfigSchema, stages: Staging, plan: ImportPlan, shards: List[Any],
+            inputs: List[Tuple[int, str]], previous: List[int]) -> Tuple[
+        List[Dict[str, Any]], Dict[str, int], int]:
     """ray_phases with its dictionary shards started."""
     types = EntityTypes.of(config)
     name_types = list(_slots(config))
-    # Ray Data runs a task again without end when its worker dies (killed for memory, as a
-    # rule): TASK_RETRIES times here, as pbg_ray's other tasks, and then the import stops.
-    # (Ray 2.60 deprecates such remote arguments, with nothing named in their place yet.)
-    # A read task waiting on a dictionary shard gives its CPU back to Ray, which would
-    # start another read in its place: at most one read per CPU, each holding its shard's
-    # batches.
-    read = ray.data.from_items(inputs, override_num_blocks=len(inputs)).map_batches(
-        _read_blocks, batch_size=1, batch_format="numpy", max_retries=TASK_RETRIES,
-        compute=ray.data.TaskPoolStrategy(size=tasks),
-        fn_kwargs={"config": config, "block_rows": BLOCK_ROWS, "shards": shards})
-    read = _reraising(read.materialize)
-    parts = max(tasks, -(-read.size_bytes() // PART_BYTES))
-    blocks = read.to_arrow_refs()
-    del read
+    tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    read_blocks, reads = _read_all(config, plan, shards, inputs)
+    blocks = [block for shard_blocks in read_blocks for block in shard_blocks]
+    edge_bytes = 16 if config.importer.weight_col is not None else 12
+    parts = max(tasks, -(-sum(r.figures.num_rows for r in reads) * edge_bytes // PART_BYTES))
     logger.info("import: %d shards read into %d blocks, names in %d dictionary shards",
                 len(inputs), len(blocks), len(shards))
     dictionaries = [_dictionary.remote(config, t, t in previous, shards,
@@ -659,7 +791,7 @@ def _phases(config: ConfigSchema, stages: Staging, shards: List[Any],
     writers = min(parts, router.num_buckets)
     routed = [_route_block.options(num_returns=1 + writers).remote(
         config, writers, name_types, block, *places) for block in blocks]
-    del blocks
+    del blocks, read_blocks
     written = [_write_buckets.remote(config, stages.edges, w, writers,
                                      *(refs[1 + w] for refs in routed)) for w in range(writers)]
     # The shards' work ends with their names scattered: their memory goes back while the
@@ -670,19 +802,17 @@ def _phases(config: ConfigSchema, stages: Staging, shards: List[Any],
         ray.kill(shard)
     del scattered, every
     written = [row for rows in _reraising(ray.get, written) for row in rows]
-    read = [f for block in _reraising(ray.get, [refs[0] for refs in routed]) for f in block]
+    routed_figures = _reraising(ray.get, [refs[0] for refs in routed])
     _reraising(ray.get, names_written)
     kept = dict(zip(name_types, _reraising(ray.get, [total for _, total in dictionaries])))
     per_input = []
     for number, (spec, output) in enumerate(zip(config.importer.inputs,
                                                 config.edge_paths + config.eval_edge_paths)):
-        mine = [f for f in read if f["input"] == number]
-        found = sorted((json.loads(f["stats"]) for f in mine if f["stats"]),
-                       key=lambda s: s["path"])
+        mine = [f for f in routed_figures if f["input"] == number]
+        found = sorted((r.figures for r in reads if r.input == number), key=lambda f: f.path)
         unseen = sum(f["unseen"] for f in mine)
         stats = {"output": str(storage_path(output)), **read_stats(
-            spec, [_ShardFigures(s) for s in found], unseen if number else None,
-            config.importer.inputs[0])}
+            spec, found, unseen if number else None, config.importer.inputs[0])}
         rows = [row for row in written if row[0] == number]
         stats.update(edges=sum(row[2] + row[3] for row in rows),
                      dropped_rare=sum(f["dropped"] for f in mine))
@@ -691,11 +821,3 @@ def _phases(config: ConfigSchema, stages: Staging, shards: List[Any],
         per_input.append(stats)
     return (per_input, {name: kept[t] for t, name in enumerate(types.names)},
             kept[RELATIONS] if config.dynamic_relations else len(config.relations))
-
-
-class _ShardFigures:
-    """A shard's reading figures as read_stats takes them from a RawTable."""
-
-    def __init__(self, stats: Dict[str, Any]) -> None:
-        self.format, self.num_rows = stats["format"], stats["rows"]
-        self.bad_rows, self.bad_examples = stats["bad_rows"], stats["bad_examples"]
