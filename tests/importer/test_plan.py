@@ -3,6 +3,7 @@ object store fitted to the budget before anything starts, for both engines; refu
 line naming the smallest limit that would do; and under a real memory cgroup, names past
 their plan spilled to disk over passes with no OOM kill, or the import refused up front."""
 
+import functools
 import json
 import os
 import shutil
@@ -17,7 +18,8 @@ import pytest
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer import import_graph as local_import
 from pbg_ray.importer import plan as plan_module
-from pbg_ray.importer.plan import NAMES_SHARE, import_plan, smallest_limit
+from pbg_ray.importer.graph_import import local_phases, run_import
+from pbg_ray.importer.plan import NAMES_SHARE, ImportPlan, import_plan, smallest_limit
 from pbg_ray.runtime.budget import GIB, MIB, MemoryBudget
 from tests.importer.test_ray_engine import assert_same_import
 from tests.importer.util import make
@@ -134,3 +136,16 @@ def test_an_import_below_its_smallest_limit_is_refused_before_ray_starts(tmp_pat
     assert not ray_files  # no Ray was started
     assert not (tmp_path / "out" / "train").exists() or not list(
         (tmp_path / "out" / "train").iterdir())
+
+
+def test_the_local_engine_stops_in_one_line_where_its_names_outgrow_its_plan(tmp_path):
+    source = names_graph(tmp_path / "edges.parquet", 2000)
+    config = make(tmp_path / "out", [source], engine="local", lhs_col="src", rel_col="rel",
+                  rhs_col="dst")
+    tiny = ImportPlan("local", 1, 0, 4000 * 40, None, 0, budget(1))
+    with pytest.raises(PbgRayError) as caught:
+        run_import(config, functools.partial(local_phases, plan=tiny))
+    message = str(caught.value)
+    assert message.startswith("the import's names outgrow the local engine's memory: ")
+    assert "over the 0.00 GiB its plan leaves them" in message and "importer.engine=ray" in message
+    assert not any(p.name.startswith(".import") for p in tmp_path.rglob("*"))  # nothing staged
