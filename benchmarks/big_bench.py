@@ -15,8 +15,8 @@ has learnt the communities ranks it about 500th against every entity: filtered M
 near 0.007 by construction; the share of top-10 answers in the community and PBG's sampled
 MRR (against 50 batch and 100 uniform negatives) show the structure learnt. Phases:
 
-  import     Ray Data engine (importer.engine=ray), edges/s; stopped after 10 OOM kills,
-             then the local engine (one process); where both are OOM-killed, Ray Data
+  import     Ray engine (importer.engine=ray), edges/s; stopped after 10 OOM kills,
+             then the local engine (one process); where both are OOM-killed, the Ray engine
              again with the limit lifted for this phase only (its peak: what it needs)
   refuse     `train ray.placement=memory`: refused up front (the line is shown)
   train      disk placement, BETA order, 2 epochs; edges/s per epoch
@@ -733,9 +733,9 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
 
 
 def import_graph(bench: Bench, name: str, config: Path, *args: str) -> None:
-    """`import_edges` in the cgroup with the Ray Data engine; where it is OOM-killed
+    """`import_edges` in the cgroup with the Ray engine; where it is OOM-killed
     IMPORT_OOM_KILLS times, with the local engine (one process); where that is OOM-killed
-    too, with the Ray Data engine again under a limit lifted to the machine's memory (its
+    too, with the Ray engine again under a limit lifted to the machine's memory (its
     peak then shows what the import needs), the limit set back after."""
     limit = bench.cgroup.limit
     for engine, lifted in (("ray", False), ("local", False), ("ray", True)):
@@ -799,7 +799,7 @@ def report(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges:
         "serving recall@10 >= 0.9 with p99 < 100 ms at concurrency 1 (at one of --ivf-probes)":
             any(by[f"serve_probes{p}"].quality["recall_at_10"] >= 0.9
                 and by[f"serve_probes{p}"].extra["c1_p99_ms"] < 100 for p in args.ivf_probes),
-        "import (Ray Data, within the limit) >= 1M edges/s":
+        "import (Ray engine, within the limit) >= 1M edges/s":
             by["import_ray"].extra.get("edges_per_s", 0) >= 1e6,
         "the whole run under 60 minutes": total_s < 3600,
         "memory placement refused up front": "needs about" in refusal,
