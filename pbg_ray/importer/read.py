@@ -25,6 +25,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError, did_you_mean
 from pbg_ray.importer.name_index import NameIndex
 from pbg_ray.io.raw import MAX_EXAMPLES, RawBatch, RawTable, input_shards
+from pbg_ray.runtime.budget import GIB
 
 logger = logging.getLogger("pbg_ray")
 
@@ -162,7 +163,6 @@ class IdReader:
                         self._check_names(names_bytes)
         return read_stats(spec, tables, None if learn else unseen, self.settings.inputs[0])
 
-
     def _check_names(self, names_bytes: int) -> None:
         indexes = list(self.entity_index.values()) + [self.relation_index]
         held = sum(index.nbytes() for index in indexes)
@@ -170,7 +170,7 @@ class IdReader:
             names = sum(len(index) for index in indexes)
             raise PbgRayError(
                 f"the import's names outgrow the local engine's memory: {names:,} names hold "
-                f"{held / 2 ** 30:.2f} GiB, over the {names_bytes / 2 ** 30:.2f} GiB its plan "
+                f"{held / GIB:.2f} GiB, over the {names_bytes / GIB:.2f} GiB its plan "
                 "leaves them (docs/sizing.md, \"Import\"). Set importer.engine=ray: its "
                 "dictionary shards spill names to disk; or give the import more memory.")
 
