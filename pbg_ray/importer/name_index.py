@@ -7,7 +7,7 @@ pandas' integer hash table, which assigns ids in order of first appearance.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +58,13 @@ class NameIndex:
         """Ids of `names` (a string array), new names getting new ids; counts each occurrence
         (`counts`: as that many occurrences each)."""
         return self.add_keyed(*name_keys(names), names, counts)
+
+    def add_later(self, names: pa.Array,
+                  counts: Optional[np.ndarray] = None) -> Callable[[], np.ndarray]:
+        """`add` as a call that gives the ids, here ready at once: the form IdReader sends
+        names in, which the Ray engine's dictionary shards answer later."""
+        ids = self.add(names, counts)
+        return lambda: ids
 
     def add_keyed(self, keys: np.ndarray, checks: np.ndarray, names: pa.Array,
                   counts: Optional[np.ndarray] = None, grow: bool = True) -> np.ndarray:

@@ -8,7 +8,9 @@ names may hold, the object store):
     read          a task per shard, at most ImportPlan.reads at once, parses it (io/raw.py's
                   RawTable, the local reader's relation checks) and gives each name its id
                   in the same task (the local reader's IdReader), from the dictionary
-                  shards; it yields IdBlocks of whole batches of at most BLOCK_ROWS edges as
+                  shards, one batch behind: a batch's names are sent before the ids of
+                  the batch before are gathered, so that the shards name them while the
+                  read parses (a read and a shard take turns otherwise); it yields IdBlocks of whole batches of at most BLOCK_ROWS edges as
                   ids, then its ShardRead (figures, edges left unresolved)
     dictionary    actors, each the NameIndex of every name type for the names whose
     shards        key hashes to it (ids in order of first sighting, first-input counts,
@@ -53,7 +55,7 @@ import functools
 import itertools
 import logging
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -336,11 +338,16 @@ class _SharedIndex:
         self.calls = (call + (name_type, n) for n in itertools.count())
 
     def add(self, names: pa.Array, counts: Optional[np.ndarray] = None) -> np.ndarray:
+        return self.add_later(names, counts)()
+
+    def add_later(self, names: pa.Array,
+                  counts: Optional[np.ndarray] = None) -> Callable[[], np.ndarray]:
+        """The names sent to their shards now; the call returned waits for their ids."""
         keys, checks = name_keys(names)
         call = next(self.calls)
         if len(self.shards) == 1:  # every name to the one shard: no grouping, no copies
-            return _got([self.shards[0].add.remote(self.name_type, call, keys, checks, names,
-                                                   counts)])[0]
+            ref = self.shards[0].add.remote(self.name_type, call, keys, checks, names, counts)
+            return lambda: _got([ref])[0]
         shard = _shard_of(keys, len(self.shards))
         order = np.argsort(shard.astype(np.uint16), kind="stable")  # radix
         bounds = np.searchsorted(shard[order], np.arange(len(self.shards) + 1))
@@ -352,10 +359,13 @@ class _SharedIndex:
                     self.name_type, call, keys[mine], checks[mine], names.take(pa.array(mine)),
                     None if counts is None else counts[mine]))
                 rows.append(mine)
-        ids = np.empty(len(keys), np.int32)
-        for mine, got in zip(rows, _got(refs)):
-            ids[mine] = got
-        return ids
+
+        def gather() -> np.ndarray:
+            ids = np.empty(len(keys), np.int32)
+            for mine, got in zip(rows, _got(refs)):
+                ids[mine] = got
+            return ids
+        return gather
 
 
 def _got(refs: List[Any]) -> List[np.ndarray]:
@@ -418,37 +428,13 @@ def _read_shard(config: ConfigSchema, number: int, path: str, shards: List[Any],
     first, `previous` holds the shard's blocks of the pass before (references): only the
     names they left unresolved are sent, the others kept."""
     fault_point("importer.read_shard")
-    check = IdReader(config)
-    reader = IdReader(config, shared=lambda t, _: _SharedIndex(
-        shards, t, ("read", pass_number, path)))
-    dynamic, weighted = config.dynamic_relations, config.importer.weight_col is not None
     table = RawTable(path, config.importer)
     blocks, unresolved, pieces, rows = 0, 0, [], 0
-    earlier = iter(previous or [])
-    before, at = None, 0  # the pass before's block of the batch, and the batch's place in it
-    for batch, rel in check.batches(table, learn=False):
-        n = len(batch)
-        counts = None if number == 0 else np.zeros(n)  # the first input counts
-        if previous is None:
-            rel = reader.relation_ids(batch, learn=True, counts=counts) if dynamic else rel
-            lhs, rhs = reader.entity_ids(batch, rel, learn=True, counts=counts)
-        else:
-            if before is None or at == len(before.lhs):
-                before, at = ray.get(next(earlier)), 0
-            lhs, rhs, rel = (getattr(before, side)[at:at + n].astype(np.int64)
-                             for side in ("lhs", "rhs", "rel"))
-            at += n
-            if dynamic and (rel < 0).any():
-                named = reader.relation_ids(batch.take(rel < 0), learn=True,
-                                            counts=None if counts is None else counts[rel < 0])
-                rel[rel < 0] = named
-            found = reader.entity_ids(batch, rel, learn=True, counts=counts,
-                                      only=(lhs < 0, rhs < 0))
-            lhs, rhs = np.where(lhs < 0, found[0], lhs), np.where(rhs < 0, found[1], rhs)
+    for piece in _named_batches(config, number, table, shards, ("read", pass_number, path),
+                                previous):
         fault_point("importer.batch_named")
-        pieces.append((lhs.astype(np.int32), rhs.astype(np.int32), rel.astype(np.int32),
-                       np.asarray(batch.weight, np.float32) if weighted else None))
-        rows += n
+        pieces.append(piece)
+        rows += len(piece[0])
         if rows >= block_rows:
             block = _block(number, pieces)
             unresolved, blocks = unresolved + int(block.unresolved().sum()), blocks + 1
@@ -461,6 +447,57 @@ def _read_shard(config: ConfigSchema, number: int, path: str, shards: List[Any],
     figures = ShardFigures(str(table.path), table.format, table.num_rows, table.bad_rows,
                            table.bad_examples)
     yield ShardRead(number, figures, blocks, unresolved)
+
+
+def _named_batches(config: ConfigSchema, number: int, table: RawTable, shards: List[Any],
+                   call: Tuple[Any, ...],
+                   previous: Optional[List[Any]]) -> Iterator[Tuple[Optional[np.ndarray], ...]]:
+    """The (lhs, rhs, rel, weight) ids of each batch of `table`, named by the dictionary
+    `shards` one batch behind: a batch's names are sent before the batch before it is
+    gathered, so that the shards name it while the next is parsed. `call`: the read's
+    (pass, shard), which numbers its calls to the shards."""
+    check = IdReader(config)
+    reader = IdReader(config, shared=lambda t, _: _SharedIndex(shards, t, call))
+    dynamic, weighted = config.dynamic_relations, config.importer.weight_col is not None
+    earlier = iter(previous or [])
+    before, at = None, 0  # the pass before's block of the batch, and the batch's place in it
+    pending: Optional[Callable[[], Tuple[Optional[np.ndarray], ...]]] = None
+    for batch, rel in check.batches(table, learn=False):
+        n = len(batch)
+        counts = None if number == 0 else np.zeros(n)  # the first input counts
+        weight = np.asarray(batch.weight, np.float32) if weighted else None
+        if previous is None:
+            rel = reader.relation_ids(batch, learn=True, counts=counts) if dynamic else rel
+            named = reader.entity_ids_later(batch, rel, learn=True, counts=counts)
+            kept = None
+        else:
+            if before is None or at == len(before.lhs):
+                before, at = ray.get(next(earlier)), 0
+            lhs, rhs, rel = (getattr(before, side)[at:at + n].astype(np.int64)
+                             for side in ("lhs", "rhs", "rel"))
+            at += n
+            if dynamic and (rel < 0).any():
+                rel[rel < 0] = reader.relation_ids(
+                    batch.take(rel < 0), learn=True,
+                    counts=None if counts is None else counts[rel < 0])
+            named = reader.entity_ids_later(batch, rel, learn=True, counts=counts,
+                                            only=(lhs < 0, rhs < 0))
+            kept = lhs, rhs
+        if pending is not None:
+            yield pending()
+        pending = functools.partial(_piece, named, kept, rel, weight)
+    if pending is not None:
+        yield pending()
+
+
+def _piece(named: Callable[[], tuple], kept: Optional[Tuple[np.ndarray, np.ndarray]],
+           rel: np.ndarray, weight: Optional[np.ndarray]) -> Tuple[Optional[np.ndarray], ...]:
+    """A batch's ids once its shards have named it: (lhs, rhs, rel, weight), int32;
+    `kept`: the ids the pass before found, the names it left unresolved named here."""
+    lhs, rhs = named()
+    if kept is not None:
+        lhs, rhs = np.where(kept[0] < 0, lhs, kept[0]), np.where(kept[1] < 0, rhs, kept[1])
+    return lhs.astype(np.int32), rhs.astype(np.int32), rel.astype(np.int32), weight
 
 
 def _block(number: int, pieces: List[Tuple[Optional[np.ndarray], ...]]) -> IdBlock:

@@ -13,12 +13,14 @@ with names the first input never mentions are counted and left out.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from tqdm import tqdm
 
 from pbg_ray.config import ConfigSchema
@@ -74,11 +76,11 @@ class IdReader:
         make = shared or (lambda _, what: NameIndex(what))
         self.entity_index = {t: make(i, f"entity type {t!r}")
                              for i, t in enumerate(self.types.names)}
-        if config.dynamic_relations:
-            self.relation_index = make(RELATIONS, "relation names")
-        else:
-            self.relation_index = NameIndex("relation names")
-            self.relation_index.add(pa.array([r.name for r in config.relations], pa.string()))
+        # Relation names: learnt, with dynamic_relations; else the config's, found by
+        # Arrow's hash lookup (a relation id is the name's place among them).
+        self.relation_index = make(RELATIONS, "relation names") if config.dynamic_relations \
+            else None
+        self.relation_names = pa.array([r.name for r in config.relations], pa.string())
         self.spill_dtype = spill_dtype(self.settings.weight_col is not None)
 
     def relation_ids(self, batch: RawBatch, learn: bool,
@@ -87,7 +89,10 @@ class IdReader:
         ids, each row counted as `counts` occurrences, default 1); -1 where unknown."""
         if batch.rel is None:
             return np.zeros(len(batch), np.int64)
-        if learn and self.config.dynamic_relations:
+        if self.relation_index is None:
+            ids = pc.index_in(batch.rel, value_set=self.relation_names)
+            return np.asarray(ids.fill_null(-1), np.int64)
+        if learn:
             return self.relation_index.add(batch.rel, counts)
         return self.relation_index.lookup(batch.rel)
 
@@ -97,9 +102,17 @@ class IdReader:
         """(lhs ids, rhs ids), each within its own entity type; -1 where unseen (`learn`:
         new names get new ids, each row's names counted as `counts` occurrences, default 1).
         `only`: masks of the lhs and rhs names to name, the others -1 and not counted."""
-        lhs_ids = np.full(len(batch), -1, np.int64)
-        rhs_ids = np.full(len(batch), -1, np.int64)
+        return self.entity_ids_later(batch, rel, learn, counts, only)()
+
+    def entity_ids_later(self, batch: RawBatch, rel: np.ndarray, learn: bool,
+                         counts: Optional[np.ndarray] = None,
+                         only: Optional[Tuple[np.ndarray, np.ndarray]] = None
+                         ) -> Callable[[], tuple]:
+        """entity_ids as a call that gives them: the names go to their indexes now
+        (`add_later`), the ids are gathered when it is called. The Ray engine's shared
+        indexes name them meanwhile, while its read parses the next batch."""
         lhs_types, rhs_types = self.types.of_edges("lhs", rel), self.types.of_edges("rhs", rel)
+        sent = []
         for t, name in enumerate(self.types.names):
             index = self.entity_index[name]
             lmask, rmask = lhs_types == t, rhs_types == t
@@ -110,12 +123,20 @@ class IdReader:
             if not len(lhs) + len(rhs):
                 continue
             both = pa.concat_arrays([lhs, rhs])
-            ids = (index.add(both, None if counts is None
-                             else np.concatenate([counts[lmask], counts[rmask]]))
-                   if learn else index.lookup(both))
-            lhs_ids[lmask] = ids[:len(lhs)]
-            rhs_ids[rmask] = ids[len(lhs):]
-        return lhs_ids, rhs_ids
+            ids = (index.add_later(both, None if counts is None
+                                   else np.concatenate([counts[lmask], counts[rmask]]))
+                   if learn else functools.partial(index.lookup, both))
+            sent.append((lmask, rmask, len(lhs), ids))
+
+        def gather() -> tuple:
+            lhs_ids = np.full(len(batch), -1, np.int64)
+            rhs_ids = np.full(len(batch), -1, np.int64)
+            for lmask, rmask, lhs_count, ids in sent:
+                got = ids()
+                lhs_ids[lmask] = got[:lhs_count]
+                rhs_ids[rmask] = got[lhs_count:]
+            return lhs_ids, rhs_ids
+        return gather
 
     def batches(self, table: RawTable, learn: bool) -> Iterator[Tuple[RawBatch, np.ndarray]]:
         """(batch, relation ids) of a raw table; rows naming a relation the config doesn't
@@ -164,7 +185,7 @@ class IdReader:
         return read_stats(spec, tables, None if learn else unseen, self.settings.inputs[0])
 
     def _check_names(self, names_bytes: int) -> None:
-        indexes = list(self.entity_index.values()) + [self.relation_index]
+        indexes = [*self.entity_index.values(), *filter(None, [self.relation_index])]
         held = sum(index.nbytes() for index in indexes)
         if held > names_bytes:
             names = sum(len(index) for index in indexes)

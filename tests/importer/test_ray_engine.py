@@ -21,6 +21,7 @@ from pbg_ray.config import ConfigSchema
 from pbg_ray.errors import PbgRayError
 from pbg_ray.importer import plan, ray_engine
 from pbg_ray.importer.ray_engine import choose_engine, import_graph
+from pbg_ray.importer.read import RELATIONS
 from pbg_ray.io import raw
 from pbg_ray.io.edges import read_edges
 from pbg_ray.io.entities import save_entity_count, save_entity_names
@@ -230,6 +231,35 @@ def test_a_shard_is_read_into_blocks_of_whole_batches_then_its_figures(ray_sessi
     assert sum(figures["dropped"] for figures, *_ in routed) > 0
     assert sum(len(edges["lhs"]) for _, *writers in routed for edges in writers) == sum(
         len(b.lhs) - figures["dropped"] for b, (figures, *_) in zip(blocks, routed))
+
+
+def test_a_read_gets_each_batchs_own_ids_while_sending_the_next_over_passes(
+        ray_session, tmp_path, monkeypatch):
+    """A read sends a batch's names to the dictionary shards before it gathers the ids of
+    the batch before: over many batches, and passes of a shard that takes the names of
+    one call per pass, every edge ends with the ids of its own names and relation."""
+    monkeypatch.setattr(raw, "PARQUET_BATCH_ROWS", 40)
+    rows = random_rows(400, 3, num_names=300)
+    path = write_parquet(tmp_path / "edges.parquet", rows)
+    config = make(tmp_path / "out", [path], dynamic_relations=True,
+                  relations=[{"name": "any", "lhs": "node", "rhs": "node"}])
+    shard = ray.remote(ray_engine.DictionaryShard).remote(config, 0, 1, names_bytes=1,
+                                                          spill_dir=str(tmp_path))
+    previous = None
+    for passes in range(1, 100):
+        *blocks, read = ray_engine._read_shard._function(config, 0, path, [shard], 10 ** 6,
+                                                         passes, previous)
+        ray.get(shard.pass_done.remote())
+        if not read.unresolved:
+            break
+        previous = [ray.put(block) for block in blocks]
+    assert passes > 3 and len(blocks) == 1
+    (block,) = blocks
+    keys = {t: ray.get(shard.keyed.remote(t))[0] for t in (0, RELATIONS)}
+    for side, name_type, column in (("lhs", 0, 0), ("rel", RELATIONS, 1), ("rhs", 0, 2)):
+        names = pa.array([row[column] for row in rows])
+        keys_of = keys[name_type]
+        assert keys_of[getattr(block, side)].tolist() == name_keys(names)[0].tolist()
 
 
 def test_two_names_sharing_a_key_stop_the_dictionary_shard_naming_both(tmp_path):
