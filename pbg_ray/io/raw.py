@@ -406,8 +406,9 @@ class RawTable:
                 continue
             if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
                 values = column[role] = pc.cast(values, pa.string())
-            missing = np.asarray(pc.fill_null(pc.equal(pc.utf8_length(values), 0), True))
-            if missing.any():
+            lengths = pc.binary_length(values)
+            if values.null_count or pc.min(lengths).as_py() == 0:  # else no name is missing
+                missing = np.asarray(pc.fill_null(pc.equal(lengths, 0), True))
                 bad |= missing
                 reasons.append((missing, f"empty {role} name"))
         weight = None
