@@ -10,8 +10,9 @@ names may hold, the object store):
                   in the same task (the local reader's IdReader), from the dictionary
                   shards, one batch behind: a batch's names are sent before the ids of
                   the batch before are gathered, so that the shards name them while the
-                  read parses (a read and a shard take turns otherwise); it yields IdBlocks of whole batches of at most BLOCK_ROWS edges as
-                  ids, then its ShardRead (figures, edges left unresolved)
+                  read parses (a read and a shard take turns otherwise); it yields
+                  IdBlocks of whole batches of at most BLOCK_ROWS edges as ids, then its
+                  ShardRead (figures, edges left unresolved)
     dictionary    actors, each the NameIndex of every name type for the names whose
     shards        key hashes to it (ids in order of first sighting, first-input counts,
                   the second hash compared at every sighting, the names themselves): one

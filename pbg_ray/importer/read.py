@@ -68,8 +68,8 @@ class IdReader:
     def __init__(self, config: ConfigSchema,
                  shared: Optional[Callable[[int, str], Any]] = None) -> None:
         """`shared(name_type, what)`: the index of a name type (RELATIONS or an entity
-        type's), with NameIndex's add, in place of a NameIndex of this process (the Ray
-        Data engine's, whose names go to its dictionary shards)."""
+        type's), with NameIndex's add and add_later, in place of a NameIndex of this
+        process (the Ray engine's, whose names go to its dictionary shards)."""
         self.config = config
         self.settings = config.importer
         self.types = EntityTypes.of(config)
