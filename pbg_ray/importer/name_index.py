@@ -70,13 +70,20 @@ class NameIndex:
                   counts: Optional[np.ndarray] = None, grow: bool = True) -> np.ndarray:
         """`add` of names whose (key, check) name_keys already gave; without `grow`, names
         the index lacks are not added (id -1) nor counted."""
-        if not grow:
+        if grow:
+            ids = self._grown(keys, checks, names)
+            found = slice(None)  # every name has its id
+        else:
             ids = self._table.lookup(keys)
-            self._verify(ids, keys, checks, names)
             found = np.flatnonzero(ids >= 0)
-            np.add.at(self._counts.array, ids[found],
-                      1 if counts is None else np.asarray(counts, np.int64)[found])
-            return ids
+        self._verify(ids, keys, checks, names)
+        # ufunc.at touches the ids seen; a bincount would write every id of the index.
+        np.add.at(self._counts.array, ids[found],
+                  1 if counts is None else np.asarray(counts, np.int64)[found])
+        return ids
+
+    def _grown(self, keys: np.ndarray, checks: np.ndarray, names: pa.Array) -> np.ndarray:
+        """The ids of `keys`, the names new to the index added (uncounted)."""
         prior = len(self)
         # A fresh vector per call: pandas hands out a view of it and then refuses to grow it.
         ids = self._table.get_labels(keys, hashtable.UInt64Vector(), prior, -1)
@@ -89,9 +96,6 @@ class NameIndex:
             self._checks.extend(checks[first])
             self._counts.extend(np.zeros(len(first), np.int64))
             self._names.append(names.take(pa.array(first)).cast(pa.large_string()))
-        self._verify(ids, keys, checks, names)
-        # ufunc.at touches the ids seen; a bincount would write every id of the index.
-        np.add.at(self._counts.array, ids, 1 if counts is None else np.asarray(counts, np.int64))
         return ids
 
     def nbytes(self) -> int:
