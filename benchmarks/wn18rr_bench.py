@@ -13,7 +13,8 @@ Arms: `pbg` (PBG's recipe: the demo's model and training options, d=100, 10 epoc
 batch + 100 uniform negatives, a fixed number of epochs) and `quality` (+training=quality),
 each on every partition count of --partitions (1 4: on 1 and on 4 partitions), in each
 placement of --placement (memory, disk), with --beyond-bucket-negs N setting that key (0:
-off; unset: the recipe's own, 0 for pbg, 2048 for quality); `tune` (not run by default): `python
+off; unset: the recipe's own, 0 for pbg, 2048 for quality) and --set KEY=VALUE ... adding
+keys to every run; `tune` (not run by default): `python
 -m pbg_ray.tune` of +training=quality with its default search (tune=asha: lr, dimension;
 ASHA on the best validation MRR), --tune-samples trials one at a time on both CPUs, the
 first of them the recipe itself (tune.config_first), then the best trial's best version
@@ -26,6 +27,7 @@ JSON line.
     python benchmarks/wn18rr_bench.py --arms quality --partitions 1 4
     python benchmarks/wn18rr_bench.py --arms quality --partitions 4 --placement disk
     python benchmarks/wn18rr_bench.py --arms pbg --partitions 1 4 --beyond-bucket-negs 100
+    python benchmarks/wn18rr_bench.py --arms quality --partitions 4 --set num_edge_chunks=1
     python benchmarks/wn18rr_bench.py --arms quality tune --tune-samples 4
 """
 
@@ -85,14 +87,15 @@ def command(name: str, args: Sequence[Any], root: Path) -> Dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_arm(name: str, partitions: int, placement: str, beyond: Optional[int], work: Path,
-            data: Path, tune_samples: int) -> Dict[str, Any]:
+def run_arm(name: str, partitions: int, placement: str, beyond: Optional[int],
+            keys: Sequence[str], work: Path, data: Path, tune_samples: int) -> Dict[str, Any]:
     root = work / (f"{name}-{partitions}p-{placement}"
                    + ("" if beyond is None else f"-beyond{beyond}"))
     root.mkdir(parents=True)
     # One partition: one trainer, with both CPUs' Hogwild threads.
     options = ARMS[name] + ["ray.cpus_per_trainer=2"] * (partitions == 1) + [
         f"ray.placement={placement}"] + [f"beyond_bucket_negs={beyond}"] * (beyond is not None)
+    options += keys
     relations = sorted({line.split("\t")[1] for line in (data / "train.txt").read_text().splitlines()})
     config = config_file(root, relations, partitions, quality=name != "pbg")
     inputs = ",".join(str(data / f"{split}.txt") for split in SPLITS)
@@ -155,6 +158,8 @@ def main() -> None:
                         help="ray.placement of each run (tune runs in memory)")
     parser.add_argument("--beyond-bucket-negs", type=int, default=None,
                         help="beyond_bucket_negs of every run (unset: the recipe's own)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="more config keys of every run (Hydra overrides)")
     parser.add_argument("--tune-samples", type=int, default=4,
                         help="trials of the tune arm (the first is the recipe itself)")
     parser.add_argument("--work-dir", type=Path, default=None)
@@ -169,7 +174,7 @@ def main() -> None:
             for partitions in (args.partitions if name != "tune" else [1])
             for placement in (args.placement if name != "tune" else ["memory"])]
     for name, partitions, placement in runs:
-        result = run_arm(name, partitions, placement, args.beyond_bucket_negs, work,
+        result = run_arm(name, partitions, placement, args.beyond_bucket_negs, args.set, work,
                          args.data, args.tune_samples)
         results.append(result)
         print(f"{name:8s} {partitions}p {placement:6s}  MRR {result['mrr']:.4f}  Hits@1 {result['hits@1']:.4f}  "

@@ -172,6 +172,11 @@ class ConfigSchema:
         "over the bucket, are applied later as a delta (one RowAdagrad step) by the next "
         "task that trains their partition, or at the pass's end. 0: off (PBG's negatives, "
         "from the bucket's partitions only). CPU training only.")
+    beyond_batch_negs: int = option(0, check=not_negative, help=
+        "Of the beyond_bucket_negs rows drawn for a bucket, how many each batch scores: a "
+        "uniform sample of them drawn anew for every batch (the correction counts the "
+        "smaller sample), so that a bucket's batches meet more of the other partitions' rows "
+        "than one batch scores (docs/quality.md). 0: every batch scores all of them.")
     disable_lhs_negs: bool = option(False, help="Draw no negatives on the left-hand side.")
     disable_rhs_negs: bool = option(False, help="Draw no negatives on the right-hand side.")
     lr: float = option(1e-2, check=not_negative, help=

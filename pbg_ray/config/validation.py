@@ -124,3 +124,8 @@ def _training_keys(config: "ConfigSchema", fail: Fail) -> None:
     if config.disable_lhs_negs and config.disable_rhs_negs:
         fail("disable_lhs_negs", "negatives are disabled on both sides",
              "Keep at least one of disable_lhs_negs / disable_rhs_negs false.")
+    if config.beyond_batch_negs > config.beyond_bucket_negs:
+        fail("beyond_batch_negs", f"{config.beyond_batch_negs} is more than the "
+             f"beyond_bucket_negs={config.beyond_bucket_negs} rows a bucket draws, which each "
+             f"batch samples from",
+             "Set beyond_bucket_negs to at least beyond_batch_negs, or beyond_batch_negs=0.")

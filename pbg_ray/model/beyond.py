@@ -2,10 +2,11 @@
 negatives, a side scores a uniform sample of the rows of its type's other partitions
 (BeyondBucket, drawn per bucket by the driver from the partitions' current values); under
 softmax each such score gets log(rows of those partitions / rows drawn) added (the
-sampled softmax's correction). The drawn rows are read-only copies: their gradients,
-summed over the bucket's batches (RowGradients), are applied later, as a delta, by the
-next task that trains their partition, or at the pass's end by its store. numpy only:
-the driver draws them without loading torch.
+sampled softmax's correction). With beyond_batch_negs each batch scores a sample of its
+own of the bucket's rows instead of all of them (BeyondRows.sample). The drawn rows are
+read-only copies: their gradients, summed over the bucket's batches (RowGradients), are
+applied later, as a delta, by the next task that trains their partition, or at the
+pass's end by its store. numpy only: the driver draws them without loading torch.
 """
 
 from __future__ import annotations
@@ -73,6 +74,16 @@ class BeyondRows:
     rows: np.ndarray
     log_weight: float
     index: np.ndarray
+
+    def sample(self, count: int, rng: np.random.Generator) -> "BeyondRows":
+        """`count` of these rows (all, if fewer) drawn uniformly without replacement, in
+        their order, at the rate that makes: what one batch scores under
+        beyond_batch_negs, so that every batch meets other rows of the bucket's draw."""
+        if count >= len(self.index):
+            return self
+        pick = np.sort(rng.choice(len(self.index), count, replace=False))
+        return BeyondRows(self.rows[pick], self.log_weight + math.log(len(self.index) / count),
+                          self.index[pick])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -310,7 +310,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
             generator.manual_seed((seed + 1 + i) % 2**64)
             batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]),
                                 config.num_batch_negs, config.num_uniform_negs, sizes, generator,
-                                beyond_rows)
+                                _for_batch(beyond_rows, config.beyond_batch_negs, seed, i))
             totals += train_batch(state, batch, owners, drawn[worker] if drawn else None)
         return totals
 
@@ -324,6 +324,16 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
         "edges_per_s": len(edges) / elapsed if elapsed > 0 else 0.0,
         "drawn": DrawnRowSums.gradients(beyond, drawn) if drawn else {},
     }
+
+
+def _for_batch(beyond: Dict[PartitionKey, Optional[BeyondRows]], count: int, seed: int,
+               i: int) -> Dict[PartitionKey, Optional[BeyondRows]]:
+    """What batch i of a bucket scores from beyond it: with beyond_batch_negs (`count`) a
+    sample of each side's rows drawn from the batch's seed, else all of them."""
+    if not count:
+        return beyond
+    rng = np.random.default_rng((seed, i))
+    return {k: r if r is None else r.sample(count, rng) for k, r in beyond.items()}
 
 
 def _ranks(pos: Tensor, blocks: List[Tensor], valid: Tensor) -> Tensor:

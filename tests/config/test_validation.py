@@ -21,6 +21,7 @@ BAD_CONFIGS = [
     (dict(entities={"user": {"num_partitions": 2}, "item": {"num_partitions": 3},
                     "tag": {"num_partitions": 1}}), "don't broadcast"),
     (dict(batch_size=1001, num_batch_negs=50), "not a multiple of num_batch_negs"),
+    (dict(beyond_batch_negs=64), "beyond_batch_negs: 64 is more than the beyond_bucket_negs=0"),
     (dict(dimension=7, relations=[{"name": "r", "lhs": "user", "rhs": "item",
                                    "operator": "complex_diagonal"}]), "even dimension"),
     (dict(disable_lhs_negs=True, disable_rhs_negs=True), "both sides"),

@@ -3,7 +3,8 @@ of the type, uniformly; a side scores only the other partitions' rows, with the 
 softmax's correction; its gradients, the drawn rows' included, are those of a softmax over
 its own partition with those rows appended (each repeated as often as the correction
 counts it); the rows themselves are never written by the bucket, their gradients come back
-per partition, summed over its batches, and applied later as RowAdagrad steps."""
+per partition, summed over its batches, and applied later as RowAdagrad steps; with
+beyond_batch_negs each batch scores a sample of its own of them."""
 
 from __future__ import annotations
 
@@ -126,6 +127,41 @@ def test_training_writes_only_the_buckets_partitions():
     assert back["b", 2].offsets.tolist() == [2, 3, 5, 8]
     assert all(np.all(g.squares > 0) and g.grads.shape == (len(g.offsets), case.config.dimension)
                for g in back.values())
+
+
+def test_each_batch_scores_its_own_sample_of_the_bucket_s_rows():
+    """beyond_batch_negs: a batch's sample is that many of a side's rows, in their order,
+    with the correction for the smaller sample; over many batches every row is met, about
+    equally often."""
+    rows = np.arange(40, dtype=np.float32).reshape(20, 2)
+    side = BeyondRows(rows, math.log(3.0), np.arange(5, 25))
+    rng = np.random.default_rng(4)
+    met = np.zeros(20)
+    for _ in range(500):
+        got = side.sample(4, rng)
+        assert len(got.index) == 4 and np.all(np.diff(got.index) > 0)
+        assert got.rows.tolist() == rows[got.index - 5].tolist()
+        assert got.log_weight == pytest.approx(math.log(3.0 * 20 / 4))
+        met[got.index - 5] += 1
+    assert np.all(np.abs(met - 100) < 40)  # 100 expected a row, standard deviation 9
+    assert side.sample(20, rng) is side and side.sample(30, rng) is side
+
+
+@pytest.mark.parametrize("batch_size, reached", [(60, 2), (5, 7)])
+def test_a_bucket_s_batches_sample_the_drawn_rows_anew(batch_size, reached):
+    """With beyond_batch_negs=2 one batch's gradients reach 2 of a type's 7 drawn rows;
+    the twelve batches of a bucket reach all of them."""
+    case = make_case(num_edges=60, all_negs=True, loss_fn="softmax", dynamic_relations=True,
+                     operator="complex_diagonal", batch_size=batch_size, num_batch_negs=5,
+                     beyond_bucket_negs=7, beyond_batch_negs=2)
+    rows = np.random.default_rng(2).normal(0, 0.5, (7, case.config.dimension)).astype(np.float32)
+    drawn = BeyondBucket(rows, np.array([1, 1, 1, 2, 2, 2, 2]), np.array([0, 4, 9, 2, 3, 5, 8]),
+                         {0: 13, 1: 20, 2: 20})
+    parts, params = case.copy_state()
+    back = train_bucket(case.config, Bucket(0, 0), case.edges, parts, params,
+                        beyond={"a": drawn, "b": drawn})["drawn"]
+    assert sum(len(g.offsets) for (e, _), g in back.items() if e == "a") == reached
+    assert sum(len(g.offsets) for (e, _), g in back.items() if e == "b") == reached
 
 
 @pytest.mark.parametrize("known, known_scale", [(0, 1.0), (4, 0.5), (4, 0.0)])
