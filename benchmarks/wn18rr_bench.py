@@ -27,7 +27,8 @@ JSON line.
     python benchmarks/wn18rr_bench.py --arms quality --partitions 1 4
     python benchmarks/wn18rr_bench.py --arms quality --partitions 4 --placement disk
     python benchmarks/wn18rr_bench.py --arms pbg --partitions 1 4 --beyond-bucket-negs 100
-    python benchmarks/wn18rr_bench.py --arms quality --partitions 4 --set num_edge_chunks=1
+    python benchmarks/wn18rr_bench.py --arms quality --partitions 4 --beyond-bucket-negs 16384 \
+        --set beyond_batch_negs=2048 num_edge_chunks=4
     python benchmarks/wn18rr_bench.py --arms quality tune --tune-samples 4
 """
 

@@ -77,8 +77,8 @@ class BeyondRows:
 
     def sample(self, count: int, rng: np.random.Generator) -> "BeyondRows":
         """`count` of these rows (all, if fewer) drawn uniformly without replacement, in
-        their order, at the rate that makes: what one batch scores under
-        beyond_batch_negs, so that every batch meets other rows of the bucket's draw."""
+        their order, log_weight raised to the smaller sample's rate: what one batch scores
+        under beyond_batch_negs, so that each batch meets other rows of the bucket's draw."""
         if count >= len(self.index):
             return self
         pick = np.sort(rng.choice(len(self.index), count, replace=False))
