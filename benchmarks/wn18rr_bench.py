@@ -114,7 +114,7 @@ def run_arm(name: str, partitions: int, placement: str, beyond: Optional[int],
         seconds = time.perf_counter() - start
         searched = best["config"]
         trained = {"best": {"epoch": best["metrics"].get("best_version")},
-                   "version": best["version"]}
+                   "version": best["version"], "checkpoint_path": best["checkpoint_path"]}
         # The first trial trained the recipe as it is (tune.config_first): on test too.
         recipe = f"{root}/model-{best['trial_id'].rsplit('_', 1)[0]}_00000"
         first_trial = scored_on_test(config, options + [f"checkpoint_path={recipe}"], root, test)
@@ -128,9 +128,17 @@ def run_arm(name: str, partitions: int, placement: str, beyond: Optional[int],
     return {"arm": name, "partitions": partitions, "placement": placement,
             "beyond_bucket_negs": beyond, "options": options,
             **scored_on_test(config, options, root, test), "best_epoch": best.get("epoch"),
-            "epochs_trained": trained["version"], "train_seconds": round(seconds, 1),
+            "epochs_trained": epochs_of(Path(trained["checkpoint_path"]), trained["version"]),
+            "train_seconds": round(seconds, 1),
             "searched": searched, "tune_samples": tune_samples if name == "tune" else None,
             "first_trial": first_trial}
+
+
+def epochs_of(checkpoint: Path, version: int) -> int:
+    """The epochs a checkpoint's `version` completes: a version per edge chunk of each edge
+    path (num_edge_chunks)."""
+    config = json.loads((checkpoint / "config.json").read_text())
+    return version // (config["num_edge_chunks"] * len(config["edge_paths"]))
 
 
 def scored_on_test(config: Path, options: Sequence[str], root: Path, test: Dict[str, Any]
