@@ -128,17 +128,18 @@ def run_arm(name: str, partitions: int, placement: str, beyond: Optional[int],
     return {"arm": name, "partitions": partitions, "placement": placement,
             "beyond_bucket_negs": beyond, "options": options,
             **scored_on_test(config, options, root, test), "best_epoch": best.get("epoch"),
-            "epochs_trained": epochs_of(Path(trained["checkpoint_path"]), trained["version"]),
+            "epochs_trained": epochs_of(Path(trained["checkpoint_path"])),
             "train_seconds": round(seconds, 1),
             "searched": searched, "tune_samples": tune_samples if name == "tune" else None,
             "first_trial": first_trial}
 
 
-def epochs_of(checkpoint: Path, version: int) -> int:
-    """The epochs a checkpoint's `version` completes: a version per edge chunk of each edge
-    path (num_edge_chunks)."""
-    config = json.loads((checkpoint / "config.json").read_text())
-    return version // (config["num_edge_chunks"] * len(config["edge_paths"]))
+def epochs_of(checkpoint: Path) -> int:
+    """The epochs a checkpoint trained, from its training_stats.json lines (a version is a
+    pass over one edge chunk of one edge path, so versions count epochs only with one of
+    each)."""
+    with open(checkpoint / "training_stats.json") as lines:
+        return 1 + max(json.loads(line)["epoch_idx"] for line in lines)
 
 
 def scored_on_test(config: Path, options: Sequence[str], root: Path, test: Dict[str, Any]
