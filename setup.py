@@ -1,10 +1,12 @@
-"""The optional C extensions pbg_ray.model._rows, _loss and _operators; all else is
-declared in pyproject.toml.
+"""The optional C extensions pbg_ray.model._rows, _loss and _operators, and
+pbg_ray.importer._key_table; all else is declared in pyproject.toml.
 
 Optional: without a C compiler the install goes on, with one warning, and the CPU kernel
 uses torch ops for its row gathers and RowAdagrad steps (pbg_ray/model/rows.py), its
 softmax loss (pbg_ray/model/losses.py) and its complex_diagonal operator
-(pbg_ray/model/operators.py). How the loops vectorize on each CPU: pbg_ray/model/_simd.h.
+(pbg_ray/model/operators.py), and the import looks its names' keys up in pandas' hash
+table (pbg_ray/importer/name_index.py). How the loops vectorize on each CPU:
+pbg_ray/model/_simd.h.
 """
 
 import sys
@@ -29,8 +31,9 @@ class BuildOptional(build_ext):
         super().run()
         if self.failed:
             print(f"WARNING: pbg_ray's C loops ({', '.join(self.failed)}) did not build (no "
-                  "working C compiler?): the CPU kernel runs torch ops instead, slower. "
-                  "Install a C compiler (gcc) and reinstall pbg_ray to build them.",
+                  "working C compiler?): the CPU kernel runs torch ops instead, and the import "
+                  "pandas' hash table, slower. Install a C compiler (gcc) and reinstall pbg_ray "
+                  "to build them.",
                   file=sys.stderr)
 
     def build_extension(self, ext):
@@ -47,4 +50,6 @@ setup(cmdclass={"build_ext": BuildOptional}, ext_modules=[
               extra_compile_args=SIMD),
     Extension("pbg_ray.model._operators", ["pbg_ray/model/_operators.c"], depends=HEADERS,
               extra_compile_args=EXACT),
+    Extension("pbg_ray.importer._key_table", ["pbg_ray/importer/_key_table.c"],
+              extra_compile_args=["-O3"]),
 ])

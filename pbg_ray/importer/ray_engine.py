@@ -252,15 +252,22 @@ class DictionaryShard:
             counts = np.zeros(len(keys))
         self.counted.add(call)
         index = self.indexes[name_type]
+        growth = index.growth(len(keys))
+        if self.names_bytes is not None and not self.full and growth:
+            # A hash table that grows holds its old slots and its new ones at once.
+            self.full = self._held() + growth > self.names_bytes
         ids = index.add_keyed(keys, checks, names, counts, grow=not self.full)
         if (self.first[name_type] + len(index)) * self.shards > MAX_IDS:
             raise PbgRayError(f"{index.what}: more than {MAX_IDS:,} names in one import, the "
                               "most the Ray engine gives ids to. Import them in parts "
                               "(importer.previous_entity_path).")
         if self.names_bytes is not None and not self.full:
-            self.full = sum(i.nbytes() for i in self.indexes.values()) > self.names_bytes
+            self.full = self._held() > self.names_bytes
         return np.where(ids >= 0, (ids + self.first[name_type]) * self.shards + self.shard,
                         -1).astype(np.int32)
+
+    def _held(self) -> int:
+        return sum(index.nbytes() for index in self.indexes.values())
 
     def pass_done(self) -> int:
         """The end of a pass: the names it holds, where it took its share and left some

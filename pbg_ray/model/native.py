@@ -1,8 +1,9 @@
 """The kernel's process settings, without torch (Ray's workers start with them):
 the environment a kernel process starts with, handing its free heap back when idle,
-and the optional C extensions (_rows.c, _loss.c, _operators.c), each used where it is
-built, unless the environment variable PBG_RAY_C_KERNELS is 0, which makes the kernel
-use its torch code everywhere (the same results, slower): to tell whether a crash or a
+and the optional C extensions (the kernel's _rows.c, _loss.c, _operators.c, the import's
+importer/_key_table.c), each used where it is built, unless the environment variable
+PBG_RAY_C_KERNELS is 0, which makes the kernel use its torch code everywhere and the
+import pandas' hash table (the same results, slower): to tell whether a crash or a
 wrong result comes from the C code. Set it where the train tasks' workers start (before a
 local Ray starts, or in the cluster's environment)."""
 
@@ -29,13 +30,13 @@ C_KERNELS_ENV = "PBG_RAY_C_KERNELS"
 KERNEL_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 25), "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
-def extension(name: str) -> Optional[ModuleType]:
-    """The C extension pbg_ray.model.<name>, or None: turned off, or not built (then one
+def extension(name: str, package: str = "pbg_ray.model") -> Optional[ModuleType]:
+    """The C extension <package>.<name>, or None: turned off, or not built (then one
     warning per process says so, whichever extensions are missing)."""
     if os.environ.get(C_KERNELS_ENV, "1") == "0":
         return None
     try:
-        return importlib.import_module(f"pbg_ray.model.{name}")
+        return importlib.import_module(f"{package}.{name}")
     except ImportError:  # the optional extension was not built
         _warn_not_built()
         return None
@@ -44,9 +45,10 @@ def extension(name: str) -> Optional[ModuleType]:
 @functools.lru_cache(maxsize=None)
 def _warn_not_built() -> None:
     warnings.warn(
-        "pbg_ray's C loops (pbg_ray/model/_*.c) are not built, as where pbg_ray was installed "
-        "without a C compiler: the CPU kernel runs torch ops instead (the same results, "
-        "slower). Install a C compiler (gcc) and reinstall pbg_ray to build them.",
+        "pbg_ray's C loops (pbg_ray/*/_*.c) are not built, as where pbg_ray was installed "
+        "without a C compiler: the CPU kernel runs torch ops instead, and the import pandas' "
+        "hash table (the same results, slower). Install a C compiler (gcc) and reinstall "
+        "pbg_ray to build them.",
         RuntimeWarning, stacklevel=3)
 
 

@@ -375,6 +375,23 @@ def test_a_full_dictionary_shard_leaves_new_names_unresolved_then_spills_them(tm
     assert shard.name(0, 1) == "entity-with-a-long-name" and shard.name(0, 2) == "b"
 
 
+def test_a_shard_whose_hash_table_would_grow_past_its_plan_takes_no_new_names(tmp_path):
+    """The C hash table grows by doubling, holding its old slots and its new ones at once:
+    a shard whose plan that would pass is full before it grows, not after."""
+    names = pa.array([f"name-{i}" for i in range(800)])
+    shard = ray_engine.DictionaryShard(make(tmp_path / "out", []), 0, 1, names_bytes=40_000,
+                                       spill_dir=str(tmp_path))
+    index = shard.indexes[0]
+    first = names[:700]  # 1,024 slots hold 716 names: no growth yet
+    assert shard.add(0, ("read", 1, "p0", 0, 0), *name_keys(first), first,
+                     None).tolist() == list(range(700))
+    assert index.nbytes() < 40_000 < index.nbytes() + index.growth(100)
+    later = names[690:]
+    assert shard.add(0, ("read", 1, "p0", 0, 1), *name_keys(later), later,
+                     None).tolist() == list(range(690, 700)) + [-1] * 100
+    assert index.growth(100) and len(index) == 700
+
+
 def test_names_over_their_plan_import_over_passes_as_in_one_process(ray_session, tmp_path,
                                                                    monkeypatch, caplog):
     """Dictionary shards whose plan holds a fraction of the names: the reads run again,

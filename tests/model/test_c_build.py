@@ -1,8 +1,10 @@
 """The build of the C loops (setup.py, pbg_ray/model/_simd.h): every loop marked
 `#pragma omp simd` vectorized, as the compiler's vectorization report says, for x86-64's
 AVX-512, AVX2 and baseline builds and for aarch64's NEON and SVE (a cross-compiler from
-Debian's packages: gcc-aarch64-linux-gnu, which .ci/run installs); and an install without
-a C compiler going on with one warning, the kernel then on torch's ops."""
+Debian's packages: gcc-aarch64-linux-gnu with libc6-dev-arm64-cross, which .ci/run
+installs), the import's key table (pbg_ray/importer/_key_table.c) built beside them; and
+an install without a C compiler going on with one warning, the kernel then on torch's
+ops and the import on pandas' hash table."""
 
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ from pbg_ray.model import native
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted((ROOT / "pbg_ray" / "model").glob("_*.c"))
-EXTENSIONS = {"_rows", "_loss", "_operators"}
+LOOPS = {"_rows", "_loss", "_operators"}  # the kernel's, with `#pragma omp simd` loops
+EXTENSIONS = LOOPS | {"_key_table"}
 CROSS = "aarch64-linux-gnu-gcc"
+CROSS_HEADERS = Path("/usr/aarch64-linux-gnu/include/stdlib.h")  # libc6-dev-arm64-cross's
 ELF_MACHINE = {"x86_64": 62, "aarch64": 183}  # e_machine of an ELF header
 REPORT = re.compile(r"pbg_ray/model/(_\w+\.c):(\d+):\d+: optimized: loop vectorized using "
                     r"(\d+ byte|variable length) vectors")
@@ -41,7 +45,7 @@ def build(tmp_path: Path, **env: str) -> Tuple[subprocess.CompletedProcess, Path
 
 
 def built(lib: Path) -> Dict[str, Path]:
-    return {p.name.split(".")[0]: p for p in (lib / "pbg_ray" / "model").glob("_*.so")}
+    return {p.name.split(".")[0]: p for p in (lib / "pbg_ray").glob("*/_*.so")}
 
 
 def vector_widths(report: str) -> Dict[Tuple[str, int], Set[str]]:
@@ -56,7 +60,7 @@ def marked_loops() -> List[Tuple[str, int]]:
     loops = [(src.name, number) for src in SOURCES
              for number, text in enumerate(src.read_text().splitlines(), 1)
              if text.strip().startswith("#pragma omp simd")]
-    assert {name for name, _ in loops} == {f"{e}.c" for e in EXTENSIONS}
+    assert {name for name, _ in loops} == {f"{e}.c" for e in LOOPS}
     return loops
 
 
@@ -87,9 +91,10 @@ def test_the_loops_vectorize_for_avx512_avx2_and_the_baseline(tmp_path):
     assert {elf_machine(p) for p in built(lib).values()} == {ELF_MACHINE["x86_64"]}
 
 
-@pytest.mark.skipif(shutil.which(CROSS) is None, reason=f"no {CROSS} here: Debian's package "
-                    "gcc-aarch64-linux-gnu has it (apt-get install gcc-aarch64-linux-gnu; "
-                    ".ci/run installs it where apt-get is)")
+@pytest.mark.skipif(shutil.which(CROSS) is None or not CROSS_HEADERS.exists(),
+                    reason=f"no {CROSS} with its C library's headers ({CROSS_HEADERS}) here: "
+                    "Debian's packages gcc-aarch64-linux-gnu and libc6-dev-arm64-cross have "
+                    "them (.ci/run installs both where apt-get is)")
 @pytest.mark.parametrize("march,width", [("", "16 byte"),  # NEON, every ARMv8 CPU's
                                          ("-march=armv8.2-a+sve", "variable length")])
 def test_the_loops_build_and_vectorize_for_arm(tmp_path, march, width):
@@ -107,7 +112,7 @@ def test_without_a_c_compiler_the_build_goes_on_with_one_warning(tmp_path):
     done, lib = build(tmp_path, CC=str(tmp_path / "no-such-cc"))
     assert not built(lib)
     lines = [line for line in done.stderr.splitlines() if "pbg_ray's C loops" in line]
-    assert len(lines) == 1 and "_rows, _loss, _operators" in lines[0]
+    assert len(lines) == 1 and "_rows, _loss, _operators, _key_table" in lines[0]
     assert "Install a C compiler" in lines[0]
 
 
@@ -120,7 +125,8 @@ def test_a_process_without_the_c_loops_warns_once_and_runs_torch(monkeypatch):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            assert [native.extension(n) for n in sorted(EXTENSIONS) * 2] == [None] * 6
+            assert [native.extension(n) for n in sorted(LOOPS) * 2] == [None] * 6
+            assert native.extension("_key_table", "pbg_ray.importer") is None
         assert [str(w.message) for w in caught if w.category is RuntimeWarning] == [
             str(caught[0].message)]
         assert "not built" in str(caught[0].message)
