@@ -684,7 +684,7 @@ def run(bench: Bench, args: argparse.Namespace, num_entities: int, num_edges: in
                       "-k", "10", figures=figures)
     answers = [json.loads(line) for line in (work / "answers.jsonl").read_text().splitlines()]
     figures.quality["planted_share_top10"] = float(np.mean([
-        in_community(graph.community, q["lhs"], [name for name, _ in answer["rhs"]])
+        in_community(graph.community, q["lhs"], [hit["name"] for hit in answer["hits"]])
         for q, answer in zip(questions, answers)]))
     bound = QUESTIONS * num_entities * 2 * dim / rate
     figures.extra.update(bound_s=bound, times_bound=figures.wall_s / bound)
