@@ -223,11 +223,12 @@ class DictionaryShard:
     NameIndex of the names whose key hashes to this shard. An id it gives is
     `index id * shards + shard`, unique over the shards.
 
-    With `names_bytes` (a local Ray's plan, importer/plan.py), once its indexes hold more
-    it takes no new names in this pass: a name it lacks gets id -1 (unresolved) and is not
-    counted; the names it knows still get their ids and counts. Between passes (`spill`)
-    it writes its names to `spill_dir` and starts empty; the next pass's reads send it the
-    names still unresolved, whose ids follow those spilled."""
+    With `names_bytes` (a local Ray's plan, importer/plan.py), once its indexes hold more,
+    or would as a hash table grows, it takes no new names in this pass: a name it lacks
+    gets id -1 (unresolved) and is not counted; the names it knows still get their ids and
+    counts. Between passes (`spill`) it writes its names to `spill_dir` and starts empty;
+    the next pass's reads send it the names still unresolved, whose ids follow those
+    spilled."""
 
     def __init__(self, config: ConfigSchema, shard: int, shards: int,
                  names_bytes: Optional[int] = None, spill_dir: Optional[str] = None) -> None:
@@ -267,6 +268,7 @@ class DictionaryShard:
                         -1).astype(np.int32)
 
     def _held(self) -> int:
+        """The bytes its indexes hold (NameIndex.nbytes)."""
         return sum(index.nbytes() for index in self.indexes.values())
 
     def pass_done(self) -> int:
