@@ -30,14 +30,16 @@ typedef struct {
 } slot_t;
 
 /* The slot a key starts probing at: the key mixed (splitmix64's finalizer), so that
- * short names, whose keys are their bytes, spread over the slots too. */
+ * short names, whose keys are their bytes, spread over the slots too, and taken from its
+ * high half: the Ray engine sends a name to its dictionary shard by the low bits of the
+ * same mix (ray_engine._shard_of), so a shard's keys share those. */
 static inline uint64_t home(uint64_t key, uint64_t mask) {
     key ^= key >> 30;
     key *= 0xbf58476d1ce4e5b9ULL;
     key ^= key >> 27;
     key *= 0x94d049bb133111ebULL;
     key ^= key >> 31;
-    return key & mask;
+    return (key >> 32 | key << 32) & mask;
 }
 
 static inline void prefetch_slot(const slot_t *slot) {
