@@ -8,7 +8,8 @@
  * the RowAdagrad step also folds duplicates, accumulators and the row update into one
  * pass where torch makes several over the rows, the squared gradient summed in vector
  * lanes. The arithmetic is that of pbg_ray.model.optim.row_adagrad_, operation for
- * operation, except the order of the squared-gradient sum.
+ * operation, except the order of the squared-gradient sum. The dense Adagrad step of the
+ * relations' parameters is here too (optim.adagrad_).
  *
  * Arguments are addresses of contiguous tensors (checked by the Python caller) and
  * sizes; the loops run without the GIL, so Hogwild threads overlap here too. The RowAdagrad
@@ -142,9 +143,37 @@ static PyObject *row_adagrad(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* adagrad(param, sums, grad, n, lr): torch.optim.Adagrad's step (eps 1e-10, as optim.adagrad_)
+ * on n contiguous floats, in the order of torch's CPU ops (addcmul_ fuses its multiply-add,
+ * addcdiv_ divides the scaled gradient): sums += grad * grad, then
+ * param += -lr * grad / (sqrt(sums) + eps). The square root is IEEE's, which torch's
+ * vectorized one can miss by a unit in the last place. One call where torch runs four
+ * ops, each of which costs more in dispatch than the arithmetic of a relation's parameters. */
+CLONED static void adagrad_elements(float *param, float *sums, const float *grad, int64_t n,
+                                    float lr) {
+    for (int64_t i = 0; i < n; i++) {
+        float sum = fmaf(grad[i], grad[i], sums[i]);
+        sums[i] = sum;
+        param[i] = param[i] + -lr * grad[i] / (sqrtf(sum) + EPS);
+    }
+}
+
+static PyObject *adagrad(PyObject *self, PyObject *args) {
+    unsigned long long param_p, sums_p, grad_p;
+    long long n;
+    float lr;
+    if (!PyArg_ParseTuple(args, "KKKLf", &param_p, &sums_p, &grad_p, &n, &lr))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    adagrad_elements((float *)param_p, (float *)sums_p, (const float *)grad_p, n, lr);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "out[i] = table[ids[i]] (addresses and sizes)."},
     {"row_adagrad", row_adagrad, METH_VARARGS, "RowAdagrad step on table rows ids."},
+    {"adagrad", adagrad, METH_VARARGS, "Adagrad step on n contiguous floats."},
     {NULL, NULL, 0, NULL},
 };
 

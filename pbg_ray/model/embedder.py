@@ -65,8 +65,13 @@ class _Workspace(threading.local):
         return buf
 
     def scores(self, key: Any, q: Tensor, k: Tensor) -> Tensor:
-        """The output buffer of an all-pairs score matrix of q [n, P, D] and k [n, N, D]."""
-        return self.get(("scores", key), q, (q.shape[0], q.shape[1], k.shape[1]))
+        """The output buffer of an all-pairs score matrix of q [n, P, D] and k [n, N, D]:
+        on the CPU laid [n, N, P] in memory (a transposed view), into which blas.bmm runs
+        BLAS's fastest form; the loss and the violators count walk either layout."""
+        n, p, m = q.shape[0], q.shape[1], k.shape[1]
+        if q.device.type != "cpu":
+            return self.get(("scores", key), q, (n, p, m))
+        return self.get(("scores", key), q, (n, m, p)).transpose(1, 2)
 
 
 @dataclasses.dataclass

@@ -64,5 +64,8 @@ def adagrad_(param: Tensor, sums: Tensor, grad: Tensor, lr: float,
         sums.addcmul_(grad, grad)
         param.addcdiv_(grad * scale, sums.sqrt().add_(EPS), value=-lr)
         return
+    if rows.native((param, sums, grad), ()) and param.numel() == grad.numel() == sums.numel():
+        rows.adagrad_(param, sums, grad, lr)  # the same steps as one C loop (_rows.c)
+        return
     sums.addcmul_(grad, grad)
     param.addcdiv_(grad, sums.sqrt().add_(EPS), value=-lr)

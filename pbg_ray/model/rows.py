@@ -38,3 +38,9 @@ def row_adagrad_(table: Tensor, sums: Tensor, ids: Tensor, grads: Tensor, lr: fl
     _rows.row_adagrad(table.data_ptr(), sums.data_ptr(), table.shape[0], table.shape[1],
                       ids.data_ptr(), grads.data_ptr(), ids.numel(), owner.data_ptr(),
                       lr, known, known_scale)
+
+
+def adagrad_(param: Tensor, sums: Tensor, grad: Tensor, lr: float) -> None:
+    """The C loop of `optim.adagrad_` without row scales (when `native((param, sums,
+    grad), ())` and the three are the same size)."""
+    _rows.adagrad(param.data_ptr(), sums.data_ptr(), grad.data_ptr(), param.numel(), lr)

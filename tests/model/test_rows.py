@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pbg_ray.model import rows
-from pbg_ray.model.optim import row_adagrad_
+from pbg_ray.model.optim import adagrad_, row_adagrad_
 
 
 def test_the_extension_is_built():
@@ -59,6 +59,25 @@ def test_row_adagrad_matches_the_torch_ops(monkeypatch, dim, known, known_scale)
         stepped[:known] = False  # frozen
     assert torch.equal(c_table[~stepped], original[~stepped])
     assert (c_table[stepped] != original[stepped]).any(1).all()
+
+
+@pytest.mark.parametrize("size", [7, 50, 1003])
+def test_adagrad_matches_the_torch_ops(monkeypatch, size):
+    gen = torch.Generator().manual_seed(size)
+    param, sums = torch.randn(size, generator=gen), torch.rand(size, generator=gen)
+    grads = [torch.randn(size, generator=gen) for _ in range(3)]
+    stepped = {}
+    for c_loop in (True, False):
+        p, s = param.clone(), sums.clone()
+        with monkeypatch.context() as m:
+            m.setattr(rows, "BUILT", c_loop)
+            for g in grads:
+                adagrad_(p, s, g, 0.1)
+        stepped[c_loop] = p, s
+    # torch's vectorized square root (and, by CPU, its multiply-add) may round differently.
+    for c_value, torch_value in zip(stepped[True], stepped[False]):
+        torch.testing.assert_close(c_value, torch_value, rtol=1e-6, atol=0)
+    assert (stepped[True][0] != param).all()
 
 
 def test_gather_copies_the_rows():
