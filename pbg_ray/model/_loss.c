@@ -29,6 +29,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "_simd.h"
 
@@ -220,6 +221,82 @@ CLONED static void block_at_least(const float *x, int64_t s_row, int64_t rows, i
     }
 }
 
+/* cblas_sgemm of an ILP64 BLAS (64-bit sizes), found by the Python caller in numpy's
+ * OpenBLAS (blas.sgemm_address). */
+typedef void (*sgemm_fn)(int order, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
+                         float beta, float *c, int64_t ldc);
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+#define MASKED_SCORE -1e9f /* negatives.MASKED_SCORE */
+
+/* out [cols, rows] = x [rows, cols] transposed (x's rows `stride` apart). */
+static void transpose(const float *restrict x, int64_t rows, int64_t cols, int64_t stride,
+                      float *restrict out) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            out[c * rows + r] = x[r * stride + c];
+}
+
+typedef struct {
+    double loss;
+    int64_t violators_lhs, violators_rhs;
+} StepTotals;
+
+/* One chunk of dot_softmax_step (below). The chunk's lhs rows u [C + U, D] (positives, then
+ * uniform negatives) and rhs rows v [C + U, D]; `valid` of its C edges are real (the
+ * rest padding, their rows zero and weight 0); its gradients go to du and dv. Scores are
+ * kept transposed, candidates by positives (the products' fast form in BLAS):
+ *   st [C + U, C]: st[j, i] = u_i . v_j, the rhs side's negatives of edge i in column i,
+ *     and in rows and columns below C the batch block, whose row i holds the lhs side's
+ *     batch negatives of edge i (u_j . v_i); the diagonal holds the positives;
+ *   sl [U, C]: sl[j, i] = v_i . u_(C + j), the lhs side's uniform negatives, by column;
+ *   lb [C, C]: the lhs batch negatives, copied out of st (the loss overwrites both).
+ * Masks, losses and gradients are those of Embedder.forward and backward on such a batch. */
+static void step_chunk(sgemm_fn sgemm, const float *u, const float *v, float *du, float *dv,
+                       const float *weight, int64_t C, int64_t U, int64_t D, int64_t valid,
+                       float *scratch, StepTotals *totals) {
+    const int64_t K = C + U;
+    float *ut = scratch, *vt = ut + D * C, *st = vt + D * C, *sl = st + K * C, *lb = sl + U * C;
+    float *pos = lb + C * C, *dpos_l = pos + C, *dpos_r = dpos_l + C, *top = dpos_r + C,
+          *total = top + C;
+    transpose(u, C, D, D, ut);
+    transpose(v, C, D, D, vt);
+    sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, K, C, D, 1.f, v, D, ut, C, 0.f, st, C);
+    sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, U, C, D, 1.f, u + C * D, D, vt, C, 0.f, sl, C);
+    for (int64_t i = 0; i < C; i++) {
+        pos[i] = st[i * C + i];
+        st[i * C + i] = MASKED_SCORE;
+    }
+    if (valid < C) /* pairs with padding, in the batch block */
+        for (int64_t j = 0; j < C; j++)
+            for (int64_t i = 0; i < C; i++)
+                if (i >= valid || j >= valid)
+                    st[j * C + i] = MASKED_SCORE;
+    memcpy(lb, st, C * C * sizeof(float));
+    Block rhs = {st, st, K, 0, 1, C};
+    Block lhs[2] = {{lb, lb, C, 0, C, 1}, {sl, sl, U, 0, 1, C}};
+    totals->violators_rhs += block_violators(&rhs, pos, 1, C, valid);
+    totals->violators_lhs += block_violators(&lhs[0], pos, 1, C, valid)
+                             + block_violators(&lhs[1], pos, 1, C, valid);
+    totals->loss += softmax_chunks(pos, weight, dpos_r, 1, C, &rhs, 1, top, total);
+    totals->loss += softmax_chunks(pos, weight, dpos_l, 1, C, lhs, 2, top, total);
+    /* The batch block's gradient, both sides' (the lhs side's lies in st's layout), and
+     * the positives' on its diagonal (the masked entries' own are 0). */
+    for (int64_t k = 0; k < C * C; k++)
+        st[k] += lb[k];
+    for (int64_t i = 0; i < C; i++)
+        st[i * C + i] = st[i * C + i] + dpos_l[i] + dpos_r[i];
+    /* du[:C] = st^T v; dv = st u[:C] + (dv[:C] +=) sl^T u[C:]; du[C:] = sl v[:C]. */
+    sgemm(ROW_MAJOR, TRANS, NO_TRANS, C, D, K, 1.f, st, C, v, D, 0.f, du, D);
+    sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, K, D, C, 1.f, st, C, u, D, 0.f, dv, D);
+    sgemm(ROW_MAJOR, TRANS, NO_TRANS, C, D, U, 1.f, sl, C, u + C * D, D, 1.f, dv, D);
+    sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, U, D, C, 1.f, sl, C, v, D, 0.f, du + C * D, D);
+    for (int64_t i = valid; i < C; i++) { /* padding rows: no gradient */
+        memset(du + i * D, 0, D * sizeof(float));
+        memset(dv + i * D, 0, D * sizeof(float));
+    }
+}
+
 /* Blocks from a sequence of (in, out, n_cols, stride_chunk, stride_row, stride_col), with
  * addresses as integers and strides in elements: their count, or -1 with an exception set. */
 static Py_ssize_t parse_blocks(PyObject *seq, Block *blocks) {
@@ -311,10 +388,41 @@ static PyObject *softmax(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(loss);
 }
 
+/* dot_softmax_step(sgemm, u, v, du, dv, weight, chunks, C, U, D, num_pos): the scores,
+ * softmax losses and score gradients of a batch of one relation under the dot comparator,
+ * both sides with batch and U uniform negatives, chunk by chunk while its rows are in the
+ * cache (pbg_ray.model.embedder, Embedder._fused). u, v, du, dv are contiguous
+ * [chunks, C + U, D]; weight [chunks, C]. Returns (loss, violators lhs, violators rhs). */
+static PyObject *dot_softmax_step(PyObject *self, PyObject *args) {
+    unsigned long long sgemm_p, u_p, v_p, du_p, dv_p, weight_p;
+    long long chunks, C, U, D, num_pos;
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLL", &sgemm_p, &u_p, &v_p, &du_p, &dv_p, &weight_p,
+                          &chunks, &C, &U, &D, &num_pos))
+        return NULL;
+    const int64_t K = C + U;
+    float *scratch = malloc((2 * D * C + K * C + U * C + C * C + 5 * C) * sizeof(float));
+    if (scratch == NULL)
+        return PyErr_NoMemory();
+    StepTotals totals = {0., 0, 0};
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < chunks; i++) {
+        int64_t offset = i * K * D, valid = num_pos - i * C < C ? num_pos - i * C : C;
+        step_chunk((sgemm_fn)sgemm_p, (const float *)u_p + offset, (const float *)v_p + offset,
+                   (float *)du_p + offset, (float *)dv_p + offset,
+                   (const float *)weight_p + i * C, C, U, D, valid, scratch, &totals);
+    }
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    return Py_BuildValue("dLL", totals.loss, (long long)totals.violators_lhs,
+                         (long long)totals.violators_rhs);
+}
+
 static PyMethodDef methods[] = {
     {"softmax", softmax, METH_VARARGS, "Softmax loss and gradients of one batch side."},
     {"violators", violators, METH_VARARGS, "Scores above their row's positive, counted."},
     {"at_least", at_least, METH_VARARGS, "Per row, the scores at or above its positive."},
+    {"dot_softmax_step", dot_softmax_step, METH_VARARGS,
+     "Scores, softmax loss and score gradients of a dot-comparator batch, chunk by chunk."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -18,12 +18,14 @@ BLAS runs its fastest form (docs/benchmarks.md, "The CPU kernel").
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import threading
 from typing import Dict, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_limits
+from threadpoolctl import threadpool_info, threadpool_limits
 from torch import Tensor
 
 
@@ -61,6 +63,23 @@ def bmm(a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
             np.matmul(a.numpy(), b.numpy(), out=out.numpy())
         return out
     return torch.bmm(a, b, out=out)
+
+
+@functools.lru_cache(maxsize=None)
+def sgemm_address() -> Optional[int]:
+    """The address of cblas_sgemm in numpy's OpenBLAS where that is an ILP64 build (64-bit
+    sizes, as numpy's wheels ship it), for C loops that run their products chunk by chunk
+    (_loss.c); None where numpy has another BLAS (Accelerate, MKL): the callers then keep
+    to numpy's matmul."""
+    for info in threadpool_info():
+        if info.get("internal_api") != "openblas":
+            continue
+        library = ctypes.CDLL(info["filepath"])  # already loaded: the same handle
+        for name in ("scipy_cblas_sgemm64_", "cblas_sgemm64_"):
+            function = getattr(library, name, None)
+            if function is not None:
+                return ctypes.cast(function, ctypes.c_void_p).value
+    return None
 
 
 @contextlib.contextmanager

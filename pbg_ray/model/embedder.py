@@ -25,8 +25,9 @@ import torch
 from torch import Tensor
 
 from pbg_ray.config import ConfigSchema
-from pbg_ray.model.comparators import make_comparator
-from pbg_ray.model.losses import LOSS_FUNCTIONS, count_violators
+from pbg_ray.model.comparators import DotComparator, make_comparator
+from pbg_ray.model.losses import (LOSS_FUNCTIONS, SoftmaxLoss, count_violators,
+                                   dot_softmax_ready, dot_softmax_step)
 from pbg_ray.model.beyond import BeyondRows
 from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
 from pbg_ray.model.operators import OPERATORS, Operator
@@ -277,7 +278,10 @@ class Embedder:
             for buf in bufs:
                 buf[-1, last:batch.chunk_size] = 0
 
-    def forward(self, batch: Batch) -> Scores:
+    def forward(self, batch: Batch, fuse: bool = False) -> Scores:
+        """The batch's scores. fuse: the caller wants only the backward's gradients, so
+        where the C step serves (_fusable) the scores are left to the backward, which
+        computes them chunk by chunk with their gradients."""
         cmp = self.comparator
         C, n = batch.chunk_size, batch.num_chunks
         index = self._layout(batch)
@@ -296,6 +300,9 @@ class Embedder:
             u, ctx_u = cmp.prepare(a)
             v, ctx_v = cmp.prepare(op.forward(b, p))
             self._zero_padding(batch, u, v)
+            if fuse and self._fusable(batch, u, v):
+                saved.update(p=p, u=u, v=v, fused=True)
+                return Scores({}, blocks, saved)
             u_pos, v_pos = u[:, :C], v[:, :C]
             need_batch = lhs.has_batch or rhs.has_batch
             # The batch block scores each positive pair on its diagonal: read them there
@@ -361,6 +368,20 @@ class Embedder:
                      q_r=q_r, ctx_u=ctx_u, ctx_v=ctx_v, ctx_ql=ctx_ql, ctx_qr=ctx_qr, mats=mats)
         self._beyond(batch, saved, blocks, {"lhs": q_l, "rhs": q_r}, {})
         return Scores(pos, blocks, saved)
+
+    def _fusable(self, batch: Batch, u: Tensor, v: Tensor) -> bool:
+        """Whether losses.dot_softmax_step serves the batch (per-relation mode): the dot
+        comparator and the softmax loss (PBG's defaults), both sides with batch negatives
+        and the same number of uniform ones, none from beyond the bucket, and the C code
+        ready for the rows (built, numpy's BLAS reachable). Chunk by chunk, its products and
+        the loss work on rows still in the cache, where the batch-wide products of
+        forward and backward read them back from memory, and it makes one call where
+        they make some thirty."""
+        lhs, rhs = batch.lhs, batch.rhs
+        return (type(self.comparator) is DotComparator and type(self.loss_fn) is SoftmaxLoss
+                and lhs.mode is rhs.mode is Negatives.BATCH_UNIFORM
+                and lhs.num_neg_ids == rhs.num_neg_ids > 0
+                and lhs.beyond is None and rhs.beyond is None and dot_softmax_ready(u, v))
 
     def _beyond(self, batch: Batch, saved: Dict[str, Any], blocks: Dict[str, List[Tensor]],
                 queries: Dict[str, Tensor], ops: Dict[str, Any]) -> None:
@@ -430,11 +451,12 @@ class Embedder:
         cmp = self.comparator
         sv = scores.saved
         w = self._weights(batch, sv["a"].device)
+        fused = sv.get("fused", False)
         loss = w.new_zeros(())
         violators: Dict[str, int] = {}
         dpos: Dict[str, Tensor] = {}
         dblocks: Dict[str, List[Tensor]] = {}
-        for name in SIDES:
+        for name in () if fused else SIDES:
             pos, blocks = scores.pos[name], scores.blocks[name]
             # Gradients overwrite the scores, unless the comparator's backward reads them.
             out = [self.workspace.get(("grad", name, i), blk) if cmp.needs_scores else blk
@@ -448,16 +470,22 @@ class Embedder:
         # Gradients w.r.t. the side buffers; for plain sides they are views of the per-table
         # gradient rows handed to the optimizer (same layout as the gather).
         # (zeroed first where the relation's backward adds into them)
-        written = not self.dynamic and sv["ctx_u"] is None and \
+        written = fused or not self.dynamic and sv["ctx_u"] is None and \
             self._writes_lhs(sv, batch.chunk_size)
         row_grads = {key: (flat, self._row_grads(key, rows, written))
                      for key, flat, rows in sv["groups"]}
         da, db = (self._side_grad(batch, sv, row_grads, name, x)
                   for name, x in (("lhs", a), ("rhs", b)))
         param_grads: Dict[str, Tensor] = {}
-        dq_beyond, beyond_grads = self._beyond_backward(batch, sv, dblocks, param_grads)
-        relation_backward = self._dynamic_backward if self.dynamic else self._static_backward
-        relation_backward(batch, sv, dpos, dblocks, da, db, param_grads, dq_beyond)
+        beyond_grads: Dict[str, Tensor] = {}
+        if fused:
+            loss, violators["lhs"], violators["rhs"] = self._fused_backward(
+                batch, sv, w, da, db, param_grads)
+        else:
+            dq_beyond, beyond_grads = self._beyond_backward(batch, sv, dblocks, param_grads)
+            relation_backward = self._dynamic_backward if self.dynamic else \
+                self._static_backward
+            relation_backward(batch, sv, dpos, dblocks, da, db, param_grads, dq_beyond)
         reg = self._regularize(batch, a, b, da, db, param_grads)
         if self.config.global_emb:
             for name, d in (("lhs", da), ("rhs", db)):
@@ -479,6 +507,16 @@ class Embedder:
         adding into it (it always writes the rhs gradient): the positives' from the
         batch block, the uniform negatives' from their own (or there are none)."""
         return sv["m_r"] is not None and (sv["m_lu"] is not None or sv["u"].shape[1] == C)
+
+    def _fused_backward(self, batch: Batch, sv: Dict[str, Any], w: Tensor, da: Tensor,
+                        db: Tensor, param_grads: Dict[str, Tensor]) -> Tuple[float, int, int]:
+        """backward for a forward that left its scores to losses.dot_softmax_step: writes
+        da and db and the operator's `param_grads`; (loss, violators lhs, violators rhs)."""
+        dv = self.workspace.get(("dk", "rhs"), sv["v"])
+        totals = dot_softmax_step(sv["u"], sv["v"], da, dv, w, batch.chunk_size, batch.num_pos)
+        _, dp = self.operators[batch.relation].backward(sv["b"], sv["p"], dv, dx_out=db)
+        self._add_op_grads(param_grads, batch, "rhs", dp, None)
+        return totals
 
     def _static_backward(self, batch: Batch, sv: Dict[str, Any], dpos: Dict[str, Tensor],
                          dblocks: Dict[str, List[Tensor]], da: Tensor, db: Tensor,

@@ -173,7 +173,7 @@ def train_batch(state: KernelState, batch: Batch, owners: Dict[PartitionKey, Ten
                 drawn: Optional[DrawnRowSums] = None) -> Tuple[float, float, int, int]:
     """Forward, backward and optimizer steps of one batch: (loss, reg, violators lhs, rhs);
     the gradients of rows drawn from beyond the bucket are added to `drawn`."""
-    grads = state.embedder.backward(batch, state.embedder.forward(batch))
+    grads = state.embedder.backward(batch, state.embedder.forward(batch, fuse=True))
     if drawn is not None:
         drawn.add(batch, grads.beyond)
     for key, (ids, g) in grads.rows.items():

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pbg_ray.model.native import extension
+from pbg_ray.model.blas import sgemm_address
+from pbg_ray.model.native import c_ready, extension
 from pbg_ray.model.registry import Registry
 
 _loss = extension("_loss")
@@ -64,6 +65,26 @@ def count_violators(pos: Tensor, blocks: List[Tensor], valid_rows: int) -> Optio
         return None
     return _loss.violators(pos.data_ptr(), pos.shape[0], pos.shape[1], valid_rows,
                            _c_blocks(blocks, blocks))
+
+
+def dot_softmax_ready(u: Tensor, v: Tensor) -> bool:
+    """Whether dot_softmax_step can serve the rows u and v: _loss.c built, numpy's BLAS an
+    ILP64 OpenBLAS, and both contiguous float32 on the CPU."""
+    return _loss is not None and sgemm_address() is not None and c_ready((u, v))
+
+
+def dot_softmax_step(u: Tensor, v: Tensor, du: Tensor, dv: Tensor, weight: Tensor,
+                     chunk_size: int, num_pos: int) -> Tuple[float, int, int]:
+    """The dot comparator's scores and the softmax loss of a batch of one relation whose
+    sides both have batch negatives and the same number of uniform ones, with their
+    gradients, in one C call that runs chunk by chunk (_loss.c, dot_softmax_step): u, v
+    [chunks, C + U, D] the lhs and rhs rows (each chunk's positives, then its uniform
+    negatives; padding rows zero), weight [chunks, C]. Writes the rows' gradients du and
+    dv (contiguous, of u's shape) and returns (loss, violators lhs, violators rhs)."""
+    n, k, d = u.shape
+    return _loss.dot_softmax_step(sgemm_address(), u.data_ptr(), v.data_ptr(), du.data_ptr(),
+                                  dv.data_ptr(), weight.data_ptr(), n, chunk_size,
+                                  k - chunk_size, d, num_pos)
 
 
 def count_at_least(scores: Tensor, pos: Tensor, counts: Tensor) -> bool:
