@@ -1,7 +1,10 @@
 /* The softmax loss of a batch side and its gradient in one C call (pbg_ray.model.losses.
  * SoftmaxLoss), PBG's violators count of a side's score blocks in one pass
  * (losses.count_violators), and per row the scores at or above the row's positive
- * (losses.count_at_least, for filtered ranking): for the CPU kernel on any CPU.
+ * (losses.count_at_least, for filtered ranking): for the CPU kernel on any CPU. And the
+ * dot comparator's whole scoring step of a batch (losses.dot_softmax_step): per chunk its
+ * products through BLAS's sgemm, the masks, the same softmax and violators loops, and
+ * the products of the rows' gradients, while the chunk's rows are in the cache.
  *
  * torch runs the softmax as ~12 passes over the score blocks (max, subtract, exp, sum,
  * scale, ...), each a separate op. Here each chunk's rows go through max, exp (and their

@@ -2,7 +2,8 @@
 
 PyTorch over numpy arrays the caller owns, with C loops for the row gathers, RowAdagrad
 steps (rows.py) and softmax loss (losses.py), and numpy's BLAS for the batched products
-(blas.py). Entity partitions and shared parameters are updated in place (zero-copy views).
+(blas.py); under the dot comparator and the softmax loss one C call scores and
+differentiates a batch chunk by chunk (losses.dot_softmax_step). Entity partitions and shared parameters are updated in place (zero-copy views).
 `num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
 the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild
 processes do: the ~100 small ops of a batch do not scale with intra-op threads,
