@@ -68,18 +68,36 @@ static inline float exp_nonpositive(float x) {
     return x < -87.f ? 0.f : e;
 }
 
-/* top[c] = max(top[c], the block's row c) for a chunk's rows. */
-static inline void block_max(const Block *b, int64_t chunk, int64_t rows, float *restrict top) {
+/* top[c] = max(top[c], the block's row c) for a chunk's rows; where `above` is given,
+ * above[c] += the row's scores above p[c] (PBG's violators, counted in the same pass). */
+static inline void block_max(const Block *b, int64_t chunk, int64_t rows,
+                             const float *restrict p, float *restrict top,
+                             int32_t *restrict above) {
     const float *x = b->in + chunk * b->s_chunk;
     const int64_t n = b->n_cols;
     if (b->s_col == 1) {
         for (int64_t c = 0; c < rows; c++) {
             const float *restrict row = x + c * b->s_row;
+            const float t = p[c];
             float m = top[c];
-#pragma omp simd reduction(max : m)
-            for (int64_t j = 0; j < n; j++)
+            int32_t a = 0;
+#pragma omp simd reduction(max : m) reduction(+ : a)
+            for (int64_t j = 0; j < n; j++) {
                 m = row[j] > m ? row[j] : m;
+                a += row[j] > t;
+            }
             top[c] = m;
+            if (above != NULL)
+                above[c] += a;
+        }
+    } else if (above != NULL) {
+        for (int64_t j = 0; j < n; j++) {
+            const float *restrict col = x + j * b->s_col;
+#pragma omp simd
+            for (int64_t c = 0; c < rows; c++) {
+                top[c] = col[c] > top[c] ? col[c] : top[c];
+                above[c] += col[c] > p[c];
+            }
         }
     } else {
         for (int64_t j = 0; j < n; j++) {
@@ -149,17 +167,19 @@ static inline void block_scale(const Block *b, int64_t chunk, int64_t rows,
 }
 
 /* loss = sum_rows w (top + log(total) - pos); dpos = softmax(pos) w - w; out = softmax(x) w,
- * where total = e^(pos - top) + sum e^(x - top) over the row's negatives. */
+ * where total = e^(pos - top) + sum e^(x - top) over the row's negatives. Where `above`
+ * [chunks * rows] is given, each row's count of scores above its positive is added to it. */
 CLONED static double softmax_chunks(const float *pos, const float *weight, float *dpos,
                                     int64_t chunks, int64_t rows, const Block *blocks,
-                                    int n_blocks, float *restrict top, float *restrict total) {
+                                    int n_blocks, float *restrict top, float *restrict total,
+                                    int32_t *above) {
     double loss = 0.;
     for (int64_t i = 0; i < chunks; i++) {
         const float *p = pos + i * rows, *w = weight + i * rows;
         for (int64_t c = 0; c < rows; c++)
             top[c] = p[c];
         for (int k = 0; k < n_blocks; k++)
-            block_max(&blocks[k], i, rows, top);
+            block_max(&blocks[k], i, rows, p, top, above == NULL ? NULL : above + i * rows);
         float *dp = dpos + i * rows; /* e^(pos - top), until scaled below */
 #pragma omp simd
         for (int64_t c = 0; c < rows; c++)
@@ -262,6 +282,7 @@ static void step_chunk(sgemm_fn sgemm, const float *u, const float *v, float *du
     float *ut = scratch, *vt = ut + D * C, *st = vt + D * C, *sl = st + K * C, *lb = sl + U * C;
     float *pos = lb + C * C, *dpos_l = pos + C, *dpos_r = dpos_l + C, *top = dpos_r + C,
           *total = top + C;
+    int32_t *above_l = (int32_t *)(total + C), *above_r = above_l + C;
     transpose(u, C, D, D, ut);
     transpose(v, C, D, D, vt);
     sgemm(ROW_MAJOR, NO_TRANS, NO_TRANS, K, C, D, 1.f, v, D, ut, C, 0.f, st, C);
@@ -278,11 +299,13 @@ static void step_chunk(sgemm_fn sgemm, const float *u, const float *v, float *du
     memcpy(lb, st, C * C * sizeof(float));
     Block rhs = {st, st, K, 0, 1, C};
     Block lhs[2] = {{lb, lb, C, 0, C, 1}, {sl, sl, U, 0, 1, C}};
-    totals->violators_rhs += block_violators(&rhs, pos, 1, C, valid);
-    totals->violators_lhs += block_violators(&lhs[0], pos, 1, C, valid)
-                             + block_violators(&lhs[1], pos, 1, C, valid);
-    totals->loss += softmax_chunks(pos, weight, dpos_r, 1, C, &rhs, 1, top, total);
-    totals->loss += softmax_chunks(pos, weight, dpos_l, 1, C, lhs, 2, top, total);
+    memset(above_l, 0, 2 * C * sizeof(int32_t));
+    totals->loss += softmax_chunks(pos, weight, dpos_r, 1, C, &rhs, 1, top, total, above_r);
+    totals->loss += softmax_chunks(pos, weight, dpos_l, 1, C, lhs, 2, top, total, above_l);
+    for (int64_t i = 0; i < valid; i++) {
+        totals->violators_lhs += above_l[i];
+        totals->violators_rhs += above_r[i];
+    }
     /* The batch block's gradient, both sides' (the lhs side's lies in st's layout), and
      * the positives' on its diagonal (the masked entries' own are 0). */
     for (int64_t k = 0; k < C * C; k++)
@@ -385,7 +408,7 @@ static PyObject *softmax(PyObject *self, PyObject *args) {
     double loss;
     Py_BEGIN_ALLOW_THREADS
     loss = softmax_chunks((const float *)pos_p, (const float *)weight_p, (float *)dpos_p, chunks,
-                          rows, blocks, (int)n_blocks, scratch, scratch + rows);
+                          rows, blocks, (int)n_blocks, scratch, scratch + rows, NULL);
     Py_END_ALLOW_THREADS
     free(scratch);
     return PyFloat_FromDouble(loss);
@@ -403,7 +426,7 @@ static PyObject *dot_softmax_step(PyObject *self, PyObject *args) {
                           &chunks, &C, &U, &D, &num_pos))
         return NULL;
     const int64_t K = C + U;
-    float *scratch = malloc((2 * D * C + K * C + U * C + C * C + 5 * C) * sizeof(float));
+    float *scratch = malloc((2 * D * C + K * C + U * C + C * C + 7 * C) * sizeof(float));
     if (scratch == NULL)
         return PyErr_NoMemory();
     StepTotals totals = {0., 0, 0};

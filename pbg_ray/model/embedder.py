@@ -209,8 +209,10 @@ class Embedder:
             if s.features is not None:
                 index[name] = s.features[1]
                 continue
-            pos = s.ids.new_zeros(n * C)
-            pos[:batch.num_pos] = s.ids
+            pos = s.ids
+            if batch.num_pos < n * C:
+                pos = s.ids.new_zeros(n * C)
+                pos[:batch.num_pos] = s.ids
             index[name] = pos.view(n, C) if s.neg_ids is None else \
                 torch.cat([pos.view(n, C), s.neg_ids], dim=1)
         return index
@@ -439,7 +441,18 @@ class Embedder:
     # --- backward -----------------------------------------------------------
 
     def _weights(self, batch: Batch, device) -> Tensor:
-        """[chunks, C] loss weight of each row: relation weight x edge weight, 0 for padding."""
+        """[chunks, C] loss weight of each row: relation weight x edge weight, 0 for padding.
+        Without edge weights the same tensor serves every batch of a shape and relation
+        (the losses only read it)."""
+        if batch.weight is None:
+            key = ("weights", batch.num_chunks, batch.chunk_size, batch.num_pos, batch.relation)
+            w = self.workspace.buffers.get(key)
+            if w is None or w.device != device:
+                w = self.workspace.buffers[key] = self._fresh_weights(batch, device)
+            return w
+        return self._fresh_weights(batch, device)
+
+    def _fresh_weights(self, batch: Batch, device) -> Tensor:
         w = torch.zeros(batch.num_chunks * batch.chunk_size, device=device)
         w[:batch.num_pos] = self.config.relations[batch.relation].weight
         if batch.weight is not None:
@@ -452,7 +465,7 @@ class Embedder:
         sv = scores.saved
         w = self._weights(batch, sv["a"].device)
         fused = sv.get("fused", False)
-        loss = w.new_zeros(())
+        loss: Any = 0.0  # a float, or the sum of the sides' loss tensors
         violators: Dict[str, int] = {}
         dpos: Dict[str, Tensor] = {}
         dblocks: Dict[str, List[Tensor]] = {}

@@ -109,8 +109,9 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
         else:
             k = num_uniform(mode, num_uniform_negs, feat)
             if k:
-                side.neg_ids = sample_uniform(table_sizes[key], num_chunks, k,
-                                              generator).to(idx.device)
+                side.neg_ids = sample_uniform(table_sizes[key], num_chunks, k, generator)
+                if side.neg_ids.device != idx.device:
+                    side.neg_ids = side.neg_ids.to(idx.device)
         sides.append(side)
     weight = None if edges.weight is None else edges.weight.index_select(0, idx)
     return Batch(len(idx), chunk_size, relation, rel_ids, sides[0], sides[1], weight)

@@ -244,7 +244,8 @@ class ComplexDiagonalOperator(Operator):
     2x2 real matrix A_k = [[real, -imag], [imag, real]] maps (re_k, im_k). theta = (real,
     imag) [2, D/2] expands to A [2, 2, D/2] by one product with a fixed 4x2 matrix, and
     the forward, the backward and the parameters' gradient are each a product and a sum
-    (on the CPU one C loop, _operators.c, for the relation's own parameters)."""
+    (on the CPU one C loop, _operators.c, for the relation's own parameters, which
+    `forward` and `backward` hand it as stored, without packing them into theta)."""
 
     param_names = (("real", "real"), ("imag", "imag"))
     reg_params = ("real", "imag")
@@ -312,7 +313,30 @@ class ComplexDiagonalOperator(Operator):
             dtheta = dtheta_out
         return dx.view(m, self.dim), dtheta
 
+    def forward(self, x, p):
+        rows = x.reshape(-1, x.shape[-1])
+        re, im = p["real"], p["imag"]
+        if not self._native(rows, re, im):
+            return super().forward(x, p)
+        y = rows.new_empty(rows.shape)  # (the C loop takes the halves apart: no packing)
+        _operators.forward(rows.data_ptr(), rows.shape[0], self.dim, re.data_ptr(),
+                           im.data_ptr(), y.data_ptr())
+        return y.view(x.shape)
+
+    def backward(self, x, p, dy, dx_out=None):
+        rows, grads = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+        re, im = p["real"], p["imag"]
+        if not self._native(rows, re, im, grads):
+            return super().backward(x, p, dy, dx_out)
+        dx = rows.new_empty(rows.shape) if dx_out is None else dx_out.view(rows.shape)
+        d_re, d_im = re.new_empty(re.shape), im.new_empty(im.shape)
+        _operators.backward(rows.data_ptr(), grads.data_ptr(), rows.shape[0], self.dim,
+                            re.data_ptr(), im.data_ptr(), dx.data_ptr(), d_re.data_ptr(),
+                            d_im.data_ptr())
+        return dx.view(x.shape), {"real": d_re, "imag": d_im}
+
     @staticmethod
     def _native(x: Tensor, theta: Tensor, *others: Tensor) -> bool:
-        """Whether _operators.c serves rows x [M, D] with one parameter set theta [D]."""
+        """Whether _operators.c serves rows x [M, D] with one parameter set theta [D] (or
+        its halves, real and imag [D/2])."""
         return _operators is not None and theta.dim() == 1 and c_ready((x, theta, *others))
