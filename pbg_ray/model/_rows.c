@@ -4,7 +4,11 @@
  * On a table far larger than the cache nearly every row is a miss, and torch's
  * index_select / index_add_ wait for one row at a time. These loops prefetch the row
  * PREFETCH positions ahead, so several misses are in flight and less time is spent
- * waiting on memory (the RowAdagrad step fetches its rows' accumulators further ahead);
+ * waiting on memory (the RowAdagrad step fetches its rows' accumulators further ahead).
+ * The prefetches are reads into the second-level cache, the rows to be written too: on
+ * AMD Zen 4, against prefetches into the first level 8 rows ahead and write prefetches
+ * for the rows the step updates, the gather of 6,000 rows of a 40 MB table took about
+ * 0.75x the time and the step 0.85x (docs/benchmarks-log.md);
  * the RowAdagrad step also folds duplicates, accumulators and the row update into one
  * pass where torch makes several over the rows, the squared gradient summed in vector
  * lanes. The arithmetic is that of pbg_ray.model.optim.row_adagrad_, operation for
@@ -23,16 +27,12 @@
 
 #include "_simd.h"
 
-#define PREFETCH 8
+#define PREFETCH 16
 #define EPS 1e-10f /* torch.optim.Adagrad's default eps, as in optim.py */
 
-static void prefetch_row(const float *row, int64_t d, int for_write) {
-    for (int64_t j = 0; j < d; j += 16) { /* one 64-byte line per 16 floats */
-        if (for_write)
-            __builtin_prefetch(row + j, 1, 0);
-        else
-            __builtin_prefetch(row + j, 0, 0);
-    }
+static void prefetch_row(const float *row, int64_t d) {
+    for (int64_t j = 0; j < d; j += 16) /* one 64-byte line per 16 floats, into L2 */
+        __builtin_prefetch(row + j, 0, 1);
 }
 
 /* The index of the first id outside [0, n_rows), or -1. */
@@ -63,7 +63,7 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     if (bad < 0)
         for (int64_t i = 0; i < n; i++) {
             if (i + PREFETCH < n)
-                prefetch_row(table + ids[i + PREFETCH] * d, d, 0);
+                prefetch_row(table + ids[i + PREFETCH] * d, d);
             memcpy(out + i * d, table + ids[i] * d, d * sizeof(float));
         }
     Py_END_ALLOW_THREADS
@@ -82,14 +82,14 @@ CLONED static void row_adagrad_rows(float *table, float *sums, int64_t d, const 
         owner[ids[i]] = i;
     }
     for (int64_t i = 0; i < n; i++) {
-        if (i + 4 * PREFETCH < n) { /* a row's accumulator and owner: one line each, so
+        if (i + 3 * PREFETCH < n) { /* a row's accumulator and owner: one line each, so
                                       * fetched further ahead than its row's lines */
-            int64_t ahead = ids[i + 4 * PREFETCH];
-            __builtin_prefetch(sums + ahead, 1, 0);
-            __builtin_prefetch(owner + ahead, 0, 0);
+            int64_t ahead = ids[i + 3 * PREFETCH];
+            __builtin_prefetch(sums + ahead, 1, 1);
+            __builtin_prefetch(owner + ahead, 0, 1);
         }
         if (i + PREFETCH < n)
-            prefetch_row(table + ids[i + PREFETCH] * d, d, 1);
+            prefetch_row(table + ids[i + PREFETCH] * d, d);
         int64_t id = ids[i];
         float scale = id < known ? known_scale : 1.f;
         if (scale == 0.f)
