@@ -6,14 +6,14 @@
  * PREFETCH positions ahead, so several misses are in flight and less time is spent
  * waiting on memory (the RowAdagrad step fetches its rows' accumulators further ahead).
  * The prefetches are reads into the second-level cache, the rows to be written too: on
- * AMD Zen 4, against prefetches into the first level 8 rows ahead and write prefetches
- * for the rows the step updates, the gather of 6,000 rows of a 40 MB table took about
- * 0.75x the time and the step 0.85x (docs/benchmarks-log.md);
- * the RowAdagrad step also folds duplicates, accumulators and the row update into one
- * pass where torch makes several over the rows, the squared gradient summed in vector
- * lanes. The arithmetic is that of pbg_ray.model.optim.row_adagrad_, operation for
- * operation, except the order of the squared-gradient sum. The dense Adagrad step of the
- * relations' parameters is here too (optim.adagrad_).
+ * AMD Zen 4, against non-temporal prefetches 8 rows ahead and write prefetches for the
+ * rows the step updates, the gather of 6,000 rows of a 40 MB table took about 0.75x the
+ * time and the step 0.85x (docs/benchmarks-log.md). The RowAdagrad step also folds
+ * duplicates, accumulators and the row update into one pass where torch makes several
+ * over the rows, the squared gradient summed in vector lanes. The arithmetic is that of
+ * pbg_ray.model.optim.row_adagrad_, operation for operation, except the order of the
+ * squared-gradient sum. The dense Adagrad step of the relations' parameters is here too
+ * (optim.adagrad_).
  *
  * Arguments are addresses of contiguous tensors (checked by the Python caller) and
  * sizes; the loops run without the GIL, so Hogwild threads overlap here too. The RowAdagrad
