@@ -3,11 +3,11 @@
 PyTorch over numpy arrays the caller owns, with C loops for the row gathers, RowAdagrad
 steps (rows.py) and softmax loss (losses.py), and numpy's BLAS for the batched products
 (blas.py); under the dot comparator and the softmax loss one C call scores and
-differentiates a batch chunk by chunk (losses.dot_softmax_step). Entity partitions and shared parameters are updated in place (zero-copy views).
-`num_threads` Hogwild workers (Python threads, one torch and BLAS thread each, releasing
-the GIL inside torch ops, BLAS and the C loops) share the tables, as PBG's Hogwild
-processes do: the ~100 small ops of a batch do not scale with intra-op threads,
-independent batches do. A bucket's batches and each batch's negatives follow its seed
+differentiates a batch chunk by chunk (losses.dot_softmax_step). Entity partitions and
+shared parameters are updated in place (zero-copy views). `num_threads` Hogwild workers
+(Python threads, one torch and BLAS thread each, releasing the GIL inside torch ops, BLAS
+and the C loops) share the tables, as PBG's Hogwild processes do: the small ops and C
+calls of a batch do not scale with intra-op threads, independent batches do. A bucket's batches and each batch's negatives follow its seed
 alone, whichever thread trains the batch, so threads add only Hogwild's races. (A GPU
 trains by the device step, model.device_step.)
 """
@@ -65,11 +65,12 @@ def _take_features(offsets: Tensor, data: Tensor, idx: Tensor) -> Tuple[Tensor, 
 
 
 class EdgeTensors:
-    """An EdgeList as torch tensors on the kernel's device."""
+    """An EdgeList as torch tensors on the CPU, sharing its arrays (build_batch indexes
+    them through numpy)."""
 
-    def __init__(self, edges: EdgeList, device: torch.device) -> None:
+    def __init__(self, edges: EdgeList) -> None:
         def t(a: Optional[np.ndarray]) -> Optional[Tensor]:
-            return None if a is None else torch.as_tensor(a).to(device)
+            return None if a is None else torch.as_tensor(a)
         self.lhs, self.rhs, self.rel, self.weight = (
             t(edges.lhs), t(edges.rhs), t(edges.rel),
             None if edges.weight is None else t(np.asarray(edges.weight, np.float32)))
@@ -111,8 +112,6 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
             k = num_uniform(mode, num_uniform_negs, feat)
             if k:
                 side.neg_ids = sample_uniform(table_sizes[key], num_chunks, k, generator)
-                if side.neg_ids.device != idx.device:
-                    side.neg_ids = side.neg_ids.to(idx.device)
         sides.append(side)
     weight = None if edges.weight is None else edges.weight.index_select(0, idx)
     return Batch(len(idx), chunk_size, relation, rel_ids, sides[0], sides[1], weight)
@@ -299,7 +298,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     batches = edge_batches(config, edges.rel, config.batch_size, np.random.default_rng(seed))
     queue = BatchQueue(len(batches), warmup_s)
     state = KernelState(config, partitions, params, writable=True, known=known)
-    tensors = EdgeTensors(edges, torch.device("cpu"))
+    tensors = EdgeTensors(edges)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
     beyond = beyond or {}
     beyond_rows = {k: beyond[k[0]].for_side(k[1]) for k in sizes if k[0] in beyond}
@@ -386,7 +385,7 @@ def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     partitions: per key, (embeddings, sums), or PartitionRows, of which only the rows the
     batches name (positives and uniform negatives) are read: the batches and their
     negatives are drawn first, from `seed`, then PBG's randomized AUC's samples."""
-    tensors = EdgeTensors(edges, torch.device("cpu"))
+    tensors = EdgeTensors(edges)
     sizes = {k: p.size if isinstance(p, PartitionRows) else len(p[0])
              for k, p in partitions.items()}
     generator = torch.Generator().manual_seed(seed)
