@@ -3,8 +3,9 @@
  * (losses.count_violators), and per row the scores at or above the row's positive
  * (losses.count_at_least, for filtered ranking): for the CPU kernel on any CPU. And the
  * dot comparator's whole scoring step of a batch (losses.dot_softmax_step): per chunk its
- * products through BLAS's sgemm, the masks, the same softmax and violators loops, and
- * the products of the rows' gradients, while the chunk's rows are in the cache.
+ * products through BLAS's sgemm, the masks, the same softmax loop (counting the violators
+ * in its pass for the maximum), and the products of the rows' gradients, while the
+ * chunk's rows are in the cache.
  *
  * torch runs the softmax as ~12 passes over the score blocks (max, subtract, exp, sum,
  * scale, ...), each a separate op. Here each chunk's rows go through max, exp (and their
@@ -417,7 +418,7 @@ static PyObject *softmax(PyObject *self, PyObject *args) {
 /* dot_softmax_step(sgemm, u, v, du, dv, weight, chunks, C, U, D, num_pos): the scores,
  * softmax losses and score gradients of a batch of one relation under the dot comparator,
  * both sides with batch and U uniform negatives, chunk by chunk while its rows are in the
- * cache (pbg_ray.model.embedder, Embedder._fused). u, v, du, dv are contiguous
+ * cache (pbg_ray.model.embedder, Embedder._fused_backward). u, v, du, dv are contiguous
  * [chunks, C + U, D]; weight [chunks, C]. Returns (loss, violators lhs, violators rhs). */
 static PyObject *dot_softmax_step(PyObject *self, PyObject *args) {
     unsigned long long sgemm_p, u_p, v_p, du_p, dv_p, weight_p;

@@ -7,9 +7,10 @@ differentiates a batch chunk by chunk (losses.dot_softmax_step). Entity partitio
 shared parameters are updated in place (zero-copy views). `num_threads` Hogwild workers
 (Python threads, one torch and BLAS thread each, releasing the GIL inside torch ops, BLAS
 and the C loops) share the tables, as PBG's Hogwild processes do: the small ops and C
-calls of a batch do not scale with intra-op threads, independent batches do. A bucket's batches and each batch's negatives follow its seed
-alone, whichever thread trains the batch, so threads add only Hogwild's races. (A GPU
-trains by the device step, model.device_step.)
+calls of a batch do not scale with intra-op threads, independent batches do. A bucket's
+batches and each batch's negatives follow its seed alone, whichever thread trains the
+batch, so threads add only Hogwild's races. (A GPU trains by the device step,
+model.device_step.)
 """
 
 from __future__ import annotations
