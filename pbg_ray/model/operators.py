@@ -281,10 +281,7 @@ class ComplexDiagonalOperator(Operator):
         h = self.dim // 2
         m = x.shape[0]
         if self._native(x, theta):
-            y = x.new_empty(x.shape) if out is None else out
-            _operators.forward(x.data_ptr(), m, self.dim, theta.data_ptr(),
-                               theta[h:].data_ptr(), y.data_ptr())
-            return y
+            return self._c_forward(x, theta[:h], theta[h:], out)
         a = self.expand(theta) if expanded is None else expanded
         prod = x.view(m, 1, 2, h) * a
         y = prod.sum(2) if out is None else _torch().sum(prod, 2, out=out.view(m, 2, h))
@@ -294,11 +291,8 @@ class ComplexDiagonalOperator(Operator):
         h = self.dim // 2
         m = x.shape[0]
         if self._native(x, theta, dy):
-            dx = x.new_empty(x.shape) if dx_out is None else dx_out
             dtheta = theta.new_empty(theta.shape) if dtheta_out is None else dtheta_out
-            _operators.backward(x.data_ptr(), dy.data_ptr(), m, self.dim, theta.data_ptr(),
-                                theta[h:].data_ptr(), dx.data_ptr(), dtheta.data_ptr(),
-                                dtheta[h:].data_ptr())
+            dx = self._c_backward(x, dy, theta[:h], theta[h:], dx_out, dtheta[:h], dtheta[h:])
             return dx, dtheta
         a = self.expand(theta) if expanded is None else expanded
         g = dy.view(m, 2, 1, h)
@@ -318,22 +312,33 @@ class ComplexDiagonalOperator(Operator):
         re, im = p["real"], p["imag"]
         if not self._native(rows, re, im):
             return super().forward(x, p)
-        y = rows.new_empty(rows.shape)  # (the C loop takes the halves apart: no packing)
-        _operators.forward(rows.data_ptr(), rows.shape[0], self.dim, re.data_ptr(),
-                           im.data_ptr(), y.data_ptr())
-        return y.view(x.shape)
+        return self._c_forward(rows, re, im, None).view(x.shape)  # (no packing)
 
     def backward(self, x, p, dy, dx_out=None):
         rows, grads = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
         re, im = p["real"], p["imag"]
         if not self._native(rows, re, im, grads):
             return super().backward(x, p, dy, dx_out)
-        dx = rows.new_empty(rows.shape) if dx_out is None else dx_out.view(rows.shape)
         d_re, d_im = re.new_empty(re.shape), im.new_empty(im.shape)
-        _operators.backward(rows.data_ptr(), grads.data_ptr(), rows.shape[0], self.dim,
-                            re.data_ptr(), im.data_ptr(), dx.data_ptr(), d_re.data_ptr(),
-                            d_im.data_ptr())
+        dx = self._c_backward(rows, grads, re, im,
+                              None if dx_out is None else dx_out.view(rows.shape), d_re, d_im)
         return dx.view(x.shape), {"real": d_re, "imag": d_im}
+
+    def _c_forward(self, x: Tensor, re: Tensor, im: Tensor, out: Optional[Tensor]) -> Tensor:
+        """_operators.c's forward of rows x [M, D] with the halves real and imag [D/2]."""
+        y = x.new_empty(x.shape) if out is None else out
+        _operators.forward(x.data_ptr(), x.shape[0], self.dim, re.data_ptr(), im.data_ptr(),
+                           y.data_ptr())
+        return y
+
+    def _c_backward(self, x: Tensor, dy: Tensor, re: Tensor, im: Tensor,
+                    dx_out: Optional[Tensor], d_re: Tensor, d_im: Tensor) -> Tensor:
+        """_operators.c's backward: dx (into dx_out if given), and the halves' gradients
+        written into d_re and d_im."""
+        dx = x.new_empty(x.shape) if dx_out is None else dx_out
+        _operators.backward(x.data_ptr(), dy.data_ptr(), x.shape[0], self.dim, re.data_ptr(),
+                            im.data_ptr(), dx.data_ptr(), d_re.data_ptr(), d_im.data_ptr())
+        return dx
 
     @staticmethod
     def _native(x: Tensor, theta: Tensor, *others: Tensor) -> bool:
