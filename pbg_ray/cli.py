@@ -76,6 +76,8 @@ class CommandStop:
         if self.signum is not None:
             return False
         self.signum = signum
+        if local_ray():
+            quiet_native_stderr()
         self._deadline = threading.Timer(STOP_DEADLINE_S, self.end_now)
         self._deadline.daemon = True
         self._deadline.start()
@@ -126,6 +128,28 @@ class CommandStop:
 
 
 STOP = CommandStop()
+
+
+def quiet_native_stderr() -> None:
+    """From a stop of a command with a local Ray on, what Ray writes to this process's
+    stderr goes to /dev/null: its core worker's lines as the signal to the command's group
+    ends its workers (that it could not tell the driver of their tasks' end), and its
+    loggers'. The command's own lines (sys.stderr, pbg_ray's logger) go on to the stderr the
+    command had, so its stop line is the only one (end_now ends the command with it)."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file (a caller's capture): nothing of Ray's reaches it
+    sys.stderr.flush()
+    own = os.fdopen(os.dup(fd), "w", buffering=1, encoding=sys.stderr.encoding,
+                    errors="backslashreplace")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    sys.stderr = own
+    for handler in logger.handlers:
+        if isinstance(handler.formatter, CommandFormatter):
+            handler.setStream(own)
 
 
 @contextlib.contextmanager

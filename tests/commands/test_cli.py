@@ -99,6 +99,35 @@ finally:
     assert (proc.returncode, proc.stdout, proc.stderr) == (status, "went on\nTrue\n", line + "\n")
 
 
+def test_what_ray_writes_to_stderr_once_a_stop_is_asked_is_not_printed(tmp_path):
+    """Once a command with a local Ray is asked to stop, what Ray writes to the process's
+    stderr (its core worker's lines as the signal to the group ends its workers, written
+    to fd 2 from C++) is not printed; the command's own lines are, its stop line last."""
+    script = """
+import os, signal, sys
+from pbg_ray.cli import report_errors, stop_requests
+from pbg_ray.config import RayConfig
+from pbg_ray.runtime.connect import connect_ray
+
+@report_errors
+def serve_until_stopped():
+    connect_ray(RayConfig(num_cpus=1))
+    with stop_requests() as stop:
+        os.write(2, b"ray before the stop\\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(60)
+        os.write(2, b"ray: Failed to push error to driver for task 1\\n")
+        print("pbg_ray: ours", file=sys.stderr)
+
+serve_until_stopped()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-3:] == ["ray before the stop", "pbg_ray: ours",
+                                             "pbg_ray: terminated"], proc.stderr[-3000:]
+
+
 def test_a_mistyped_key_in_a_python_config_file_is_one_line_naming_it(tmp_path, workdir):
     data = tiny_graph(tmp_path)
     module = pbg_module(tmp_path / "config.py", dict(data, lrr=0.1))
