@@ -266,6 +266,24 @@ typedef struct {
     int64_t violators_lhs, violators_rhs;
 } StepTotals;
 
+/* The complex_diagonal operator's row loops in _operators.c (its row_functions), for the
+ * rhs rows of dot_softmax_step: forward_rows(x, n, d, real, imag, out), backward_rows(x,
+ * dy, n, d, real, imag, dx, t, s), which adds the parameters' sums into t and s [d] each,
+ * and param_grads(t, s, d, d_real, d_imag). */
+typedef void (*op_forward_fn)(const float *, int64_t, int64_t, const float *, const float *,
+                              float *);
+typedef void (*op_backward_fn)(const float *, const float *, int64_t, int64_t, const float *,
+                               const float *, float *, double *, double *);
+typedef void (*op_param_grads_fn)(const double *, const double *, int64_t, float *, float *);
+
+typedef struct {
+    op_forward_fn forward;
+    op_backward_fn backward;
+    const float *real, *imag;
+    double *t, *s;   /* backward_rows' sums over the batch's rows */
+    float *v, *dv;   /* [C + U, D]: the chunk's rhs rows through the operator, their gradient */
+} RhsOperator;
+
 /* One chunk of dot_softmax_step (below). The chunk's lhs rows u [C + U, D] (positives, then
  * uniform negatives) and rhs rows v [C + U, D]; `valid` of its C edges are real (the
  * rest padding, their rows zero and weight 0); its gradients go to du and dv. Scores are
@@ -275,11 +293,20 @@ typedef struct {
  *     batch negatives of edge i (u_j . v_i); the diagonal holds the positives;
  *   sl [U, C]: sl[j, i] = v_i . u_(C + j), the lhs side's uniform negatives, by column;
  *   lb [C, C]: the lhs batch negatives, copied out of st (the loss overwrites both).
- * Masks, losses and gradients are those of Embedder.forward and backward on such a batch. */
+ * Masks, losses and gradients are those of Embedder.forward and backward on such a batch.
+ * With an operator `op`, v holds the rhs rows before it: the chunk's rows go through it
+ * into op->v, and their gradient comes back through its backward from op->dv into dv. */
 static void step_chunk(sgemm_fn sgemm, const float *u, const float *v, float *du, float *dv,
                        const float *weight, int64_t C, int64_t U, int64_t D, int64_t valid,
-                       float *scratch, StepTotals *totals) {
+                       const RhsOperator *op, float *scratch, StepTotals *totals) {
     const int64_t K = C + U;
+    const float *rows = v;
+    float *drows = dv;
+    if (op != NULL) {
+        op->forward(rows, K, D, op->real, op->imag, op->v);
+        v = op->v;
+        dv = op->dv;
+    }
     float *ut = scratch, *vt = ut + D * C, *st = vt + D * C, *sl = st + K * C, *lb = sl + U * C;
     float *pos = lb + C * C, *dpos_l = pos + C, *dpos_r = dpos_l + C, *top = dpos_r + C,
           *total = top + C;
@@ -322,6 +349,8 @@ static void step_chunk(sgemm_fn sgemm, const float *u, const float *v, float *du
         memset(du + i * D, 0, D * sizeof(float));
         memset(dv + i * D, 0, D * sizeof(float));
     }
+    if (op != NULL)
+        op->backward(rows, dv, K, D, op->real, op->imag, drows, op->t, op->s);
 }
 
 /* Blocks from a sequence of (in, out, n_cols, stride_chunk, stride_row, stride_col), with
@@ -415,31 +444,53 @@ static PyObject *softmax(PyObject *self, PyObject *args) {
     return PyFloat_FromDouble(loss);
 }
 
-/* dot_softmax_step(sgemm, u, v, du, dv, weight, chunks, C, U, D, num_pos): the scores,
+/* dot_softmax_step(sgemm, u, v, du, dv, weight, chunks, C, U, D, num_pos, op): the scores,
  * softmax losses and score gradients of a batch of one relation under the dot comparator,
  * both sides with batch and U uniform negatives, chunk by chunk while its rows are in the
  * cache (pbg_ray.model.embedder, Embedder._fused_backward). u, v, du, dv are contiguous
- * [chunks, C + U, D]; weight [chunks, C]. Returns (loss, violators lhs, violators rhs). */
+ * [chunks, C + U, D]; weight [chunks, C]. op: None, or the rhs rows' complex_diagonal
+ * operator as (forward_rows, backward_rows, param_grads, real, imag, d_real, d_imag), the
+ * functions' addresses from _operators.row_functions(): v is then the rows before it, dv
+ * their gradient, and its parameters' gradients are written to d_real and d_imag [D/2].
+ * Returns (loss, violators lhs, violators rhs). */
 static PyObject *dot_softmax_step(PyObject *self, PyObject *args) {
     unsigned long long sgemm_p, u_p, v_p, du_p, dv_p, weight_p;
+    unsigned long long fwd_p, bwd_p, grads_p, re_p, im_p, dre_p, dim_p;
     long long chunks, C, U, D, num_pos;
-    if (!PyArg_ParseTuple(args, "KKKKKKLLLLL", &sgemm_p, &u_p, &v_p, &du_p, &dv_p, &weight_p,
-                          &chunks, &C, &U, &D, &num_pos))
+    PyObject *op_args;
+    if (!PyArg_ParseTuple(args, "KKKKKKLLLLLO", &sgemm_p, &u_p, &v_p, &du_p, &dv_p, &weight_p,
+                          &chunks, &C, &U, &D, &num_pos, &op_args))
+        return NULL;
+    int with_op = op_args != Py_None;
+    if (with_op && !PyArg_ParseTuple(op_args, "KKKKKKK", &fwd_p, &bwd_p, &grads_p, &re_p, &im_p,
+                                     &dre_p, &dim_p))
         return NULL;
     const int64_t K = C + U;
-    float *scratch = malloc((2 * D * C + K * C + U * C + C * C + 7 * C) * sizeof(float));
-    if (scratch == NULL)
+    size_t step_floats = 2 * D * C + K * C + U * C + C * C + 7 * C;
+    float *scratch = malloc((step_floats + (with_op ? 2 * K * D : 0)) * sizeof(float));
+    double *sums = with_op ? calloc(2 * (size_t)D, sizeof(double)) : NULL;
+    if (scratch == NULL || (with_op && sums == NULL)) {
+        free(scratch);
+        free(sums);
         return PyErr_NoMemory();
+    }
+    RhsOperator op = {(op_forward_fn)fwd_p, (op_backward_fn)bwd_p, (const float *)re_p,
+                      (const float *)im_p, sums, sums + D, scratch + step_floats,
+                      scratch + step_floats + K * D};
     StepTotals totals = {0., 0, 0};
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < chunks; i++) {
         int64_t offset = i * K * D, valid = num_pos - i * C < C ? num_pos - i * C : C;
         step_chunk((sgemm_fn)sgemm_p, (const float *)u_p + offset, (const float *)v_p + offset,
                    (float *)du_p + offset, (float *)dv_p + offset,
-                   (const float *)weight_p + i * C, C, U, D, valid, scratch, &totals);
+                   (const float *)weight_p + i * C, C, U, D, valid, with_op ? &op : NULL,
+                   scratch, &totals);
     }
+    if (with_op)
+        ((op_param_grads_fn)grads_p)(op.t, op.s, D, (float *)dre_p, (float *)dim_p);
     Py_END_ALLOW_THREADS
     free(scratch);
+    free(sums);
     return Py_BuildValue("dLL", totals.loss, (long long)totals.violators_lhs,
                          (long long)totals.violators_rhs);
 }

@@ -64,6 +64,17 @@ CLONED static void backward_rows(const float *restrict x, const float *restrict 
     }
 }
 
+/* The parameter gradients from backward_rows' sums: d_real = t[:h] + t[h:], d_imag =
+ * s[:h] - s[h:] [h = d/2]. */
+static void param_grads(const double *t, const double *s, int64_t d, float *d_real,
+                        float *d_imag) {
+    const int64_t h = d / 2;
+    for (int64_t j = 0; j < h; j++) {
+        d_real[j] = (float)t[j] + (float)t[h + j];
+        d_imag[j] = (float)s[j] - (float)s[h + j];
+    }
+}
+
 /* forward(x, n, d, real, imag, out): forward_rows on addresses. */
 static PyObject *forward(PyObject *self, PyObject *args) {
     unsigned long long x_p, real_p, imag_p, out_p;
@@ -88,24 +99,31 @@ static PyObject *backward(PyObject *self, PyObject *args) {
     double *sums = calloc(2 * (size_t)d, sizeof(double));
     if (sums == NULL)
         return PyErr_NoMemory();
-    const int64_t h = d / 2;
     double *t = sums, *s = sums + d;
-    float *d_real = (float *)dre_p, *d_imag = (float *)dim_p;
     Py_BEGIN_ALLOW_THREADS
     backward_rows((const float *)x_p, (const float *)dy_p, n, d, (const float *)real_p,
                   (const float *)imag_p, (float *)dx_p, t, s);
-    for (int64_t j = 0; j < h; j++) {
-        d_real[j] = (float)t[j] + (float)t[h + j];
-        d_imag[j] = (float)s[j] - (float)s[h + j];
-    }
+    param_grads(t, s, d, (float *)dre_p, (float *)dim_p);
     Py_END_ALLOW_THREADS
     free(sums);
     Py_RETURN_NONE;
 }
 
+/* row_functions(): the addresses of forward_rows, backward_rows and param_grads, for C
+ * code that applies the operator to rows of its own as it goes (_loss.c's
+ * dot_softmax_step, chunk by chunk). One build of the loops serves both modules, with
+ * this one's arithmetic (no fused multiply-adds). */
+static PyObject *row_functions(PyObject *self, PyObject *args) {
+    return Py_BuildValue("KKK", (unsigned long long)(uintptr_t)forward_rows,
+                         (unsigned long long)(uintptr_t)backward_rows,
+                         (unsigned long long)(uintptr_t)param_grads);
+}
+
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "complex_diagonal of x's rows (addresses and sizes)."},
     {"backward", backward, METH_VARARGS, "Its input and parameter gradients."},
+    {"row_functions", row_functions, METH_NOARGS,
+     "Addresses of the row loops and the parameter gradients' sum, for _loss.c."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -300,11 +300,16 @@ class Embedder:
         if not self.dynamic:
             p = self._op_params(batch, "rhs", None)
             u, ctx_u = cmp.prepare(a)
+            if fuse and self._fusable(batch, u, b):
+                # The step applies the operator itself where it can (its rows of b with
+                # padding zero then, as the operator's outputs would be).
+                step_op = op.in_step(p)
+                v = b if step_op is not None else op.forward(b, p)
+                self._zero_padding(batch, u, v)
+                saved.update(p=p, u=u, v=v, step_op=step_op, fused=True)
+                return Scores({}, blocks, saved)
             v, ctx_v = cmp.prepare(op.forward(b, p))
             self._zero_padding(batch, u, v)
-            if fuse and self._fusable(batch, u, v):
-                saved.update(p=p, u=u, v=v, fused=True)
-                return Scores({}, blocks, saved)
             u_pos, v_pos = u[:, :C], v[:, :C]
             need_batch = lhs.has_batch or rhs.has_batch
             # The batch block scores each positive pair on its diagonal: read them there
@@ -525,9 +530,16 @@ class Embedder:
                         db: Tensor, param_grads: Dict[str, Tensor]) -> Tuple[float, int, int]:
         """backward for a forward that left its scores to losses.dot_softmax_step: writes
         da and db and the operator's `param_grads`; (loss, violators lhs, violators rhs)."""
-        dv = self.workspace.get(("dk", "rhs"), sv["v"])
-        totals = dot_softmax_step(sv["u"], sv["v"], da, dv, w, batch.chunk_size, batch.num_pos)
-        _, dp = self.operators[batch.relation].backward(sv["b"], sv["p"], dv, dx_out=db)
+        step_op = sv["step_op"]
+        if step_op is not None:
+            totals = dot_softmax_step(sv["u"], sv["v"], da, db, w, batch.chunk_size,
+                                      batch.num_pos, step_op)
+            dp = step_op.grads
+        else:
+            dv = self.workspace.get(("dk", "rhs"), sv["v"])
+            totals = dot_softmax_step(sv["u"], sv["v"], da, dv, w, batch.chunk_size,
+                                      batch.num_pos)
+            _, dp = self.operators[batch.relation].backward(sv["b"], sv["p"], dv, dx_out=db)
         self._add_op_grads(param_grads, batch, "rhs", dp, None)
         return totals
 

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from pbg_ray.model.blas import sgemm_address
 from pbg_ray.model.native import c_ready, extension
+from pbg_ray.model.operators import StepOperator
 from pbg_ray.model.registry import Registry
 
 _loss = extension("_loss")
@@ -74,17 +75,20 @@ def dot_softmax_ready(u: Tensor, v: Tensor) -> bool:
 
 
 def dot_softmax_step(u: Tensor, v: Tensor, du: Tensor, dv: Tensor, weight: Tensor,
-                     chunk_size: int, num_pos: int) -> Tuple[float, int, int]:
+                     chunk_size: int, num_pos: int, op: Optional[StepOperator] = None
+                     ) -> Tuple[float, int, int]:
     """The dot comparator's scores and the softmax loss of a batch of one relation whose
     sides both have batch negatives and the same number of uniform ones, with their
     gradients, in one C call that runs chunk by chunk (_loss.c, dot_softmax_step): u, v
     [chunks, C + U, D] the lhs and rhs rows (each chunk's positives, then its uniform
     negatives; padding rows zero), weight [chunks, C]. Writes the rows' gradients du and
-    dv (contiguous, of u's shape) and returns (loss, violators lhs, violators rhs)."""
+    dv (contiguous, of u's shape) and returns (loss, violators lhs, violators rhs). With
+    op (the relation's operator, Operator.in_step), v holds the rhs rows before it and dv
+    gets their gradient through it; the step writes the parameters' gradients (op.grads)."""
     n, k, d = u.shape
     return _loss.dot_softmax_step(sgemm_address(), u.data_ptr(), v.data_ptr(), du.data_ptr(),
                                   dv.data_ptr(), weight.data_ptr(), n, chunk_size,
-                                  k - chunk_size, d, num_pos)
+                                  k - chunk_size, d, num_pos, None if op is None else op.args())
 
 
 def count_at_least(scores: Tensor, pos: Tensor, counts: Tensor) -> bool:

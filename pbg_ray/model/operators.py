@@ -17,6 +17,7 @@ dynamic operators (the same tensors with a leading [num_relations] dimension).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Dict, Optional, Tuple
 
@@ -35,6 +36,23 @@ def _torch():
     """torch, imported where the math runs: the layout (names, shapes, init) loads without it."""
     import torch
     return torch
+
+
+@dataclasses.dataclass
+class StepOperator:
+    """An operator that losses.dot_softmax_step applies to the rhs rows itself, chunk by
+    chunk while they are in the cache: its C row functions (addresses), its parameters,
+    and the buffers the step writes the parameters' gradients into."""
+
+    functions: Tuple[int, ...]
+    params: Tuple[Tensor, ...]
+    grads: Params
+
+    def args(self) -> Tuple[int, ...]:
+        """The step's operator argument: the functions, then the parameters' and their
+        gradients' addresses."""
+        return (*self.functions, *(t.data_ptr() for t in self.params),
+                *(g.data_ptr() for g in self.grads.values()))
 
 
 class Operator:
@@ -109,6 +127,12 @@ class Operator:
         dx, dtheta = self.apply_backward(x.reshape(-1, x.shape[-1]), theta,
                                          dy.reshape(-1, dy.shape[-1]), dx_out=rows)
         return dx.view(x.shape), self.unpack(dtheta)
+
+    def in_step(self, p: Params) -> Optional[StepOperator]:
+        """The operator with the relation's parameters p for losses.dot_softmax_step to
+        apply to the rhs rows; None where the step takes rows the caller passed through
+        `forward` (every operator but complex_diagonal, whose C loops the step calls)."""
+        return None
 
 
 def _cat(parts):
@@ -323,6 +347,13 @@ class ComplexDiagonalOperator(Operator):
         dx = self._c_backward(rows, grads, re, im,
                               None if dx_out is None else dx_out.view(rows.shape), d_re, d_im)
         return dx.view(x.shape), {"real": d_re, "imag": d_im}
+
+    def in_step(self, p):
+        re, im = p["real"], p["imag"]
+        if _operators is None or re.dim() != 1 or not c_ready((re, im)):
+            return None
+        return StepOperator(_operators.row_functions(), (re, im),
+                            {"real": re.new_empty(re.shape), "imag": im.new_empty(im.shape)})
 
     def _c_forward(self, x: Tensor, re: Tensor, im: Tensor, out: Optional[Tensor]) -> Tensor:
         """_operators.c's forward of rows x [M, D] with the halves real and imag [D/2]."""

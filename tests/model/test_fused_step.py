@@ -15,6 +15,7 @@ from pbg_ray.model import embedder as embedder_module
 from pbg_ray.model.beyond import BeyondRows
 from pbg_ray.model.blas import sgemm_address
 from pbg_ray.model.kernel import EdgeTensors, KernelState, build_batch
+from pbg_ray.model.operators import ComplexDiagonalOperator
 from pbg_ray.model.params import init_params
 from pbg_ray.types import Bucket, EdgeList
 
@@ -61,7 +62,8 @@ def gradients(cfg: ConfigSchema, num_edges: int, fuse: bool, weighted: bool = Fa
                         torch.Generator().manual_seed(1), extra)
     scores = state.embedder.forward(batch, fuse=fuse)
     grads = state.embedder.backward(batch, scores)
-    return {"fused": scores.saved.get("fused", False), "loss": grads.loss,
+    return {"fused": scores.saved.get("fused", False),
+            "op_in_step": scores.saved.get("step_op") is not None, "loss": grads.loss,
             "reg": grads.reg, "violators": grads.violators,
             "rows": {k: (ids.clone(), g.clone()) for k, (ids, g) in grads.rows.items()},
             "params": {k: g.clone() for k, g in grads.params.items()}}
@@ -97,14 +99,33 @@ def test_the_c_step_matches_the_batch_wide_path(operator, num_edges):
     assert sum(fused["violators"].values()) > 0
 
 
-@pytest.mark.parametrize("overrides", [dict(two_types=True), dict(global_emb=True),
-                                       dict(regularization_coef=1e-3, operator="diagonal"),
-                                       dict(max_norm=1.0)])
+@pytest.mark.parametrize("overrides", [
+    dict(two_types=True), dict(global_emb=True), dict(global_emb=True, operator="complex_diagonal"),
+    dict(regularization_coef=1e-3, operator="diagonal"),
+    dict(regularization_coef=1e-3, operator="complex_diagonal"), dict(max_norm=1.0)])
 def test_the_c_step_matches_with_the_rest_of_the_model(overrides):
     cfg = config(**overrides)
     fused, unfused = gradients(cfg, 23, True), gradients(cfg, 23, False)
     assert fused["fused"]
     assert_same(fused, unfused)
+
+
+@pytest.mark.parametrize("num_edges", [20, 23, 3])
+def test_the_c_step_applies_complex_diagonal_itself_as_the_operator_does(num_edges, monkeypatch):
+    """The step runs complex_diagonal's C loops on each chunk's rhs rows itself: the same
+    gradients, bit for bit, as the operator applied to the whole batch before the step
+    (the same loops, the parameters' sums in the same row order)."""
+    cfg = config("complex_diagonal")
+    inside = gradients(cfg, num_edges, True)
+    monkeypatch.setattr(ComplexDiagonalOperator, "in_step", lambda self, p: None)
+    outside = gradients(cfg, num_edges, True)
+    assert inside["op_in_step"] and outside["fused"] and not outside["op_in_step"]
+    assert (inside["loss"], inside["violators"]) == (outside["loss"], outside["violators"])
+    for key, (ids, g) in outside["rows"].items():
+        assert torch.equal(inside["rows"][key][0], ids) and torch.equal(inside["rows"][key][1], g)
+    assert inside["params"].keys() == outside["params"].keys()
+    for key, g in outside["params"].items():
+        assert torch.equal(inside["params"][key], g), key
 
 
 def test_the_c_step_weighs_edges():
