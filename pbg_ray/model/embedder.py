@@ -30,7 +30,7 @@ from pbg_ray.model.losses import (LOSS_FUNCTIONS, SoftmaxLoss, count_violators,
                                    dot_softmax_ready, dot_softmax_step)
 from pbg_ray.model.beyond import BeyondRows
 from pbg_ray.model.negatives import Negatives, mask_batch_block, mask_own_ids
-from pbg_ray.model.operators import OPERATORS, Operator
+from pbg_ray.model.operators import OPERATORS, Operator, StepOperator
 from pbg_ray.model.params import PartitionKey, global_emb_key, operator_key
 from pbg_ray.model.regularizers import REGULARIZERS
 from pbg_ray.model.rows import gather_rows
@@ -45,10 +45,11 @@ def _dim_order(t: Tensor) -> List[int]:
 
 class _Workspace(threading.local):
     """Per-thread buffers reused batch after batch for score-sized temporaries: fresh
-    multi-MB allocations each batch cost page faults and cold caches."""
+    multi-MB allocations each batch cost page faults and cold caches. (Also what else a
+    thread's batches reuse: the loss weights, the step's operators.)"""
 
     def __init__(self) -> None:
-        self.buffers: Dict[Any, Tensor] = {}
+        self.buffers: Dict[Any, Any] = {}
 
     def get(self, key: Any, like: Tensor, shape: Optional[Tuple[int, ...]] = None) -> Tensor:
         """A buffer of like's dtype and device: contiguous of `shape`, or by default of like's
@@ -303,7 +304,7 @@ class Embedder:
             if fuse and self._fusable(batch, u, b):
                 # The step applies the operator itself where it can (its rows of b with
                 # padding zero then, as the operator's outputs would be).
-                step_op = op.in_step(p)
+                step_op = self._step_operator(batch.relation, op, p)
                 v = b if step_op is not None else op.forward(b, p)
                 self._zero_padding(batch, u, v)
                 saved.update(p=p, u=u, v=v, step_op=step_op, fused=True)
@@ -389,6 +390,16 @@ class Embedder:
                 and lhs.mode is rhs.mode is Negatives.BATCH_UNIFORM
                 and lhs.num_neg_ids == rhs.num_neg_ids > 0
                 and lhs.beyond is None and rhs.beyond is None and dot_softmax_ready(u, v))
+
+    def _step_operator(self, relation: int, op: Operator, p: Dict[str, Tensor]
+                       ) -> Optional[StepOperator]:
+        """op.in_step(p), made once per relation and thread: the step writes the
+        parameters' gradients into its buffers, which the batch's Adagrad step reads
+        before the thread's next batch."""
+        key = ("step_op", relation)
+        if key not in self.workspace.buffers:
+            self.workspace.buffers[key] = op.in_step(p)
+        return self.workspace.buffers[key]
 
     def _beyond(self, batch: Batch, saved: Dict[str, Any], blocks: Dict[str, List[Tensor]],
                 queries: Dict[str, Tensor], ops: Dict[str, Any]) -> None:
