@@ -258,10 +258,12 @@ def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partition
     """The bucket's partitions, writable, and its edges, checked (only those touching new
     entities where the incremental config says so); what the next bucket needs is read
     ahead meanwhile (and copied on to the device, with `on_device`)."""
-    edges = copies.edges(work.edge_path, work.bucket, *work.chunk)
+    # The edges are read (unless read ahead already) while the partitions are copied.
+    copies.read_edges_ahead(work.edge_path, work.bucket, *work.chunk)
     arrays = {key: copies.load(config, key, p) if isinstance(p, SwapFile)
               else writable(p, copies.empty) for key, p in zip(work.keys, partitions)}
     fault_point("train_task.after_read")
+    edges = copies.edges(work.edge_path, work.bucket, *work.chunk)
     on_read = None
     if on_device is not None and disk.ahead_versions:
         versions = dict(zip([k for k, _ in disk.read_ahead], disk.ahead_versions))

@@ -145,9 +145,11 @@ class PartitionBuffer:
                     _read_ahead, config, key, source, self.empty, on_read))
 
     def read_edges_ahead(self, *where: Any) -> None:
-        """Start reading the edges of read_edges(*where), the trainer's next bucket's, in
-        the background; the next task takes them with `edges`."""
-        self.edges_ahead = (where, self.reader.submit(read_edges, *where))
+        """Start reading the edges of read_edges(*where) in the background (the trainer's
+        next bucket's while this one trains, or a task's own while it copies its
+        partitions), unless they are being read; the task takes them with `edges`."""
+        if self.edges_ahead is None or self.edges_ahead[0] != where:
+            self.edges_ahead = (where, self.reader.submit(read_edges, *where))
 
     def edges(self, *where: Any) -> EdgeList:
         """read_edges(*where): read ahead, or read now."""

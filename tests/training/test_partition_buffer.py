@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -230,4 +231,33 @@ def test_the_next_buckets_edges_are_read_while_this_one_trains(make_config):
     os.replace(moved, path)
     run(first, following=second)
     assert run(first).train["count"] == len(read_edges(config.edge_paths[0], first))
+    copies.next_task(keep=False)
+
+
+def test_a_task_reads_its_own_edges_in_the_background_while_it_copies_its_partitions(
+        make_config, monkeypatch):
+    """Edges not read ahead are read by the buffer's reader thread, begun before the task
+    copies its partitions (the copy's page faults and the file's read overlap), and the
+    task trains on all of them."""
+    from pbg_ray.training import partition_buffer
+    config = make_config(eval_fraction=0.0)
+    write_random_graph(config, num_edges=400)
+    bucket = Bucket(1, 0)
+    readers = []
+
+    def recorded(*where):
+        readers.append(threading.current_thread().name)
+        return read_edges(*where)
+
+    monkeypatch.setattr(partition_buffer, "read_edges", recorded)
+    keys = partition_keys(config, bucket)
+    work = BucketWork(bucket, config.edge_paths[0], Position.of(0, 1, 1, 1), 3, tuple(keys),
+                      (False,) * len(keys))
+    copies = PartitionBuffer()
+    stats = run_bucket(config, work, init_params(config, 3),
+                       [RandomSource(50, 0).load(config, key) for key in keys], 1, "cpu",
+                       copies=copies)[0]
+    assert stats.train["count"] == len(read_edges(config.edge_paths[0], bucket))
+    assert len(readers) == 1 and readers[0].startswith("partition-reader")
+    assert copies.edges_ahead is None  # taken by the task
     copies.next_task(keep=False)
