@@ -95,14 +95,15 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
     """A Batch of the edges idx, with its uniform negatives drawn from `generator` (and
     per table the negatives from beyond the bucket its side scores, `beyond`)."""
     rows = idx.numpy()
+    num_edges = len(rows)  # (a tensor's len() runs Python code of torch's)
     rel_ids = _take(edges.rel, rows)
     relation = 0 if config.dynamic_relations else int(rel_ids.numpy()[0])
     rconf = config.relations[relation]
     featurized = tuple(config.entities[getattr(rconf, s)].featurized for s in ("lhs", "rhs"))
     chunk_size, modes = negative_modes(
-        len(idx), rconf.all_negs, num_batch_negs, num_uniform_negs,
+        num_edges, rconf.all_negs, num_batch_negs, num_uniform_negs,
         (config.disable_lhs_negs, config.disable_rhs_negs), featurized)
-    num_chunks = -(-len(idx) // chunk_size)
+    num_chunks = -(-num_edges // chunk_size)
     sides = []
     for name, mode, feat, part in zip(("lhs", "rhs"), modes, featurized, bucket):
         entity = getattr(rconf, name)
@@ -121,7 +122,7 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
                 side.neg_ids = sample_uniform(table_sizes[key], num_chunks, k, generator)
         sides.append(side)
     weight = None if edges.weight is None else _take(edges.weight, rows)
-    return Batch(len(idx), chunk_size, relation, rel_ids, sides[0], sides[1], weight)
+    return Batch(num_edges, chunk_size, relation, rel_ids, sides[0], sides[1], weight)
 
 
 class KernelState:

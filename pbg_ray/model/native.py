@@ -54,11 +54,19 @@ def _warn_not_built() -> None:
 
 def c_ready(floats: Sequence["Tensor"], longs: Sequence["Tensor"] = ()) -> bool:
     """Whether C loops can take these tensors by address: all of them contiguous on the
-    CPU, `floats` float32 and `longs` int64 (told by their attributes: no torch import)."""
-    return (all(t.device.type == "cpu" and t.is_contiguous() for t in (*floats, *longs))
-            and all(t.dtype.is_floating_point and t.dtype.itemsize == 4 for t in floats)
-            and all(t.dtype.is_signed and not (t.dtype.is_floating_point or t.dtype.is_complex)
-                    and t.dtype.itemsize == 8 for t in longs))
+    CPU, `floats` float32 and `longs` int64 (told by their attributes: no torch import).
+    Plain loops over cheap attributes: the kernel asks this of some twenty tensors a
+    batch, holding the GIL that its other Hogwild threads wait for."""
+    for t in floats:
+        d = t.dtype
+        if not (t.is_cpu and d.is_floating_point and d.itemsize == 4 and t.is_contiguous()):
+            return False
+    for t in longs:
+        d = t.dtype
+        if not (t.is_cpu and d.itemsize == 8 and d.is_signed
+                and not (d.is_floating_point or d.is_complex) and t.is_contiguous()):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)

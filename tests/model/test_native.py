@@ -1,13 +1,14 @@
-"""The kernel's process settings: a task's free heap goes back to the system once the
-process is idle."""
+"""The kernel's process settings (a task's free heap goes back to the system once the
+process is idle), and which tensors C loops may take by address."""
 
 import ctypes
 
 import psutil
 import pytest
+import torch
 
 from pbg_ray.model import native
-from pbg_ray.model.native import IdleTrim, _malloc_trim, release_free_heap
+from pbg_ray.model.native import IdleTrim, _malloc_trim, c_ready, release_free_heap
 
 BLOCK = 64 << 10  # under glibc's mmap threshold: served from the heap
 NUM_BLOCKS = 800
@@ -67,3 +68,15 @@ def test_an_idle_process_hands_back_the_heap_its_task_freed(monkeypatch):
     assert kept - before > NUM_BLOCKS * BLOCK // 2
     assert reused - kept < NUM_BLOCKS * BLOCK // 4
     assert after - before < NUM_BLOCKS * BLOCK // 4
+
+
+def test_c_loops_take_only_contiguous_cpu_tensors_of_their_types():
+    floats, longs = torch.zeros(6, 4), torch.zeros(6, dtype=torch.int64)
+    assert c_ready((floats, floats[1:3]), (longs,))
+    assert c_ready((), ())
+    for bad_float in (floats.t(), floats[:, 1], floats.double(), floats.half(),
+                      longs.float()[None].expand(2, 6)):
+        assert not c_ready((floats, bad_float), (longs,))
+    for bad_long in (longs.int(), longs.to(torch.uint8), longs[::2], floats,
+                     longs.to(torch.complex64)):
+        assert not c_ready((floats,), (bad_long,))
