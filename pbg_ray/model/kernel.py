@@ -88,14 +88,14 @@ class EdgeTensors:
             (t(edges.rhs_features.offsets), t(edges.rhs_features.data))}
 
 
-def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: Tensor,
+def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, rows: np.ndarray,
                 num_batch_negs: int, num_uniform_negs: int, table_sizes: Dict[PartitionKey, int],
                 generator: torch.Generator,
                 beyond: Optional[Dict[PartitionKey, Optional[BeyondRows]]] = None) -> Batch:
-    """A Batch of the edges idx, with its uniform negatives drawn from `generator` (and
-    per table the negatives from beyond the bucket its side scores, `beyond`)."""
-    rows = idx.numpy()
-    num_edges = len(rows)  # (a tensor's len() runs Python code of torch's)
+    """A Batch of the edges at `rows` (int64), with its uniform negatives drawn from
+    `generator` (and per table the negatives from beyond the bucket its side scores,
+    `beyond`)."""
+    num_edges = len(rows)
     rel_ids = _take(edges.rel, rows)
     relation = 0 if config.dynamic_relations else int(rel_ids.numpy()[0])
     rconf = config.relations[relation]
@@ -111,11 +111,11 @@ def build_batch(config: ConfigSchema, bucket: Bucket, edges: EdgeTensors, idx: T
         side = SideBatch(key, entity, mode, beyond=(beyond or {}).get(key))
         if feat:
             offsets, data = edges.features[name]
-            side.features = _take_features(offsets, data, idx)
+            side.features = _take_features(offsets, data, torch.from_numpy(rows))
         else:
             side.ids = _take(getattr(edges, name), rows)
         if mode is Negatives.ALL:
-            side.neg_ids = torch.arange(table_sizes[key], device=idx.device).unsqueeze(0)
+            side.neg_ids = torch.arange(table_sizes[key]).unsqueeze(0)
         else:
             k = num_uniform(mode, num_uniform_negs, feat)
             if k:
@@ -315,14 +315,15 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     def work(worker: int) -> np.ndarray:
         generator = torch.Generator()
         owners = {k: torch.empty(n, dtype=torch.long) for k, n in sizes.items()}
-        totals = np.zeros(4)
+        totals = [0.0] * 4  # (floats: a numpy sum a batch held the GIL longer)
         while (i := queue.take()) is not None:
             generator.manual_seed((seed + 1 + i) % 2**64)
-            batch = build_batch(config, bucket, tensors, torch.from_numpy(batches[i]),
+            batch = build_batch(config, bucket, tensors, batches[i],
                                 config.num_batch_negs, config.num_uniform_negs, sizes, generator,
                                 _for_batch(beyond_rows, config.beyond_batch_negs, seed, i))
-            totals += train_batch(state, batch, owners, drawn[worker] if drawn else None)
-        return totals
+            result = train_batch(state, batch, owners, drawn[worker] if drawn else None)
+            totals = [t + x for t, x in zip(totals, result)]
+        return np.array(totals)
 
     with cpu_threads(1):
         totals = sum(_run_workers(num_workers, queue, work), np.zeros(4))
@@ -399,7 +400,7 @@ def evaluate_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     generator = torch.Generator().manual_seed(seed)
     nbn = num_batch_negs
     batch_size = config.batch_size if nbn == 0 else math.ceil(config.batch_size / nbn) * nbn
-    batches = [build_batch(config, bucket, tensors, torch.from_numpy(idx), nbn,
+    batches = [build_batch(config, bucket, tensors, idx, nbn,
                            num_uniform_negs, sizes, generator)
                for idx in edge_batches(config, edges.rel, batch_size, None)]
     arrays = {k: _read_named_rows(batches, k, p) if isinstance(p, PartitionRows) else p

@@ -50,7 +50,7 @@ def test_side_scores_are_the_embedders(operator, comparator, dynamic, extra):
     state = KernelState(config, parts, params, writable=False)
     sizes = {k: len(t) for k, t in state.tables.items()}
     batch = build_batch(config, Bucket(0, 0), EdgeTensors(edges),
-                        torch.arange(len(edges)), 5, 4, sizes, torch.Generator().manual_seed(0))
+                        np.arange(len(edges)), 5, 4, sizes, torch.Generator().manual_seed(0))
     expected = state.embedder.forward(batch).pos
     scorer = Scorer(config, params.arrays)
     vectors = {side: scorer.entity_vectors(e, state.tables[(e, 0)][torch.from_numpy(getattr(edges, side))])

@@ -113,7 +113,7 @@ def ours(case: Case, seed: int = 0, eval_negs: bool = False) -> Tuple[KernelStat
     negs = (c.eval_num_batch_negs, c.eval_num_uniform_negs) if eval_negs else \
         (c.num_batch_negs, c.num_uniform_negs)
     batch = build_batch(c, case.bucket, EdgeTensors(case.edges),
-                        torch.arange(len(case.edges)), *negs, sizes,
+                        np.arange(len(case.edges)), *negs, sizes,
                         torch.Generator().manual_seed(seed))
     return state, batch
 

@@ -74,7 +74,7 @@ def _gradients(case: Case, beyond=None):
     state = KernelState(case.config, parts, params, writable=True)
     sizes = {k: t.shape[0] for k, t in state.tables.items()}
     batch = build_batch(case.config, case.bucket, EdgeTensors(case.edges),
-                        torch.arange(len(case.edges)), 0, 0, sizes, torch.Generator(), beyond)
+                        np.arange(len(case.edges)), 0, 0, sizes, torch.Generator(), beyond)
     grads = state.embedder.backward(batch, state.embedder.forward(batch))
     return grads, dense_row_grads(state, grads.rows)
 

@@ -57,7 +57,7 @@ def gradients(cfg: ConfigSchema, num_edges: int, fuse: bool, weighted: bool = Fa
     if beyond:
         rows = rng.standard_normal((6, DIM), dtype=np.float32)
         extra = {("a", 0): BeyondRows(rows, 0.5, np.arange(6))}
-    batch = build_batch(cfg, Bucket(0, 0), EdgeTensors(edges), torch.arange(num_edges),
+    batch = build_batch(cfg, Bucket(0, 0), EdgeTensors(edges), np.arange(num_edges),
                         cfg.num_batch_negs, cfg.num_uniform_negs, table_sizes,
                         torch.Generator().manual_seed(1), extra)
     scores = state.embedder.forward(batch, fuse=fuse)
