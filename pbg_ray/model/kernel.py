@@ -315,7 +315,7 @@ def train_bucket(config: ConfigSchema, bucket: Bucket, edges: EdgeList,
     def work(worker: int) -> np.ndarray:
         generator = torch.Generator()
         owners = {k: torch.empty(n, dtype=torch.long) for k, n in sizes.items()}
-        totals = [0.0] * 4  # (floats: a numpy sum a batch held the GIL longer)
+        totals = [0.0] * 4  # (Python floats: a numpy array's += took longer, in the GIL)
         while (i := queue.take()) is not None:
             generator.manual_seed((seed + 1 + i) % 2**64)
             batch = build_batch(config, bucket, tensors, batches[i],

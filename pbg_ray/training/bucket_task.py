@@ -262,8 +262,8 @@ def _read(config: ConfigSchema, work: BucketWork, partitions: Sequence[Partition
     copies.read_edges_ahead(work.edge_path, work.bucket, *work.chunk)
     arrays = {key: copies.load(config, key, p) if isinstance(p, SwapFile)
               else writable(p, copies.empty) for key, p in zip(work.keys, partitions)}
-    fault_point("train_task.after_read")
     edges = copies.edges(work.edge_path, work.bucket, *work.chunk)
+    fault_point("train_task.after_read")
     on_read = None
     if on_device is not None and disk.ahead_versions:
         versions = dict(zip([k for k, _ in disk.read_ahead], disk.ahead_versions))
