@@ -76,11 +76,11 @@ class CommandStop:
         if self.signum is not None:
             return False
         self.signum = signum
-        if local_ray():
-            quiet_native_stderr()
         self._deadline = threading.Timer(STOP_DEADLINE_S, self.end_now)
         self._deadline.daemon = True
         self._deadline.start()
+        if local_ray():
+            quiet_native_stderr()
         return True
 
     def status(self) -> int:

@@ -133,8 +133,12 @@ def stop_unused_processes() -> None:
 
 def local_ray() -> bool:
     """Whether the connected Ray is the local one that connect_ray started on this machine
-    (no autoscaler adds a node to it; shutdown_ray ends it)."""
-    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _local_gcs_address
+    (no autoscaler adds a node to it; shutdown_ray ends it). Read from the worker's own
+    GCS client, without ray.get_runtime_context(), whose lock a signal handler (the
+    command's stop) could find taken by the very code it interrupted."""
+    worker = ray._private.worker.global_worker
+    client = getattr(worker, "gcs_client", None)  # (gone once Ray shuts down)
+    return worker.connected and client is not None and client.address == _local_gcs_address
 
 
 def descendants() -> List[psutil.Process]:
