@@ -138,9 +138,11 @@ def quiet_native_stderr() -> None:
     command had, so its stop line is the only one (end_now ends the command with it)."""
     try:
         fd = sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return  # not a file (a caller's capture): nothing of Ray's reaches it
-    sys.stderr.flush()
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        # Not a file (a caller's capture: nothing of Ray's reaches it), or the signal came
+        # in the middle of a write to it (a reentrant flush): left as it is.
+        return
     own = os.fdopen(os.dup(fd), "w", buffering=1, encoding=sys.stderr.encoding,
                     errors="backslashreplace")
     devnull = os.open(os.devnull, os.O_WRONLY)
