@@ -112,14 +112,18 @@ class CommandStop:
         exit without Ray's exit handler, which would wait for a GCS that a signal to the
         command's group ended. What Ray's core worker in this process logs as its workers
         die (that it could not tell the driver of their tasks' end) is not printed: the
-        line is the command's last."""
+        line is the command's last. The exit status is the stop's whatever fails on the way
+        (an error in a Timer's thread would not end the command, and the command's own
+        unwinding would then end it with another status)."""
         self.say()
-        logging.shutdown()
-        sys.stdout.flush()
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), sys.stderr.fileno())
-        kill_local_ray()
-        os._exit(self.status())
+        try:
+            logging.shutdown()
+            sys.stdout.flush()
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), sys.stderr.fileno())
+            kill_local_ray()
+        finally:
+            os._exit(self.status())
 
     def handle(self, signum: int, frame: Any) -> None:
         """The command's handler of SIGINT and SIGTERM."""

@@ -170,12 +170,13 @@ def kill_local_ray() -> None:
     down, and ray.shutdown() would wait a minute for the GCS.) The caller then exits
     without Ray's exit handler, which would wait the same."""
     node = getattr(ray._private.worker, "_global_node", None)
-    if local_ray() and node is not None:
-        try:
+    try:
+        if local_ray() and node is not None:
             node.destroy_external_storage()
-        except OSError:
-            pass  # nothing spilled, or already gone
-    _kill(descendants())
+    except OSError:
+        pass  # nothing spilled, or already gone
+    finally:  # (whatever the removal raised)
+        _kill(descendants())
 
 
 def _kill(processes: List[psutil.Process]) -> None:

@@ -99,6 +99,35 @@ finally:
     assert (proc.returncode, proc.stdout, proc.stderr) == (status, "went on\nTrue\n", line + "\n")
 
 
+def test_a_stop_whose_cleanup_fails_still_ends_with_its_line_and_status(tmp_path):
+    """Where ending what the command started fails (here kill_local_ray raises) in the
+    deadline's thread, the command still ends then, with its line and the stop's status
+    (not later, with another)."""
+    script = """
+import os, signal, time
+from pbg_ray import cli
+
+def broken():
+    raise RuntimeError("cleanup failed")
+
+cli.kill_local_ray = broken
+cli.STOP_DEADLINE_S = 0.5
+
+@cli.report_errors
+def main():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except KeyboardInterrupt:  # work that does not unwind: the deadline ends the command
+        time.sleep(30)
+
+main()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert (proc.returncode, proc.stderr) == (143, "pbg_ray: terminated\n")
+
+
 def test_what_ray_writes_to_stderr_once_a_stop_is_asked_is_not_printed(tmp_path):
     """Once a command with a local Ray is asked to stop, what Ray writes to the process's
     stderr (its core worker's lines as the signal to the group ends its workers, written
