@@ -541,15 +541,13 @@ class Embedder:
                         db: Tensor, param_grads: Dict[str, Tensor]) -> Tuple[float, int, int]:
         """backward for a forward that left its scores to losses.dot_softmax_step: writes
         da and db and the operator's `param_grads`; (loss, violators lhs, violators rhs)."""
-        step_op = sv["step_op"]
+        step_op = sv["step_op"]  # (with one, the step writes db through the operator)
+        dv = db if step_op is not None else self.workspace.get(("dk", "rhs"), sv["v"])
+        totals = dot_softmax_step(sv["u"], sv["v"], da, dv, w, batch.chunk_size,
+                                  batch.num_pos, step_op)
         if step_op is not None:
-            totals = dot_softmax_step(sv["u"], sv["v"], da, db, w, batch.chunk_size,
-                                      batch.num_pos, step_op)
             dp = step_op.grads
         else:
-            dv = self.workspace.get(("dk", "rhs"), sv["v"])
-            totals = dot_softmax_step(sv["u"], sv["v"], da, dv, w, batch.chunk_size,
-                                      batch.num_pos)
             _, dp = self.operators[batch.relation].backward(sv["b"], sv["p"], dv, dx_out=db)
         self._add_op_grads(param_grads, batch, "rhs", dp, None)
         return totals

@@ -152,12 +152,11 @@ class PartitionBuffer:
             self.edges_ahead = (where, self.reader.submit(read_edges, *where))
 
     def edges(self, *where: Any) -> EdgeList:
-        """read_edges(*where): read ahead, or read now."""
+        """read_edges(*where): the read read_edges_ahead began, or one now. (A read begun
+        for another bucket is dropped there, its error nobody's.)"""
         ahead, self.edges_ahead = self.edges_ahead, None
-        if ahead is not None:
-            if ahead[0] == where:
-                return ahead[1].result()
-            futures.wait([ahead[1]])  # another bucket's: its error is nobody's
+        if ahead is not None and ahead[0] == where:
+            return ahead[1].result()
         return read_edges(*where)
 
     def write_behind(self, config: ConfigSchema, key: PartitionKey, lease: "SwapFile",
